@@ -1,0 +1,145 @@
+"""Job commands: run, enqueue, status, export."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from fleet.cli.app import (
+    BrokerOpt,
+    ChunkOpt,
+    DataDirOpt,
+    EngineOpt,
+    JobOpt,
+    ModelOpt,
+    SlotsOpt,
+    StoreOpt,
+    app,
+    console,
+    fail,
+    run_guarded,
+    settings_from,
+    setup_logging,
+)
+
+InputArg = Annotated[str, typer.Argument(help="prompts: JSONL path or s3://bucket/key")]
+
+
+@app.command()
+def run(
+    input: InputArg,
+    job: JobOpt,
+    workers: Annotated[int | None, typer.Option("--workers", "-w", help="CPU worker processes")] = None,
+    engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
+    store_url: StoreOpt = None, chunk_size: ChunkOpt = None, slots: SlotsOpt = None,
+    data_dir: DataDirOpt = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sampling max tokens")] = None,
+) -> None:
+    """Everything on one machine: local Redis if none is set, workers, enqueue, progress."""
+    setup_logging()
+    from fleet.localrun import run_local
+
+    settings = settings_from(engine=engine, model=model, broker_url=broker_url, store_url=store_url,
+                             chunk_size=chunk_size, slots=slots, data_dir=data_dir)
+    if max_tokens:
+        settings.sampling.max_tokens = max_tokens
+    began = time.monotonic()
+    st = run_guarded(run_local, settings, input, job, workers=workers or 2)
+    console.print(f"{st.records_done} records, {st.chunks_done}/{st.chunks_total} chunks, "
+                  f"{st.completion_tokens:,} output tokens in {time.monotonic() - began:.1f}s")
+    if not st.done:
+        fail(f"{st.chunks_failed} chunk(s) failed: see `fleet status --job {job}`", code=1)
+
+
+@app.command()
+def enqueue(
+    input: InputArg,
+    job: JobOpt,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="give quarantined chunks another round")] = False,
+    engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
+    store_url: StoreOpt = None, chunk_size: ChunkOpt = None,
+) -> None:
+    """Producer: validate, write chunks and manifest, enqueue chunks with no result (idempotent)."""
+    from fleet.producer.enqueue import enqueue as do_enqueue
+
+    settings = settings_from(engine=engine, model=model, broker_url=broker_url,
+                             store_url=store_url, chunk_size=chunk_size)
+    report = run_guarded(do_enqueue, settings, input, job, retry_failed)
+    console.print(
+        f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
+        f"running {report.running}, already queued {report.queued}, failed {report.failed}"
+    )
+
+
+@app.command()
+def status(
+    job: JobOpt,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+    watch: Annotated[float | None, typer.Option("--watch", help="refresh every N seconds")] = None,
+    broker_url: BrokerOpt = None, store_url: StoreOpt = None,
+) -> None:
+    """Chunks done / running / queued / failed, records, tokens, tok/s, ETA, cost."""
+    from fleet.broker import redis_client
+    from fleet.producer.enqueue import store_for
+    from fleet.status import job_status
+
+    settings = settings_from(broker_url=broker_url, store_url=store_url)
+    store = store_for(settings)
+    r = redis_client(settings) if settings.broker_url else None
+
+    def show() -> bool:
+        st = run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour)
+        if as_json:
+            typer.echo(st.to_json())
+        else:
+            console.print(status_table(st))
+        return st.done
+
+    if watch is None:
+        show()
+        return
+    while not show():
+        time.sleep(watch)
+
+
+def status_table(st) -> Table:
+    t = Table(title=f"job {st.job}", show_header=False)
+    eta = "-" if st.eta_s is None else f"{st.eta_s / 3600:.2f} h"
+    rows = [
+        ("chunks", f"{st.chunks_done}/{st.chunks_total} done, {st.chunks_running} running, "
+                   f"{st.chunks_queued} queued, {st.chunks_failed} failed"),
+        ("records", f"{st.records_done}/{st.records_total} ({st.samples_done}/{st.samples_total} samples, "
+                    f"{st.record_errors} record errors)"),
+        ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out"),
+        ("rate", f"{st.tok_s:,.1f} output tok/s, ETA {eta}"),
+        ("cost", f"${st.cost_usd:,.2f} spent" + (f", ${st.projected_cost_usd:,.2f} projected"
+                                                  if st.projected_cost_usd is not None else "")),
+        ("workers", ", ".join(st.workers) or "-"),
+        ("done", str(st.done)),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    for f in st.failed:
+        t.add_row(f"failed {f['index']}", f"{f['error_type']}: {f['error']} ({f['attempts']} attempts)")
+    return t
+
+
+@app.command()
+def export(
+    job: JobOpt,
+    out: Annotated[Path, typer.Option("--out", "-o", help=".jsonl or .parquet")],
+    fmt: Annotated[str | None, typer.Option("--format", help="jsonl or parquet (default by suffix)")] = None,
+    partial: Annotated[bool, typer.Option("--partial", help="export what is done so far")] = False,
+    store_url: StoreOpt = None,
+) -> None:
+    """Results in input order."""
+    from fleet.export import export_job
+    from fleet.producer.enqueue import store_for
+
+    settings = settings_from(store_url=store_url)
+    n = run_guarded(export_job, store_for(settings), job, out, fmt, partial)
+    console.print(f"wrote {n} records to {out}")

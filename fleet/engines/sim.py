@@ -1,0 +1,95 @@
+"""A simulated GPU for tests and benchmarks: continuous batching without a GPU.
+
+Each request holds one of `max_running` slots for prefill_s + tokens x step_s, which is
+exactly a continuous-batching engine whose step time does not depend on the batch.
+Output length is log-normal and, like the text, derived from (seed, record id, sample),
+so a rerun produces byte-identical records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+
+from fleet.engines.base import Engine, GenRequest, GenResult, derive_seed
+from fleet.errors import RecordError
+from fleet.settings import SimSettings
+
+_WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "or", "from", "at", "which", "an", "not", "have", "has", "we", "can", "all", "more", "one", "will", "if", "their", "but", "when", "there", "so", "what", "about", "into", "than", "them", "token", "batch", "chunk", "lease", "store", "worker", "engine", "broker", "prompt", "answer", "reason", "step", "think"]
+
+
+def sim_length(cfg: SimSettings, seed: int) -> int:
+    """Heavy-tailed output length with the configured mean: log-normal, mu = ln(m) - s^2/2."""
+    rng = random.Random(seed)
+    mu = math.log(cfg.mean_output_tokens) - cfg.sigma**2 / 2
+    return max(1, round(rng.lognormvariate(mu, cfg.sigma)))
+
+
+def sim_text(seed: int, tokens: int) -> str:
+    rng = random.Random(seed ^ 0x5EED)
+    words = [rng.choice(_WORDS) for _ in range(tokens)]
+    cut = max(1, tokens // 3)
+    return "<think>" + " ".join(words[:cut]) + "</think>" + " ".join(words[cut:])
+
+
+def prompt_size(request: GenRequest) -> int:
+    if request.prompt is not None:
+        return max(1, len(request.prompt.split()))
+    total = 0
+    for m in request.messages or []:
+        total += 4 + (len(m.content.split()) if isinstance(m.content, str) else 8)
+    return max(1, total)
+
+
+class SimEngine(Engine):
+    name = "sim"
+
+    def __init__(self, cfg: SimSettings):
+        self.cfg = cfg
+        self._slots: asyncio.Semaphore | None = None
+        self.running = 0
+        #: slot-seconds of simulated work done, for occupancy benchmarks
+        self.busy_slot_s = 0.0
+        self.started_at = time.monotonic()
+
+    @property
+    def max_running(self) -> int:
+        return self.cfg.max_running
+
+    async def start(self) -> None:
+        self._slots = asyncio.Semaphore(self.cfg.max_running)
+        self.started_at = time.monotonic()
+
+    def model_name(self) -> str:
+        return f"sim-m{self.cfg.mean_output_tokens:g}-s{self.cfg.sigma:g}"
+
+    async def generate(self, request: GenRequest) -> GenResult:
+        if request.chunk in self.cfg.crash_chunks:
+            raise RuntimeError(f"sim engine fails chunk {request.chunk} (crash_chunks)")
+        if request.record_id in self.cfg.fail_ids:
+            raise RecordError(f"sim engine rejects record {request.record_id!r} (fail_ids)")
+        seed = request.sampling.seed
+        if seed is None:
+            seed = derive_seed(0, request.record_id, request.sample)
+        natural = sim_length(self.cfg, seed)
+        tokens = min(natural, request.sampling.max_tokens)
+        assert self._slots is not None, "start() not called"
+        async with self._slots:
+            self.running += 1
+            began = time.monotonic()
+            try:
+                await asyncio.sleep(self.cfg.prefill_s + tokens * self.cfg.step_s)
+            finally:
+                self.running -= 1
+                self.busy_slot_s += time.monotonic() - began
+        text = sim_text(seed, tokens)
+        reasoning, _, answer = text.removeprefix("<think>").partition("</think>")
+        return GenResult(
+            text=answer,
+            reasoning=reasoning,
+            completion_tokens=tokens,
+            prompt_tokens=prompt_size(request),
+            finish_reason="length" if natural > tokens else "stop",
+        )

@@ -1,0 +1,58 @@
+"""Every Redis key fleet uses, in one place (the broker's own keys belong to kombu).
+
+Keys live in the broker's Redis, so losing the broker loses them together with the queue:
+the store stays the source of truth and `fleet enqueue` rebuilds both.
+"""
+
+from __future__ import annotations
+
+PREFIX = "fleet"
+
+
+def lease(job: str, index: int) -> str:
+    """String key held by the worker running a chunk (SET NX PX, renewed by a heartbeat)."""
+    return f"{PREFIX}:{job}:lease:{index}"
+
+
+def running() -> str:
+    """Set of "job/index" members with a lease taken; the reaper scans it for expired leases."""
+    return f"{PREFIX}:running"
+
+
+def queued(job: str) -> str:
+    """Set of chunk indexes with a message in the queue not yet started (avoids double enqueue)."""
+    return f"{PREFIX}:{job}:queued"
+
+
+def attempts(job: str) -> str:
+    """Hash index -> attempts started; a chunk failing this often is quarantined."""
+    return f"{PREFIX}:{job}:attempts"
+
+
+def requeue_guard(job: str, index: int) -> str:
+    """Short-lived key so that only one reaper re-enqueues an expired chunk."""
+    return f"{PREFIX}:{job}:requeued:{index}"
+
+
+def chunk_stats(job: str) -> str:
+    """Hash index -> result stats JSON; a cache of the result headers for `fleet status`."""
+    return f"{PREFIX}:{job}:stats"
+
+
+def workers() -> str:
+    """Hash worker name -> heartbeat JSON (rate, running chunks) for `fleet status`."""
+    return f"{PREFIX}:workers"
+
+
+def jobs() -> str:
+    """Set of job names known to this broker (the reaper and Flower views walk it)."""
+    return f"{PREFIX}:jobs"
+
+
+def member(job: str, index: int) -> str:
+    return f"{job}/{index}"
+
+
+def parse_member(value: str) -> tuple[str, int]:
+    job, _, index = value.rpartition("/")
+    return job, int(index)

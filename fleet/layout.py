@@ -1,0 +1,76 @@
+"""Store layout (DESIGN.md) and the codec of chunk and result objects.
+
+<job>/manifest.json, <job>/chunks/<index>, <job>/results/<index> (written once),
+<job>/partial/<index>/<seq>-<worker>, <job>/failed/<index>.json. Indexes are zero-padded
+to six digits. Chunks, results and checkpoints are zstd-compressed JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import zstandard
+
+from fleet.errors import ChunkCorrupt
+
+INDEX_WIDTH = 6
+_ZSTD_LEVEL = 3
+
+
+def idx(index: int) -> str:
+    return f"{index:0{INDEX_WIDTH}d}"
+
+
+def manifest_key(job: str) -> str:
+    return f"{job}/manifest.json"
+
+
+def chunk_key(job: str, index: int) -> str:
+    return f"{job}/chunks/{idx(index)}"
+
+
+def results_prefix(job: str) -> str:
+    return f"{job}/results/"
+
+
+def result_key(job: str, index: int) -> str:
+    return f"{job}/results/{idx(index)}"
+
+
+def partial_prefix(job: str, index: int) -> str:
+    return f"{job}/partial/{idx(index)}/"
+
+
+def partial_key(job: str, index: int, seq: int, worker: str) -> str:
+    safe = worker.replace("/", "_").replace("@", "_at_")
+    return f"{partial_prefix(job, index)}{seq:06d}-{safe}"
+
+
+def failed_prefix(job: str) -> str:
+    return f"{job}/failed/"
+
+
+def failed_key(job: str, index: int) -> str:
+    return f"{job}/failed/{idx(index)}.json"
+
+
+def index_of(key: str) -> int:
+    """The chunk index from a results/ or failed/ key."""
+    name = key.rsplit("/", 1)[-1]
+    return int(name.split(".", 1)[0])
+
+
+def encode_lines(rows: Iterable[dict[str, Any]]) -> bytes:
+    body = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in rows)
+    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(body.encode())
+
+
+def decode_lines(data: bytes, what: str) -> Iterator[dict[str, Any]]:
+    try:
+        text = zstandard.ZstdDecompressor().decompressobj().decompress(data).decode()
+        rows = [json.loads(line) for line in text.splitlines() if line]
+    except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ChunkCorrupt(f"{what} cannot be decoded: {e}") from e
+    yield from rows

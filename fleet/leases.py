@@ -1,0 +1,85 @@
+"""Leases: a short-lived Redis key per running chunk, renewed by a heartbeat.
+
+Celery over Redis redelivers a killed worker's chunk only after the visibility timeout
+(hours). A lease expires within a minute, so the reaper can hand the chunk to another
+worker long before that, and a duplicate delivery sees the live lease and skips.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from fleet import keys
+
+log = logging.getLogger(__name__)
+
+_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+
+class Lease:
+    def __init__(self, r: redis.Redis, job: str, index: int, owner: str, ttl_s: float):
+        self.r, self.job, self.index, self.owner = r, job, index, owner
+        self.key = keys.lease(job, index)
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.lost = False
+
+    def acquire(self) -> bool:
+        if not self.r.set(self.key, self.owner, nx=True, px=self.ttl_ms):
+            return False
+        self.r.sadd(keys.running(), keys.member(self.job, self.index))
+        return True
+
+    def renew(self) -> bool:
+        ok = bool(self.r.eval(_RENEW, 1, self.key, self.owner, self.ttl_ms))
+        if not ok and not self.lost:
+            self.lost = True
+            log.warning("lease on %s/%d lost (expired or taken over)", self.job, self.index)
+        return ok
+
+    def release(self) -> None:
+        self.r.eval(_RELEASE, 1, self.key, self.owner)
+        self.r.srem(keys.running(), keys.member(self.job, self.index))
+
+
+def holder(r: redis.Redis, job: str, index: int) -> str | None:
+    value = r.get(keys.lease(job, index))
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class Heartbeat:
+    """One thread per worker process renewing every lease it holds."""
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self._leases: set[Lease] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fleet-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.add(lease)
+
+    def discard(self, lease: Lease) -> None:
+        with self._lock:
+            self._leases.discard(lease)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with self._lock:
+                leases = list(self._leases)
+            for lease in leases:
+                try:
+                    lease.renew()
+                except redis.RedisError as e:
+                    log.warning("heartbeat for %s/%d failed: %s", lease.job, lease.index, e)

@@ -1,0 +1,83 @@
+"""A local redis-server for `fleet run` on one machine (and for tests): loopback, free port.
+
+Append-only persistence in the given directory, so a crash of `fleet run` loses no queue
+state; noeviction, so Redis never drops a message under memory pressure.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from fleet.errors import BrokerMissing
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRedis:
+    def __init__(self, directory: Path, port: int | None = None, persist: bool = True):
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise BrokerMissing(
+                "no broker URL is set and redis-server is not installed: install the "
+                "'redis-server' package (apt-get install redis-server) or set FLEET_BROKER_URL"
+            )
+        self.binary = binary
+        self.dir = Path(directory).resolve()
+        self.port = port or free_port()
+        self.persist = persist
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def argv(self) -> list[str]:
+        return [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.dir), "--save", "",
+            "--appendonly", "yes" if self.persist else "no", "--appendfsync", "everysec",
+            "--maxmemory-policy", "noeviction", "--daemonize", "no", "--loglevel", "warning",
+        ]
+
+    def start(self, timeout_s: float = 10) -> LocalRedis:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - lives as long as the server
+        self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BrokerMissing(f"redis-server exited at start; see {self.dir / 'redis.log'}")
+            try:
+                client.ping()
+                client.close()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        self.stop()
+        raise BrokerMissing(f"redis-server did not answer on port {self.port} within {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> LocalRedis:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

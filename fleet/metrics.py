@@ -1,0 +1,127 @@
+"""Prometheus metrics of a worker process, and the HTTP endpoint that serves them.
+
+The metric objects are module-level so the worker's hooks update them directly; each
+worker process serves its own registry on its own port (settings.metrics_port plus the
+worker's number), so no label names the worker: Prometheus' `instance` does.
+
+    from fleet import metrics
+    metrics.TOKENS.labels(kind="completion").inc(n)
+    metrics.RUNNING_REQUESTS.set(k)
+    metrics.observe_chunk(seconds, prompt_tokens=p, completion_tokens=c, accept_length=a)
+    metrics.count_error(exc)
+"""
+
+from __future__ import annotations
+
+import threading
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
+
+#: Chunks run for minutes to hours (DESIGN.md: a chunk ends with its longest completion).
+CHUNK_SECONDS_BUCKETS = (5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))
+#: Tokens committed per speculative step: 1 (nothing accepted) up to draft tokens + 1.
+ACCEPT_LENGTH_BUCKETS = (
+    1.0,
+    1.25,
+    1.5,
+    1.75,
+    2.0,
+    2.25,
+    2.5,
+    2.75,
+    3.0,
+    3.25,
+    3.5,
+    4.0,
+    5.0,
+    float("inf"),
+)
+
+TOKENS = Counter(
+    "fleet_tokens", "Tokens processed by this worker's engine", ["kind"]
+)  #: kind = "prompt" | "completion"
+RECORDS = Counter(
+    "fleet_records", "Records finished by this worker", ["outcome"]
+)  #: outcome = "ok" | "error" (a record that failed alone)
+CHUNK_SECONDS = Histogram(
+    "fleet_chunk_seconds",
+    "Wall seconds from chunk start to committed result",
+    buckets=CHUNK_SECONDS_BUCKETS,
+)
+CHUNKS_DONE = Counter("fleet_chunks_done", "Chunks whose result this worker committed")
+CHUNKS_FAILED = Counter("fleet_chunks_failed", "Chunk attempts that failed on this worker")
+RUNNING_CHUNKS = Gauge("fleet_running_chunks", "Chunks this worker runs now (at most K slots)")
+RUNNING_REQUESTS = Gauge("fleet_running_requests", "Requests in flight in this worker's engine")
+ACCEPT_LENGTH = Gauge(
+    "fleet_spec_accept_length", "Mean tokens per speculative step over the last chunk"
+)
+ACCEPT_LENGTH_CHUNKS = Histogram(
+    "fleet_spec_accept_length_chunks",
+    "Per-chunk mean speculative accept length",
+    buckets=ACCEPT_LENGTH_BUCKETS,
+)
+ERRORS = Counter("fleet_errors", "Errors by class", ["error_class"])
+WORKER = Info("fleet_worker", "Which worker this is: name, gpu, engine, model")
+
+_server: WSGIServer | None = None
+_thread: threading.Thread | None = None
+
+
+def observe_chunk(
+    seconds: float,
+    *,
+    prompt_tokens: int = 0,
+    completion_tokens: int = 0,
+    records_ok: int = 0,
+    records_error: int = 0,
+    accept_length: float | None = None,
+) -> None:
+    """Record one committed chunk (tokens are counted here unless already counted live)."""
+    CHUNK_SECONDS.observe(seconds)
+    CHUNKS_DONE.inc()
+    if prompt_tokens:
+        TOKENS.labels(kind="prompt").inc(prompt_tokens)
+    if completion_tokens:
+        TOKENS.labels(kind="completion").inc(completion_tokens)
+    if records_ok:
+        RECORDS.labels(outcome="ok").inc(records_ok)
+    if records_error:
+        RECORDS.labels(outcome="error").inc(records_error)
+    if accept_length is not None:
+        ACCEPT_LENGTH.set(accept_length)
+        ACCEPT_LENGTH_CHUNKS.observe(accept_length)
+
+
+def count_error(exc: BaseException | type[BaseException]) -> None:
+    """Count an error by its class name (fleet's tree decides recovery; this shows the mix)."""
+    cls = exc if isinstance(exc, type) else type(exc)
+    ERRORS.labels(error_class=cls.__name__).inc()
+
+
+def set_worker_info(name: str, *, gpu: str = "", engine: str = "", model: str = "") -> None:
+    WORKER.info({"name": name, "gpu": gpu, "engine": engine, "model": model})
+
+
+def start_metrics_server(port: int | None, addr: str = "0.0.0.0") -> int | None:
+    """Serve /metrics on `port` (0 = any free port); None = metrics off. Returns the bound port.
+
+    One server per process: a second call returns the port already bound.
+    """
+    global _server, _thread
+    if port is None:
+        return None
+    if _server is not None:
+        return int(_server.server_port)
+    _server, _thread = start_http_server(port, addr=addr)
+    return int(_server.server_port)
+
+
+def stop_metrics_server() -> None:
+    global _server, _thread
+    if _server is not None:
+        _server.shutdown()
+        _server.server_close()
+    if _thread is not None:
+        _thread.join(timeout=5)
+    _server = _thread = None

@@ -1,0 +1,372 @@
+"""Read and validate the JSONL input (DESIGN.md, Records) in the three forms it may take.
+
+Validation is one streaming pass that reports every bad line before anything is
+enqueued; reading is a second pass. Both go through `parse_line`, so a line that
+validates is exactly a line that reads. Memory stays flat in the input size: the only
+thing kept across lines is an 8-byte digest and a line number per id, to find duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from pydantic import ValidationError
+
+from fleet.errors import ConfigError, InputError, StoreError
+from fleet.records import InputRecord, SamplingOverrides
+
+SAMPLING_FIELDS = tuple(SamplingOverrides.model_fields)
+_KNOWN = ", ".join(SAMPLING_FIELDS)
+#: OpenAI batch body keys that name a sampling field differently.
+BODY_ALIASES = {"max_completion_tokens": "max_tokens"}
+#: OpenAI batch body keys with no effect here: the job, not the line, picks the model.
+BODY_IGNORED = frozenset({"model", "user", "metadata", "store", "stream"})
+MAX_PROBLEMS_PER_LINE = 5
+_BOM = b"\xef\xbb\xbf"
+
+
+class BadLine(ValueError):
+    """One line's problems, worded for the user (without the line number)."""
+
+    def __init__(self, problems: list[str]):
+        shown = problems[:MAX_PROBLEMS_PER_LINE]
+        more = len(problems) - len(shown)
+        super().__init__("; ".join(shown) + (f"; and {more} more" if more > 0 else ""))
+
+
+def _kind(value: Any) -> str:
+    """The JSON name of a value's type, for messages a JSONL author recognises."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# One decoder for every line: json.loads with an option builds a new one per call.
+_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _decode(raw: bytes, line: int) -> dict[str, Any]:
+    if line == 1 and raw.startswith(_BOM):
+        raw = raw[len(_BOM) :]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadLine([f"not UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1}"]) from e
+    try:
+        obj = _JSON.decode(text)
+    except json.JSONDecodeError as e:
+        column = min(e.pos, len(text.rstrip("\r\n"))) + 1  # not past the line's end
+        raise BadLine([f"not JSON: {e.msg} at column {column}"]) from e
+    except (ValueError, RecursionError) as e:
+        raise BadLine([f"not JSON: {e}"]) from e
+    if not isinstance(obj, dict):
+        raise BadLine([f"not a JSON object (got {_kind(obj)})"])
+    return obj
+
+
+def _check_messages(value: Any, name: str, problems: list[str]) -> None:
+    # Checked by hand: pydantic words a str|list union error as two errors on odd paths.
+    if not isinstance(value, list) or not value:
+        got = "an empty array" if value == [] else _kind(value)
+        problems.append(f"{name}: must be a non-empty array of messages (got {got})")
+        return
+    for i, msg in enumerate(value):
+        at = f"{name}[{i}]"
+        if not isinstance(msg, dict):
+            problems.append(f"{at}: must be an object with role and content (got {_kind(msg)})")
+            continue
+        role = msg.get("role")
+        if not isinstance(role, str) or not role:
+            problems.append(f"{at}.role: must be a non-empty string (got {_kind(role)})")
+        content = msg.get("content")
+        if content is None and not msg.get("tool_calls"):
+            problems.append(f"{at}.content: missing (a string or an array of parts)")
+        elif content is not None and not isinstance(content, str | list):
+            problems.append(f"{at}.content: must be a string or an array (got {_kind(content)})")
+
+
+def _record_id(obj: dict[str, Any], line: int, problems: list[str]) -> str:
+    key = "custom_id" if "custom_id" in obj else "id"
+    value = obj.get(key)
+    if value is None:
+        return str(line)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        problems.append(f"{key}: must be a string or an integer (got {_kind(value)})")
+    elif value == "":
+        problems.append(f"{key}: must not be empty")
+    return str(value)
+
+
+def _sampling(
+    obj: dict[str, Any], body: dict[str, Any] | None, where: dict[str, str], problems: list[str]
+) -> dict[str, Any] | None:
+    """Merge a batch body's sampling fields and the record's `sampling` object; `where`
+    maps each field to the path the user wrote, so errors name it."""
+    merged: dict[str, Any] = {}
+    for key in obj:
+        if key in SAMPLING_FIELDS or key in BODY_ALIASES:
+            problems.append(f'{key}: sampling fields go inside "sampling"')
+    for key, value in (body or {}).items():
+        field = BODY_ALIASES.get(key, key)
+        if key in ("messages", "prompt") or key in BODY_IGNORED:
+            continue
+        if field not in SAMPLING_FIELDS:
+            problems.append(f"body.{key}: not supported (sampling fields: {_KNOWN})")
+        elif field in merged:
+            problems.append(f"body.{key}: also given as {where[field]}; give it once")
+        else:
+            merged[field], where[field] = value, f"body.{key}"
+    own = obj.get("sampling")
+    if own is not None and not isinstance(own, dict):
+        problems.append(f"sampling: must be an object (got {_kind(own)})")
+        own = None
+    for key, value in (own or {}).items():
+        if key in merged:
+            problems.append(f"sampling.{key}: also given as {where[key]}; give it once")
+        merged[key], where[key] = value, f"sampling.{key}"
+    return merged or None
+
+
+def _shape(obj: dict[str, Any], line: int, pos: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """The line in InputRecord's shape, and the user's name for each field."""
+    problems: list[str] = []
+    where = {"id": "custom_id" if "custom_id" in obj else "id"}
+    body, src, prefix = None, obj, ""
+    if "body" in obj:
+        body = obj["body"]
+        if not isinstance(body, dict):
+            raise BadLine([f"body: must be an object (got {_kind(body)})"])
+        src, prefix = body, "body."
+        problems += [
+            f"{k}: give it inside body, not beside it" for k in ("messages", "prompt") if k in obj
+        ]
+    data: dict[str, Any] = {"pos": pos, "line": line, "id": _record_id(obj, line, problems)}
+    has = [k for k in ("messages", "prompt") if src.get(k) is not None]
+    if not has:
+        what = (
+            "body has no messages or prompt"
+            if body is not None
+            else ("no messages, prompt or body (an OpenAI batch line)")
+        )
+        problems.append(f"{what}; one is needed")
+    elif len(has) == 2:
+        problems.append(f"both {prefix}messages and {prefix}prompt; give one")
+    elif has[0] == "messages":
+        _check_messages(src["messages"], f"{prefix}messages", problems)
+    elif not isinstance(src["prompt"], str) or not src["prompt"]:
+        problems.append(f"{prefix}prompt: must be a non-empty string (got {_kind(src['prompt'])})")
+    for key in has:
+        data[key], where[key] = src[key], f"{prefix}{key}"
+    data["sampling"] = _sampling(obj, body, where, problems)
+    if problems:
+        raise BadLine(problems)
+    return data, where
+
+
+def _path_of(loc: tuple[Any, ...], where: dict[str, str]) -> str:
+    head, rest = loc[0], loc[1:]
+    if head == "sampling" and rest:
+        head, rest = rest[0], rest[1:]
+        base = where.get(head, f"sampling.{head}")
+    else:
+        base = where.get(head, str(head))
+    return base + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest)
+
+
+def _explain(error: ValidationError, where: dict[str, str]) -> BadLine:
+    problems = []
+    for err in error.errors(include_url=False):
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"not a sampling field (known: {_KNOWN})"
+        problems.append(f"{_path_of(err['loc'], where)}: {msg}")
+    return BadLine(problems)
+
+
+def parse_line(raw: bytes, line: int, pos: int) -> InputRecord:
+    """One non-blank input line as a normalised record, or `BadLine` saying what is wrong.
+
+    The one parser of both validation and reading, so the two can never disagree.
+    """
+    data, where = _shape(_decode(raw, line), line, pos)
+    try:
+        # strict: a JSONL author who writes "0.7" for a temperature has made a mistake.
+        return InputRecord.model_validate(data, strict=True)
+    except ValidationError as e:
+        raise _explain(e, where) from None
+
+
+def _parsed(path: Path) -> Iterator[tuple[int, InputRecord | BadLine]]:
+    """(line number, record or its problem) for every non-blank line, streaming."""
+    pos = 0
+    with path.open("rb") as f:
+        for line, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                yield line, parse_line(raw, line, pos)
+            except BadLine as bad:
+                yield line, bad
+            pos += 1
+
+
+class SeenIds:
+    """Ids met so far, as 8-byte blake2b digests in an open-addressing table.
+
+    12 bytes a slot (digest and first line in two parallel arrays, at most half full), so
+    24 to 48 bytes an id, where a set of Python ints plus a dict of first lines costs
+    over 150.
+    """
+
+    def __init__(self, capacity: int = 1 << 12):
+        self._digests = array("Q", [0]) * capacity
+        self._lines = array("I", [0]) * capacity
+        self._mask = capacity - 1
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @staticmethod
+    def digest(record_id: str) -> int:
+        # surrogatepass: JSON may spell a lone surrogate ("\ud800"), which utf-8 refuses.
+        raw = hashlib.blake2b(record_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        return int.from_bytes(raw, "little") or 1  # 0 marks an empty slot
+
+    def add(self, record_id: str, line: int) -> int | None:
+        """Remember `record_id` as first seen on `line`; if it was seen before, that line."""
+        digest = self.digest(record_id)
+        digests, mask = self._digests, self._mask
+        i = digest & mask
+        while (found := digests[i]) != 0:
+            if found == digest:
+                return self._lines[i]
+            i = (i + 1) & mask
+        digests[i], self._lines[i] = digest, line
+        self._count += 1
+        if 2 * self._count > mask:
+            self._grow()
+        return None
+
+    def _grow(self) -> None:
+        old = zip(self._digests, self._lines, strict=True)
+        capacity = 2 * (self._mask + 1)
+        self._digests = array("Q", [0]) * capacity
+        self._lines = array("I", [0]) * capacity
+        self._mask = capacity - 1
+        digests, lines, mask = self._digests, self._lines, self._mask
+        for digest, line in old:
+            if digest:
+                i = digest & mask
+                while digests[i]:
+                    i = (i + 1) & mask
+                digests[i], lines[i] = digest, line
+
+
+def validate(path: Path, max_report: int = 100) -> int:
+    """Check every line; return the record count or raise InputError naming the bad lines.
+
+    Shows the first `max_report` problems and counts them all.
+    """
+    problems: list[str] = []
+    bad = records = 0
+    seen = SeenIds()
+    for line, parsed in _parsed(path):
+        problem = None
+        if isinstance(parsed, BadLine):
+            problem = str(parsed)
+        else:
+            records += 1
+            first = seen.add(parsed.id, line)
+            if first is not None:
+                problem = f"duplicate id {parsed.id!r} (first on line {first})"
+        if problem is not None:
+            bad += 1
+            if len(problems) < max_report:
+                problems.append(f"line {line}: {problem}")
+    if bad:
+        raise InputError(problems, bad)
+    if records == 0:
+        raise InputError([f"{path}: no records (the input is empty or only blank lines)"])
+    return records
+
+
+def read_records(path: Path) -> Iterator[InputRecord]:
+    """The input's records in order, normalised; `validate` first, this raises on a bad line."""
+    for line, parsed in _parsed(path):
+        if isinstance(parsed, BadLine):
+            raise InputError([f"line {line}: {parsed}"])
+        yield parsed
+
+
+@contextmanager
+def local_input(
+    url: str, *, s3_max_attempts: int = 10, tmp_dir: Path | None = None
+) -> Iterator[Path]:
+    """A local path for the input: a local file as is, an `s3://` object downloaded to a
+    temporary file (streamed, removed on exit) in `tmp_dir`."""
+    if url.startswith("s3://"):
+        with _download(url, s3_max_attempts, tmp_dir) as path:
+            yield path
+        return
+    if url.startswith("file://"):
+        parsed = urlparse(url)
+        url = unquote(parsed.netloc + parsed.path)
+    elif "://" in url:
+        raise ConfigError(f"input {url!r}: use a local path, file://... or s3://bucket/key")
+    path = Path(url).expanduser()
+    if not path.exists():
+        raise ConfigError(f"input {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"input {str(path)!r} is not a file")
+    yield path
+
+
+@contextmanager
+def _download(url: str, max_attempts: int, tmp_dir: Path | None) -> Iterator[Path]:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    parsed = urlparse(url)
+    bucket, key = parsed.netloc, parsed.path.lstrip("/")
+    if not bucket or not key or key.endswith("/"):
+        raise ConfigError(f"input {url!r} names no object (s3://bucket/key)")
+    config = Config(retries={"mode": "adaptive", "max_attempts": max_attempts})
+    client = boto3.session.Session().client("s3", config=config)
+    fd, name = tempfile.mkstemp(prefix="fleet-input-", suffix=".jsonl", dir=tmp_dir)
+    try:
+        try:
+            with os.fdopen(fd, "wb") as f:
+                client.download_fileobj(bucket, key, f)
+        except ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            if code in {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}:
+                raise ConfigError(f"input {url!r} does not exist") from e
+            if code in {"403", "AccessDenied"}:
+                raise ConfigError(f"input {url!r}: access denied") from e
+            raise StoreError(f"cannot read input {url!r}: {code} {e}") from e
+        except NoCredentialsError as e:
+            raise ConfigError(f"input {url!r}: no AWS credentials found ({e})") from e
+        except BotoCoreError as e:
+            raise StoreError(f"cannot read input {url!r} after retries: {e}") from e
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)

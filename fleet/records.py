@@ -1,0 +1,79 @@
+"""Record schemas: the input forms of DESIGN.md normalised to one shape, and the output record."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+
+FinishReason = Literal["stop", "length", "error"]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: StrictStr
+    content: StrictStr | list[Any] | None = None
+
+
+class SamplingOverrides(BaseModel):
+    """Per-record sampling: the record's `sampling` object or an OpenAI batch `body`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: StrictInt | None = None
+    min_p: float | None = Field(None, ge=0, le=1)
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    n: StrictInt | None = Field(None, ge=1, le=128)
+    seed: StrictInt | None = None
+    stop: list[StrictStr] | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+
+class InputRecord(BaseModel):
+    """One prompt as stored in a chunk object; `pos` is its 0-based place in the input."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pos: int
+    line: int
+    id: str
+    messages: list[Message] | None = None
+    prompt: str | None = None
+    sampling: SamplingOverrides | None = None
+
+    def sample_count(self, default_n: int) -> int:
+        return (self.sampling.n if self.sampling and self.sampling.n else None) or default_n
+
+
+class OutputRecord(BaseModel):
+    """One generated sample. Field names are the export contract (DESIGN.md, Records)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    sample: int = 0
+    output: str = ""
+    reasoning: str | None = None
+    output_ids: list[int] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: FinishReason
+    error: str | None = None
+    chunk: int
+    worker: str
+    model: str | None = None
+    cached_tokens: int | None = None
+    spec_accept_length: float | None = None
+    spec_verify_ct: int | None = None
+    latency_s: float | None = None
+    pos: int = Field(0, description="place in the input, for ordering; not exported")
+
+
+EXPORT_FIELDS = [name for name in OutputRecord.model_fields if name != "pos"]

@@ -1,0 +1,194 @@
+"""One settings object that every fleet process reads (workers, producer, status, Flower).
+
+Celery's Redis transport emulates acks with a visibility timeout, and any client with a
+shorter one redelivers running chunks; building every process from this one object is
+what keeps the transport options identical everywhere.
+
+Sources, highest first: CLI flags (init kwargs), environment (`FLEET_`, nested `__`),
+`fleet.toml` (or the file named by FLEET_CONFIG), defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+DEFAULT_DATA_DIR = Path("fleet-data")
+DEFAULT_CHUNK_SIZE = 256
+DEFAULT_LEASE_TTL_S = 60.0
+DEFAULT_VISIBILITY_TIMEOUT_S = 12 * 3600
+#: DESIGN.md "Keeping the engine full": occupancy needs K x C >= 8 x S.
+IN_FLIGHT_FACTOR = 8
+EngineName = Literal["sim", "hf", "sglang"]
+
+
+class SimSettings(BaseModel):
+    """A simulated GPU: continuous batching with a slot limit and a fixed step time."""
+
+    max_running: int = Field(256, ge=1, description="concurrent requests (engine slots)")
+    step_s: float = Field(0.0005, ge=0, description="seconds per decode step (one token per running request)")
+    prefill_s: float = Field(0.0, ge=0, description="seconds of prefill per request")
+    mean_output_tokens: float = Field(256, gt=0, description="mean output length, tokens")
+    sigma: float = Field(0.8, ge=0, description="log-normal spread of output length")
+    fail_ids: list[str] = Field(
+        default_factory=list, description="record ids the engine rejects (fault tests)"
+    )
+    crash_chunks: list[int] = Field(
+        default_factory=list, description="chunk indexes whose run raises an engine error (fault tests)"
+    )
+
+
+class HfSettings(BaseModel):
+    """transformers on a CPU or GPU: batched generate with left padding."""
+
+    device: str = Field("auto", description="'auto', 'cpu' or 'cuda'")
+    max_batch: int = Field(16, ge=1, description="requests per generate() call (the engine's slots)")
+    batch_wait_s: float = Field(0.01, ge=0, description="seconds to wait for a batch to fill")
+    context_length: int | None = Field(None, description="prompt + output limit; default from model config")
+
+
+class SglangSettings(BaseModel):
+    """Kwargs for the embedded `sglang.Engine` (DESIGN.md, SGLang facts)."""
+
+    dtype: str = Field("bfloat16", description="weights and activations dtype")
+    mtp: bool = Field(True, description="multi-token-prediction speculative decoding (NEXTN)")
+    speculative_num_steps: int = Field(3, ge=1)
+    speculative_eagle_topk: int = Field(1, ge=1)
+    speculative_num_draft_tokens: int = Field(4, ge=1)
+    max_running_requests: int = Field(256, ge=1, description="always set: SGLang caps it at 48 with MTP")
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1)
+    context_length: int | None = Field(None, ge=1)
+    chunked_prefill_size: int | None = Field(None)
+    tp_size: int = Field(1, ge=1)
+    enable_hierarchical_cache: bool = Field(False)
+    hicache_ratio: float | None = Field(None, gt=0)
+    hicache_size: int | None = Field(None, ge=0, description="GB of host memory for the cache")
+    hicache_write_policy: str | None = Field(None)
+    deterministic: bool = Field(False, description="enable_deterministic_inference (needed for seeds)")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through as is")
+
+
+class SamplingSettings(BaseModel):
+    """Job-wide sampling; unset values come from the model's generation_config.json."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int = Field(2048, ge=1)
+    n: int = Field(1, ge=1)
+    stop: list[str] | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="FLEET_",
+        env_nested_delimiter="__",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    broker_url: str | None = Field(None, description="redis:// or rediss://; unset for `fleet run` = local Redis")
+    store_url: str | None = Field(None, description="directory, file://... or s3://bucket/prefix")
+    data_dir: Path = Field(DEFAULT_DATA_DIR, description="local runtime files: store default, local Redis")
+    engine: EngineName = "sim"
+    model: str | None = Field(None, description="model directory (or hub id where a hub is reachable)")
+    chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1, description="records per chunk")
+    slots: int | None = Field(None, ge=1, description="K chunks a worker runs at once; default derived")
+    max_slots: int = Field(32, ge=1, description="upper bound of the derived K")
+    seed: int = Field(0, description="job seed; per-record seeds derive from it")
+    enable_thinking: bool = True
+    return_output_ids: bool = False
+    queue: str = Field("fleet", description="Celery queue name")
+
+    lease_ttl_s: float = Field(DEFAULT_LEASE_TTL_S, gt=0, description="lease time to live, seconds")
+    reaper_interval_s: float = Field(10.0, gt=0, description="seconds between expired-lease scans")
+    visibility_timeout_s: int = Field(DEFAULT_VISIBILITY_TIMEOUT_S, gt=0, description="longer than any chunk runs")
+    max_attempts: int = Field(3, ge=1, description="failed attempts before a chunk is quarantined")
+    grace_s: float = Field(30.0, ge=0, description="on SIGTERM, seconds running chunks may finish")
+    checkpoint_interval_s: float = Field(30.0, gt=0, description="seconds between partial-chunk flushes")
+
+    s3_max_attempts: int = Field(10, ge=1, description="botocore retry attempts (adaptive mode)")
+    multipart_threshold_mb: int = Field(64, ge=5, description="objects above this use multipart upload")
+
+    usd_per_gpu_hour: float = Field(0.0, ge=0, description="price for status and plan")
+    flower_port: int = 5555
+    flower_address: str = "127.0.0.1"
+    flower_basic_auth: str | None = Field(None, description="user:password; required off loopback")
+    metrics_port: int | None = Field(None, description="Prometheus port per worker (+ worker number)")
+
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    sim: SimSettings = Field(default_factory=SimSettings)
+    hf: HfSettings = Field(default_factory=HfSettings)
+    sglang: SglangSettings = Field(default_factory=SglangSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = Path(os.environ.get("FLEET_CONFIG", "fleet.toml"))
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file))
+
+    # -- derived values, computed in one place -------------------------------------------
+
+    @property
+    def resolved_store_url(self) -> str:
+        return self.store_url or str(self.data_dir / "store")
+
+    @property
+    def engine_max_running(self) -> int:
+        """S: requests the engine runs at once."""
+        return {
+            "sim": self.sim.max_running,
+            "hf": self.hf.max_batch,
+            "sglang": self.sglang.max_running_requests,
+        }[self.engine]
+
+    def resolved_slots(self, chunk_size: int | None = None) -> int:
+        """K: explicit, else ceil(8 x S / C) bounded by max_slots (DESIGN.md, engine full)."""
+        if self.slots:
+            return self.slots
+        c = chunk_size or self.chunk_size
+        return max(1, min(self.max_slots, math.ceil(IN_FLIGHT_FACTOR * self.engine_max_running / c)))
+
+    @property
+    def heartbeat_s(self) -> float:
+        return max(0.2, self.lease_ttl_s / 4)
+
+    def to_env(self) -> dict[str, str]:
+        """FLEET_* variables that rebuild these settings in a child process."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump(mode="json").items():
+            if value is None:
+                continue
+            if isinstance(value, dict):
+                for sub, subval in value.items():
+                    if subval is None:
+                        continue
+                    key = f"FLEET_{name.upper()}__{sub.upper()}"
+                    env[key] = subval if isinstance(subval, str) else json.dumps(subval)
+            else:
+                env[f"FLEET_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        return env
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings from every source, with CLI flags (non-None overrides) on top."""
+    flat = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**flat)

@@ -1,0 +1,132 @@
+"""Job progress from the store (done, failed) and Redis (running, queued, cached stats).
+
+Never asks Flower or the workers: inspect calls with other transport options would
+shorten the visibility timeout (DESIGN.md, Celery facts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+from fleet import keys
+from fleet.chunkstate import (
+    done_indexes,
+    failed_indexes,
+    queued_indexes,
+    read_failures,
+    running_indexes,
+)
+from fleet.errors import StoreError
+from fleet.manifest import require_manifest
+from fleet.results import read_result
+from fleet.store import Store
+
+RATE_WINDOW_S = 300.0
+
+
+@dataclass
+class JobStatus:
+    job: str
+    chunks_total: int
+    chunks_done: int = 0
+    chunks_failed: int = 0
+    chunks_running: int = 0
+    chunks_queued: int = 0
+    records_total: int = 0
+    samples_total: int = 0
+    records_done: int = 0
+    samples_done: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    record_errors: int = 0
+    elapsed_s: float = 0.0
+    tok_s: float = 0.0
+    eta_s: float | None = None
+    workers: list[str] = field(default_factory=list)
+    cost_usd: float = 0.0
+    projected_cost_usd: float | None = None
+    usd_per_m_tokens: float | None = None
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    broker: bool = True
+    done: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def chunk_stats(store: Store, r: redis.Redis | None, job: str, done: set[int]) -> list[dict[str, Any]]:
+    """Result headers of done chunks: cached in Redis, read from the store when missing."""
+    cached: dict[int, dict[str, Any]] = {}
+    if r is not None:
+        cached = {int(k): json.loads(v) for k, v in r.hgetall(keys.chunk_stats(job)).items()}
+    out = []
+    for index in sorted(done):
+        stats = cached.get(index)
+        if stats is None:
+            stats = read_result(store, job, index)[0]
+            if r is not None and stats:
+                r.hset(keys.chunk_stats(job), index, json.dumps(stats))
+        out.append(stats)
+    return out
+
+
+def recent_rate(stats: list[dict[str, Any]], now: float, window_s: float = RATE_WINDOW_S) -> float:
+    """Output tok/s over the recent window (over the whole run while it is younger)."""
+    if not stats:
+        return 0.0
+    first = min(s.get("started", now) for s in stats)
+    last = max(s.get("finished", now) for s in stats)
+    end = max(last, now) if now - last < window_s else last
+    start = max(first, end - window_s)
+    tokens = sum(s.get("completion_tokens", 0) for s in stats if s.get("finished", 0) >= start)
+    return tokens / max(end - start, 1e-6)
+
+
+def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: float = 0.0) -> JobStatus:
+    manifest = require_manifest(store, job)
+    done = done_indexes(store, job)
+    failed = failed_indexes(store, job) - done
+    st = JobStatus(job=job, chunks_total=manifest.chunks, records_total=manifest.records,
+                   samples_total=manifest.samples)
+    st.chunks_done, st.chunks_failed = len(done), len(failed)
+    if r is not None:
+        try:
+            st.chunks_running = len(running_indexes(r, job) - done)
+            st.chunks_queued = len(queued_indexes(r, job) - done - failed)
+        except redis.RedisError:
+            st.broker, r = False, None
+    stats = chunk_stats(store, r, job, done)
+    now = time.time()
+    for s in stats:
+        st.records_done += s.get("records", 0)
+        st.samples_done += s.get("samples", 0)
+        st.prompt_tokens += s.get("prompt_tokens", 0)
+        st.completion_tokens += s.get("completion_tokens", 0)
+        st.record_errors += s.get("errors", 0)
+    st.workers = sorted({s["worker"] for s in stats if "worker" in s})
+    if stats:
+        first = min(s["started"] for s in stats)
+        last = max(s["finished"] for s in stats)
+        st.elapsed_s = round((last if len(done) == manifest.chunks else now) - first, 3)
+        st.tok_s = round(recent_rate(stats, now), 2)
+        remaining = manifest.samples - st.samples_done
+        if st.tok_s > 0 and st.samples_done:
+            per_sample = st.completion_tokens / st.samples_done
+            st.eta_s = round(remaining * per_sample / st.tok_s, 1)
+        gpus = max(1, len(st.workers))
+        st.cost_usd = round(usd_per_gpu_hour * gpus * st.elapsed_s / 3600, 4)
+        if st.eta_s is not None:
+            st.projected_cost_usd = round(st.cost_usd + usd_per_gpu_hour * gpus * st.eta_s / 3600, 4)
+        if st.completion_tokens and usd_per_gpu_hour:
+            st.usd_per_m_tokens = round(st.cost_usd / st.completion_tokens * 1e6, 4)
+    with contextlib.suppress(StoreError):
+        st.failed = [{k: f.get(k) for k in ("index", "error_type", "error", "attempts")}
+                     for f in read_failures(store, job) if f.get("index") not in done]
+    st.done = st.chunks_done == manifest.chunks
+    return st

@@ -1,0 +1,55 @@
+"""The Celery app of a worker process, wired to fleet's runtime through Celery signals.
+
+`celery -A fleet.worker.app` and Flower load this module, so it builds the app from the
+same settings object as every other process.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import signals
+
+from fleet.broker import TASK_NAME, make_celery
+from fleet.settings import load_settings
+from fleet.worker.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+settings = load_settings()
+app = make_celery(settings)
+_runtime: Runtime | None = None
+
+
+def runtime() -> Runtime:
+    if _runtime is None:
+        raise RuntimeError("fleet runtime not started (worker not booted)")
+    return _runtime
+
+
+@app.task(name=TASK_NAME, bind=True, acks_late=True)
+def run_chunk_task(self: Any, job: str, index: int, attempt: int = 1) -> dict[str, Any]:
+    from fleet.worker.task import run_chunk
+
+    return run_chunk(runtime(), job, index, attempt)
+
+
+@signals.celeryd_after_setup.connect
+def _boot(sender: str, instance: Any, **_: Any) -> None:
+    # Load the engine before the consumer starts, so no chunk waits on a cold engine.
+    global _runtime
+    _runtime = Runtime(settings, app, sender)
+    _runtime.start()
+
+
+@signals.worker_shutting_down.connect
+def _shutting_down(**_: Any) -> None:
+    if _runtime is not None:
+        _runtime.begin_shutdown()
+
+
+@signals.worker_shutdown.connect
+def _shutdown(**_: Any) -> None:
+    if _runtime is not None:
+        _runtime.stop()

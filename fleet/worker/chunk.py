@@ -1,0 +1,54 @@
+"""The state of one chunk while a worker runs it, shared by the task body and its hooks."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.manifest import Manifest
+from fleet.records import InputRecord
+
+
+def sample_key(record_id: str, sample: int) -> str:
+    return f"{record_id}\x00{sample}"
+
+
+@dataclass
+class ChunkRun:
+    job: str
+    index: int
+    attempt: int
+    worker: str
+    manifest: Manifest | None = None
+    records: list[InputRecord] = field(default_factory=list)
+    #: finished output records by (id, sample), from checkpoints and this run
+    finished: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: finished in this run and not yet checkpointed
+    fresh: list[dict[str, Any]] = field(default_factory=list)
+    resumed: int = 0
+    started: float = field(default_factory=time.time)
+    committed: bool = False
+    skipped: str | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}/{self.index}"
+
+    def add(self, out: dict[str, Any]) -> None:
+        """Called on the engine loop as each sample finishes."""
+        with self.lock:
+            self.finished[sample_key(out["id"], out["sample"])] = out
+            self.fresh.append(out)
+
+    def take_fresh(self) -> list[dict[str, Any]]:
+        with self.lock:
+            fresh, self.fresh = self.fresh, []
+        return fresh
+
+    def expected(self) -> int:
+        n = self.manifest.config["sampling"]["n"] if self.manifest else 1
+        return sum(r.sample_count(n) for r in self.records)

@@ -1,0 +1,46 @@
+"""One long-lived asyncio loop thread that owns the engine.
+
+SGLang's receive loop binds to the first event loop that uses it, and Celery's thread
+slots must not each call run_until_complete; so every engine call from every slot is
+submitted to this one loop (DESIGN.md, SGLang facts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from fleet.engines.base import Engine
+
+T = TypeVar("T")
+
+
+class EngineHost:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="fleet-engine-loop", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def start(self, timeout_s: float | None = None) -> None:
+        """Start the loop thread and the engine on it; raises what engine.start() raised."""
+        self._thread.start()
+        self.submit(self.engine.start()).result(timeout=timeout_s)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self, timeout_s: float = 60) -> None:
+        if not self._thread.is_alive():
+            return
+        try:
+            self.submit(self.engine.shutdown()).result(timeout=timeout_s)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)

@@ -1,0 +1,103 @@
+"""Generate a chunk's missing samples on the engine loop, record by record.
+
+A record that fails alone becomes an error record and the chunk goes on; any other
+exception fails the whole attempt, so a partial chunk is never reported done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fleet.engines.base import Engine, GenRequest, GenResult, Sampling, derive_seed
+from fleet.errors import RecordError
+from fleet.records import InputRecord, OutputRecord
+from fleet.worker.chunk import ChunkRun, sample_key
+
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "stop")
+
+
+def effective_sampling(defaults: dict[str, Any], record: InputRecord, seed: int) -> Sampling:
+    values = {k: defaults.get(k) for k in _SAMPLING_FIELDS}
+    if record.sampling:
+        for k in _SAMPLING_FIELDS:
+            v = getattr(record.sampling, k)
+            if v is not None:
+                values[k] = v
+    stop = tuple(values.pop("stop") or ()) or None
+    return Sampling(**values, stop=stop, seed=seed)
+
+
+def requests_for(run: ChunkRun) -> list[tuple[InputRecord, GenRequest]]:
+    """Requests for every sample the chunk still lacks (checkpointed ones are skipped)."""
+    assert run.manifest is not None
+    config = run.manifest.config
+    defaults, job_seed = config["sampling"], config["seed"]
+    out = []
+    for record in run.records:
+        for sample in range(record.sample_count(defaults.get("n", 1))):
+            if sample_key(record.id, sample) in run.finished:
+                continue
+            base = record.sampling.seed if record.sampling and record.sampling.seed is not None else None
+            seed = base + sample if base is not None else derive_seed(job_seed, record.id, sample)
+            request = GenRequest(
+                record_id=record.id,
+                chunk=run.index,
+                sample=sample,
+                sampling=effective_sampling(defaults, record, seed),
+                messages=record.messages,
+                prompt=record.prompt,
+                enable_thinking=config.get("enable_thinking", True),
+                return_output_ids=config.get("return_output_ids", False),
+            )
+            out.append((record, request))
+    return out
+
+
+def to_output(run: ChunkRun, record: InputRecord, req: GenRequest, res: GenResult, model: str | None) -> dict:
+    meta = res.meta or {}
+    return OutputRecord(
+        id=record.id,
+        sample=req.sample,
+        output=res.text,
+        reasoning=res.reasoning,
+        output_ids=res.output_ids if req.return_output_ids else None,
+        prompt_tokens=res.prompt_tokens,
+        completion_tokens=res.completion_tokens,
+        finish_reason=res.finish_reason,  # type: ignore[arg-type]
+        error=res.error,
+        chunk=run.index,
+        worker=run.worker,
+        model=model,
+        cached_tokens=meta.get("cached_tokens"),
+        spec_accept_length=meta.get("spec_accept_length"),
+        spec_verify_ct=meta.get("spec_verify_ct"),
+        latency_s=meta.get("latency_s"),
+        pos=record.pos,
+    ).model_dump(mode="json")
+
+
+def error_output(run: ChunkRun, record: InputRecord, req: GenRequest, err: Exception, model: str | None) -> dict:
+    res = GenResult(text="", completion_tokens=0, prompt_tokens=0, finish_reason="error", error=str(err))
+    return to_output(run, record, req, res, model)
+
+
+async def generate_chunk(run: ChunkRun, engine: Engine) -> None:
+    model = engine.model_name()
+
+    async def one(record: InputRecord, req: GenRequest) -> None:
+        began = time.monotonic()
+        try:
+            res = await engine.generate(req)
+            res.meta.setdefault("latency_s", round(time.monotonic() - began, 4))
+            run.add(to_output(run, record, req, res, model))
+        except RecordError as e:
+            run.add(error_output(run, record, req, e, model))
+
+    tasks = [asyncio.ensure_future(one(rec, req)) for rec, req in requests_for(run)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()

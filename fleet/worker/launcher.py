@@ -1,0 +1,140 @@
+"""Start and supervise worker processes: one per GPU (pinned) or N for CPU engines.
+
+An engine crash kills its worker process (SGLang sends SIGQUIT to its host), so the
+launcher restarts dead workers with backoff and logs why they died. SIGTERM to the
+launcher stops every worker gracefully.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet.settings import Settings
+
+log = logging.getLogger(__name__)
+BACKOFF_MAX_S = 60.0
+HEALTHY_AFTER_S = 60.0
+
+
+@dataclass
+class WorkerSpec:
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def plan_workers(
+    settings: Settings, workers: int | None, gpus: list[int] | None, host: str | None = None
+) -> list[WorkerSpec]:
+    host = host or socket.gethostname()
+    if gpus:
+        return [WorkerSpec(f"gpu{i}@{host}", {"CUDA_VISIBLE_DEVICES": str(i)}) for i in gpus]
+    return [WorkerSpec(f"cpu{i}@{host}", {"CUDA_VISIBLE_DEVICES": ""}) for i in range(workers or 1)]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+@dataclass
+class _Child:
+    spec: WorkerSpec
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    restarts: int = 0
+    next_start: float = 0.0
+
+
+class Supervisor:
+    def __init__(self, settings: Settings, specs: list[WorkerSpec], log_dir: Path | None = None,
+                 concurrency: int | None = None, restart: bool = True):
+        self.settings = settings
+        self.children = [_Child(s) for s in specs]
+        self.log_dir = log_dir
+        self.concurrency = concurrency or settings.resolved_slots()
+        self.restart = restart
+        self.stopping = False
+
+    def _spawn(self, child: _Child) -> None:
+        env = {**os.environ, **self.settings.to_env(), **child.spec.env, "PYTHONUNBUFFERED": "1"}
+        argv = [sys.executable, "-m", "fleet.worker.main", "--name", child.spec.name,
+                "--concurrency", str(self.concurrency)]
+        out = None
+        if self.log_dir:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_dir / f"{child.spec.name.split('@')[0]}.log", "ab")  # noqa: SIM115
+        child.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+        if out:
+            out.close()
+        child.started = time.monotonic()
+        log.info("started worker %s (pid %d, %d slots)", child.spec.name, child.proc.pid, self.concurrency)
+
+    def start(self) -> None:
+        for child in self.children:
+            self._spawn(child)
+
+    def poll(self) -> None:
+        """Restart dead workers with exponential backoff; call this periodically."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.proc is None:
+                if now >= child.next_start and not self.stopping:
+                    self._spawn(child)
+                continue
+            code = child.proc.poll()
+            if code is None or self.stopping:
+                continue
+            ran = now - child.started
+            if ran > HEALTHY_AFTER_S:
+                child.restarts = 0
+            delay = min(BACKOFF_MAX_S, 2.0 ** child.restarts) if child.restarts else 0.5
+            log.warning("worker %s %s after %.0fs; restarting in %.1fs",
+                        child.spec.name, describe_exit(code), ran, delay)
+            child.restarts += 1
+            child.proc = None
+            child.next_start = now + delay if self.restart else float("inf")
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """SIGTERM every worker (warm shutdown), SIGKILL what outlives grace + timeout."""
+        self.stopping = True
+        for proc in self.alive():
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.settings.grace_s + 30)
+        for proc in self.alive():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker pid %d ignored SIGTERM: killing", proc.pid)
+                proc.kill()
+                proc.wait()
+
+    def run_forever(self) -> None:
+        """Supervise until SIGTERM/SIGINT, then stop the workers gracefully."""
+        stop = {"now": False}
+
+        def handler(signum: int, _frame: object) -> None:
+            stop["now"] = True
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+        self.start()
+        while not stop["now"]:
+            self.poll()
+            time.sleep(0.5)
+        log.info("stopping %d worker(s)", len(self.alive()))
+        self.stop()

@@ -1,0 +1,87 @@
+"""What one worker process holds for its whole life: settings, store, Redis, the engine.
+
+Built once when the Celery worker starts (before it consumes), torn down at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+from celery import Celery
+
+from fleet.broker import redis_client
+from fleet.engines import build_engine
+from fleet.errors import EngineError
+from fleet.leases import Heartbeat
+from fleet.manifest import Manifest, require_manifest
+from fleet.producer.enqueue import store_for
+from fleet.recovery import requeue_expired
+from fleet.settings import Settings
+from fleet.worker.enginehost import EngineHost
+from fleet.worker.hooks import CheckpointHook, Hooks, LeaseHook, OutcomeHook, StatsHook
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, settings: Settings, app: Celery, name: str):
+        self.settings = settings
+        self.app = app
+        self.name = name
+        self.store = store_for(settings)
+        self.redis = redis_client(settings)
+        self.engine = build_engine(settings)
+        self.host = EngineHost(self.engine)
+        self.heartbeat = Heartbeat(settings.heartbeat_s)
+        # Order matters: after() runs in reverse, so the lease is released before the
+        # outcome hook requeues, and a requeued message never meets our own live lease.
+        self.hooks = Hooks([OutcomeHook(self), LeaseHook(self), CheckpointHook(self), StatsHook(self)])
+        self.release_now = threading.Event()
+        self._stop = threading.Event()
+        self._manifests: dict[str, Manifest] = {}
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        began = time.monotonic()
+        self.host.start()
+        log.info("worker %s: %s engine ready in %.1fs", self.name, self.engine.name, time.monotonic() - began)
+        self.heartbeat.start()
+        threading.Thread(target=self._reaper, name="fleet-reaper", daemon=True).start()
+
+    def manifest(self, job: str) -> Manifest:
+        with self._lock:
+            if job not in self._manifests:
+                self._manifests[job] = require_manifest(self.store, job)
+            return self._manifests[job]
+
+    def _reaper(self) -> None:
+        while not self._stop.wait(self.settings.reaper_interval_s):
+            try:
+                requeue_expired(self.redis, self.store, self.app, self.settings)
+            except Exception as e:  # the broker may be restarting; try again next round
+                log.warning("expired-lease check failed: %s", e)
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: Celery stops consuming; after the grace period, hand running chunks back."""
+        timer = threading.Timer(self.settings.grace_s, self.release_now.set)
+        timer.daemon = True
+        timer.start()
+
+    def engine_failed(self, exc: EngineError) -> None:
+        """The engine is gone: stop this process so its supervisor starts a fresh one."""
+        log.critical("engine failed (%s): shutting down worker %s for restart", exc, self.name)
+        self.release_now.set()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.heartbeat.stop()
+        try:
+            self.host.stop()
+        except Exception as e:
+            log.warning("engine shutdown: %s", e)
+        self.redis.close()

@@ -1,0 +1,97 @@
+"""The chunk task body: read chunk, generate, commit. Policies live in hooks.py."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from typing import Any
+
+from fleet.errors import ChunkReleased, FleetError
+from fleet.layout import chunk_key, decode_lines, result_key
+from fleet.records import InputRecord
+from fleet.results import encode_result
+from fleet.worker.chunk import ChunkRun
+from fleet.worker.generate import generate_chunk
+from fleet.worker.hooks import ChunkHook, Skip
+from fleet.worker.runtime import Runtime
+
+log = logging.getLogger(__name__)
+POLL_S = 0.5
+
+
+def read_chunk(rt: Runtime, run: ChunkRun) -> list[InputRecord]:
+    key = chunk_key(run.job, run.index)
+    rows = decode_lines(rt.store.get(key), key)
+    return [InputRecord.model_validate(row) for row in rows]
+
+
+def wait_generated(rt: Runtime, run: ChunkRun, ran: list[ChunkHook]) -> None:
+    """Wait for the engine, running progress hooks; hand the chunk back if told to stop."""
+    future = rt.host.submit(generate_chunk(run, rt.engine))
+    while True:
+        try:
+            future.result(timeout=POLL_S)
+            return
+        except concurrent.futures.TimeoutError:
+            rt.hooks.progress(run, ran)
+            if rt.release_now.is_set():
+                future.cancel()
+                raise ChunkReleased(f"worker {run.worker} stopping: chunk {run.name} handed back") from None
+
+
+def commit(rt: Runtime, run: ChunkRun) -> None:
+    rows = list(run.finished.values())
+    expected = run.expected()
+    if len(rows) != expected:
+        raise FleetError(f"chunk {run.name} has {len(rows)} of {expected} samples; not committing")
+    stats = {
+        "job": run.job,
+        "chunk": run.index,
+        "records": len(run.records),
+        "samples": len(rows),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+        "completion_tokens": sum(r["completion_tokens"] for r in rows),
+        "errors": sum(1 for r in rows if r["finish_reason"] == "error"),
+        "resumed": run.resumed,
+        "seconds": round(time.time() - run.started, 3),
+        "started": run.started,
+        "finished": time.time(),
+        "worker": run.worker,
+        "attempt": run.attempt,
+    }
+    won = rt.store.put_if_absent(result_key(run.job, run.index), encode_result(stats, rows))
+    if won:
+        run.committed = True
+        run.extras["stats"] = stats
+    else:
+        run.extras["lost_race"] = True
+        log.warning("chunk %s already committed by another worker: dropped this copy", run.name)
+
+
+def run_chunk(rt: Runtime, job: str, index: int, attempt: int = 1) -> dict[str, Any]:
+    run = ChunkRun(job=job, index=index, attempt=attempt, worker=rt.name)
+    ran: list[ChunkHook] = []
+    exc: BaseException | None = None
+    try:
+        rt.hooks.before(run, ran)
+        run.manifest = rt.manifest(job)
+        run.records = read_chunk(rt, run)
+        wait_generated(rt, run, ran)
+        commit(rt, run)
+    except Skip as skip:
+        run.skipped = str(skip)
+        log.info("chunk %s skipped: %s", run.name, skip)
+    except Exception as e:  # every failure is decided by OutcomeHook, never lost
+        exc = e
+    finally:
+        rt.hooks.after(run, ran, exc)
+    if exc is not None and not isinstance(exc, ChunkReleased):
+        log.error("chunk %s attempt %d failed: %s: %s", run.name, run.attempt, type(exc).__name__, exc)
+    return {
+        "job": job,
+        "index": index,
+        "committed": run.committed,
+        "skipped": run.skipped,
+        "error": None if exc is None else f"{type(exc).__name__}: {exc}",
+    }
