@@ -13,10 +13,17 @@ from kombu import Queue
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from fleet import keys
 from fleet.errors import ConfigError
 from fleet.settings import Settings
 
 TASK_NAME = "fleet.run_chunk"
+#: kombu's Redis transport serves priority 0 first. Chunks handed back after a lost or
+#: stopping worker jump the queue, so recovery does not wait behind the whole job.
+PRIORITY_RECOVERY = 0
+PRIORITY_HIGH = 3
+PRIORITY_NORMAL = 6
+PRIORITY_LOW = 9
 
 
 def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
@@ -29,6 +36,9 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
         # so it must exceed any chunk's run time (DESIGN.md, Celery facts).
         "visibility_timeout": settings.visibility_timeout_s,
         "health_check_interval": 10,
+        "priority_steps": list(keys.PRIORITY_STEPS),
+        "sep": keys.PRIORITY_SEP,
+        "queue_order_strategy": "priority",
     }
     app.conf.update(
         broker_transport_options=transport,
@@ -60,8 +70,10 @@ def chunk_message(job: str, index: int, attempt: int = 1) -> dict[str, Any]:
     return {"job": job, "index": index, "attempt": attempt}
 
 
-def send_chunk(app: Celery, queue: str, job: str, index: int, attempt: int = 1) -> None:
-    app.send_task(TASK_NAME, kwargs=chunk_message(job, index, attempt), queue=queue)
+def send_chunk(
+    app: Celery, queue: str, job: str, index: int, attempt: int = 1, priority: int = PRIORITY_NORMAL
+) -> None:
+    app.send_task(TASK_NAME, kwargs=chunk_message(job, index, attempt), queue=queue, priority=priority)
 
 
 def redis_client(settings: Settings) -> redis.Redis:

@@ -57,16 +57,12 @@ def _scrub(text: str, url: str | None) -> str:
 def check_broker(settings: Settings) -> Check:
     url = settings.broker_url
     if not url:
-        return Check(
-            "broker", False, "FLEET_BROKER_URL is not set (redis://:password@host:port/db)"
-        )
+        return Check("broker", False, "FLEET_BROKER_URL is not set (redis://:password@host:port/db)")
     shown = redact_url(url)
     try:
         import redis
 
-        client = redis.Redis.from_url(
-            url, socket_connect_timeout=BROKER_TIMEOUT_S, socket_timeout=BROKER_TIMEOUT_S
-        )
+        client = redis.Redis.from_url(url, socket_connect_timeout=BROKER_TIMEOUT_S, socket_timeout=BROKER_TIMEOUT_S)
         try:
             client.ping()
             notes = _broker_config_notes(client)
@@ -76,9 +72,7 @@ def check_broker(settings: Settings) -> Check:
         return Check("broker", False, f"{shown}: {type(e).__name__}: {_scrub(str(e), url)}")
     parts = urlsplit(url)
     if parts.password is None and not is_loopback(parts.hostname or ""):
-        return Check(
-            "broker", False, f"{shown}: reachable but has no password and is not on loopback"
-        )
+        return Check("broker", False, f"{shown}: reachable but has no password and is not on loopback")
     bad = [n for n in notes if n.startswith("!")]
     if bad:
         return Check("broker", False, f"{shown}: " + "; ".join(n[1:] for n in bad))
@@ -94,13 +88,9 @@ def _broker_config_notes(client: Any) -> list[str]:
         return ["CONFIG not available, persistence unchecked"]
     notes = []
     if policy and policy != "noeviction":
-        notes.append(
-            f"!maxmemory-policy is {policy}: Redis may evict queued chunks; set noeviction"
-        )
+        notes.append(f"!maxmemory-policy is {policy}: Redis may evict queued chunks; set noeviction")
     if aof != "yes":
-        notes.append(
-            "appendonly no: a Redis restart empties the queue (`fleet enqueue` rebuilds it)"
-        )
+        notes.append("appendonly no: a Redis restart empties the queue (`fleet enqueue` rebuilds it)")
     return notes
 
 
@@ -185,14 +175,10 @@ def model_problems(model_dir: Path) -> tuple[list[str], str]:
         shards = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
         missing = [s for s in shards if not (model_dir / s).is_file()]
         if missing:
-            problems.append(
-                f"{len(missing)} of {len(shards)} weight shards missing ({missing[0]}, ...)"
-            )
+            problems.append(f"{len(missing)} of {len(shards)} weight shards missing ({missing[0]}, ...)")
         weights = [model_dir / s for s in shards if s not in missing]
     else:
-        weights = list(model_dir.glob("*.safetensors")) or list(
-            model_dir.glob("pytorch_model*.bin")
-        )
+        weights = list(model_dir.glob("*.safetensors")) or list(model_dir.glob("pytorch_model*.bin"))
         if not weights:
             problems.append("no weights (*.safetensors or pytorch_model*.bin)")
     empty = [w.name for w in weights if w.stat().st_size == 0]
@@ -212,9 +198,7 @@ def check_model(settings: Settings) -> Check:
     if not settings.model:
         if settings.engine == "sim":
             return _skip("model", "engine sim needs no model")
-        return Check(
-            "model", False, f"engine {settings.engine} needs FLEET_MODEL (a model directory)"
-        )
+        return Check("model", False, f"engine {settings.engine} needs FLEET_MODEL (a model directory)")
     try:
         model_dir = _resolve_model_dir(settings.model)
         problems, summary = model_problems(model_dir)
@@ -242,15 +226,11 @@ def check_engine_args(settings: Settings) -> Check:
     try:
         from sglang.srt.server_args import ServerArgs
     except ImportError:
-        return Check(
-            "engine args", True, f"{len(kwargs)} kwargs built; sglang not installed, not validated"
-        )
+        return Check("engine args", True, f"{len(kwargs)} kwargs built; sglang not installed, not validated")
     try:
         validate_server_args(ServerArgs, kwargs)
     except Exception as e:
-        return Check(
-            "engine args", False, f"sglang ServerArgs refused them: {type(e).__name__}: {e}"
-        )
+        return Check("engine args", False, f"sglang ServerArgs refused them: {type(e).__name__}: {e}")
     return Check("engine args", True, f"{len(kwargs)} kwargs accepted by sglang ServerArgs")
 
 

@@ -26,8 +26,17 @@ PARQUET_SCHEMA = pa.schema([
 assert PARQUET_SCHEMA.names == EXPORT_FIELDS
 
 
-def export_job(store: Store, job: str, out: Path, fmt: str | None = None, partial: bool = False) -> int:
-    """Returns the number of records written; refuses an unfinished job unless `partial`."""
+#: run facts that differ between two runs of the same job; `stable` exports leave them out
+VOLATILE_FIELDS = ("worker", "latency_s")
+
+
+def export_job(
+    store: Store, job: str, out: Path, fmt: str | None = None, partial: bool = False, stable: bool = False
+) -> int:
+    """Returns the number of records written; refuses an unfinished job unless `partial`.
+
+    `stable` leaves out the volatile run facts, so two runs of one job export the same bytes.
+    """
     manifest = require_manifest(store, job)
     done = done_indexes(store, job)
     missing = [i for i in range(manifest.chunks) if i not in done]
@@ -42,17 +51,19 @@ def export_job(store: Store, job: str, out: Path, fmt: str | None = None, partia
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     count = 0
+    fields = [f for f in EXPORT_FIELDS if not (stable and f in VOLATILE_FIELDS)]
     if fmt == "parquet":
-        with pq.ParquetWriter(tmp, PARQUET_SCHEMA, compression="zstd") as writer:
+        schema = pa.schema([PARQUET_SCHEMA.field(f) for f in fields])
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             for index in indexes:
-                rows = [{k: r.get(k) for k in EXPORT_FIELDS} for r in read_result(store, job, index)[1]]
-                writer.write_table(pa.Table.from_pylist(rows, schema=PARQUET_SCHEMA))
+                rows = [{k: r.get(k) for k in fields} for r in read_result(store, job, index)[1]]
+                writer.write_table(pa.Table.from_pylist(rows, schema=schema))
                 count += len(rows)
     elif fmt == "jsonl":
         with open(tmp, "w", encoding="utf-8") as f:
             for index in indexes:
                 for r in read_result(store, job, index)[1]:
-                    f.write(json.dumps({k: r.get(k) for k in EXPORT_FIELDS}, ensure_ascii=False) + "\n")
+                    f.write(json.dumps({k: r.get(k) for k in fields}, ensure_ascii=False) + "\n")
                     count += 1
     else:
         raise FleetError(f"unknown export format {fmt!r}: use jsonl or parquet")

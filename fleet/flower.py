@@ -39,10 +39,7 @@ def redact_url(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        redacted = [
-            (k, REDACTED if any(s in k.lower() for s in _SECRET_QUERY_KEYS) else v)
-            for k, v in pairs
-        ]
+        redacted = [(k, REDACTED if any(s in k.lower() for s in _SECRET_QUERY_KEYS) else v) for k, v in pairs]
         query = urlencode(redacted, safe="*")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 

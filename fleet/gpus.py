@@ -34,9 +34,7 @@ GPU_TABLE: dict[str, GpuSpec] = {
     "b200": GpuSpec("NVIDIA B200", hbm_gb=192, hbm_tb_s=8.0, bf16_tflops=2250),
     "h200": GpuSpec("NVIDIA H200", hbm_gb=141, hbm_tb_s=4.8, bf16_tflops=989),
     "h100": GpuSpec("NVIDIA H100 SXM", hbm_gb=80, hbm_tb_s=3.35, bf16_tflops=989),
-    "rtx-pro-6000": GpuSpec(
-        "NVIDIA RTX PRO 6000 Blackwell", hbm_gb=96, hbm_tb_s=1.8, bf16_tflops=504
-    ),
+    "rtx-pro-6000": GpuSpec("NVIDIA RTX PRO 6000 Blackwell", hbm_gb=96, hbm_tb_s=1.8, bf16_tflops=504),
 }
 
 # nvidia-smi names, lower-cased, mapped to table keys; first match wins.
@@ -88,9 +86,7 @@ def _query_nvidia_smi() -> tuple[list[GpuInfo], str]:
         return [], "nvidia-smi not on PATH"
     cmd = [exe, "--query-gpu=index,name,memory.total", "--format=csv,noheader"]
     try:
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False
-        )
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return [], f"nvidia-smi failed: {e}"
     if out.returncode != 0:
@@ -102,9 +98,7 @@ def _query_nvidia_smi() -> tuple[list[GpuInfo], str]:
         if len(parts) < 3 or not parts[0].isdigit():
             continue
         mem = parts[-1].split()[0]  # "183359 MiB"
-        gpus.append(
-            GpuInfo(int(parts[0]), ", ".join(parts[1:-1]), int(mem) if mem.isdigit() else 0)
-        )
+        gpus.append(GpuInfo(int(parts[0]), ", ".join(parts[1:-1]), int(mem) if mem.isdigit() else 0))
     return gpus, "nvidia-smi" if gpus else "nvidia-smi lists no GPU"
 
 
@@ -163,17 +157,14 @@ def parse_gpu_spec(spec: str, available: list[int] | None = None) -> list[int]:
     if text == "all":
         if not available:
             raise ConfigError(
-                f"--gpus all: no GPU found on this host ({why or 'none detected'}); "
-                "for CPU engines use --workers N"
+                f"--gpus all: no GPU found on this host ({why or 'none detected'}); for CPU engines use --workers N"
             )
         return sorted(available)
     indexes: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part.isdigit():
-            raise ConfigError(
-                f"--gpus {spec!r}: {part!r} is not a GPU index (use 'all' or e.g. 0,1,4)"
-            )
+            raise ConfigError(f"--gpus {spec!r}: {part!r} is not a GPU index (use 'all' or e.g. 0,1,4)")
         index = int(part)
         if index in indexes:
             raise ConfigError(f"--gpus {spec!r}: GPU {index} is listed twice")
@@ -182,7 +173,6 @@ def parse_gpu_spec(spec: str, available: list[int] | None = None) -> list[int]:
     if missing:
         have = ", ".join(map(str, sorted(available))) or "none"
         raise ConfigError(
-            f"--gpus {spec!r}: GPU {', '.join(map(str, missing))} not present on this host "
-            f"(present: {have})"
+            f"--gpus {spec!r}: GPU {', '.join(map(str, missing))} not present on this host (present: {have})"
         )
     return indexes

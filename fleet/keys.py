@@ -7,6 +7,14 @@ the store stays the source of truth and `fleet enqueue` rebuilds both.
 from __future__ import annotations
 
 PREFIX = "fleet"
+#: kombu's Redis transport keeps one list per priority step: "<queue>", "<queue><sep><p>".
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists that hold a Celery queue's waiting messages (kombu's naming)."""
+    return [queue if p == 0 else f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]
 
 
 def lease(job: str, index: int) -> str:

@@ -69,7 +69,10 @@ def encode_lines(rows: Iterable[dict[str, Any]]) -> bytes:
 
 def decode_lines(data: bytes, what: str) -> Iterator[dict[str, Any]]:
     try:
-        text = zstandard.ZstdDecompressor().decompressobj().decompress(data).decode()
+        stream = zstandard.ZstdDecompressor().decompressobj()
+        text = stream.decompress(data).decode()
+        if not stream.eof:  # a cut object decodes to fewer rows without complaint
+            raise ChunkCorrupt(f"{what} is truncated")
         rows = [json.loads(line) for line in text.splitlines() if line]
     except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ChunkCorrupt(f"{what} cannot be decoded: {e}") from e

@@ -16,8 +16,16 @@ from fleet import keys
 
 log = logging.getLogger(__name__)
 
-_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
-_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+_RENEW = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+)
+# Only the owner releases, and only then does the chunk leave the running set: a stale
+# worker must not hide a chunk whose new owner may still die.
+_RELEASE = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); "
+    "return redis.call('srem', KEYS[2], ARGV[2]) else return 0 end"
+)
 
 
 class Lease:
@@ -41,8 +49,7 @@ class Lease:
         return ok
 
     def release(self) -> None:
-        self.r.eval(_RELEASE, 1, self.key, self.owner)
-        self.r.srem(keys.running(), keys.member(self.job, self.index))
+        self.r.eval(_RELEASE, 2, self.key, keys.running(), self.owner, keys.member(self.job, self.index))
 
 
 def holder(r: redis.Redis, job: str, index: int) -> str | None:

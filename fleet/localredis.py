@@ -59,11 +59,15 @@ class LocalRedis:
             if self.proc.poll() is not None:
                 raise BrokerMissing(f"redis-server exited at start; see {self.dir / 'redis.log'}")
             try:
-                client.ping()
-                client.close()
-                return self
+                pid = int(client.info("server")["process_id"])
             except redis.ConnectionError:
                 time.sleep(0.05)
+                continue
+            client.close()
+            if pid != self.proc.pid:  # another server already holds the port
+                self.stop()
+                raise BrokerMissing(f"port {self.port} is taken by another Redis (pid {pid})")
+            return self
         self.stop()
         raise BrokerMissing(f"redis-server did not answer on port {self.port} within {timeout_s}s")
 

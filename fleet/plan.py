@@ -76,16 +76,10 @@ class Plan:
         return asdict(self)
 
 
-def roofline(
-    spec: GpuSpec, model: ModelFacts, prompt_tokens: float, output_tokens: float
-) -> Roofline:
+def roofline(spec: GpuSpec, model: ModelFacts, prompt_tokens: float, output_tokens: float) -> Roofline:
     if model.params_b <= 0 or model.batch < 1 or model.accept_length <= 0:
         raise ConfigError("roofline needs params > 0, batch >= 1 and accept length > 0")
-    context = (
-        model.context_tokens
-        if model.context_tokens is not None
-        else prompt_tokens + output_tokens / 2
-    )
+    context = model.context_tokens if model.context_tokens is not None else prompt_tokens + output_tokens / 2
     weight_bytes = model.params_b * 1e9 * model.bytes_per_param
     per_request = model.kv_bytes_per_token * context + model.state_bytes_per_request
     kv_bytes = model.batch * per_request
@@ -94,12 +88,8 @@ def roofline(
     memory_tok_s = model.batch * model.accept_length / step_s
     compute_tok_s = spec.bf16_tflops * 1e12 / (2 * model.params_b * 1e9)
     # Memory is sized for the longest context, not the mean one the bandwidth sees.
-    peak_context = (
-        model.context_tokens if model.context_tokens is not None else prompt_tokens + output_tokens
-    )
-    peak_bytes = weight_bytes + model.batch * (
-        model.kv_bytes_per_token * peak_context + model.state_bytes_per_request
-    )
+    peak_context = model.context_tokens if model.context_tokens is not None else prompt_tokens + output_tokens
+    peak_bytes = weight_bytes + model.batch * (model.kv_bytes_per_token * peak_context + model.state_bytes_per_request)
     return Roofline(
         weight_bytes=weight_bytes,
         kv_bytes_per_step=kv_bytes,
@@ -136,9 +126,7 @@ def make_plan(
     basis = "estimate"
     if tok_s_per_gpu is None:
         if roof is None:
-            raise ConfigError(
-                "give --tok-s-per-gpu (e.g. from `fleet bench`) or --params-b for a roofline"
-            )
+            raise ConfigError("give --tok-s-per-gpu (e.g. from `fleet bench`) or --params-b for a roofline")
         tok_s_per_gpu, basis = roof.tok_s, "roofline"
     if tok_s_per_gpu <= 0:
         raise ConfigError("--tok-s-per-gpu must be > 0")
@@ -177,6 +165,18 @@ def _text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config.get("text_config") or config
 
 
+def _attention_layers(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(full-attention layers, linear-attention layers); hybrids keep KV only in the first."""
+    layers = int(cfg.get("num_hidden_layers", 0))
+    if "layer_types" in cfg:
+        full = sum(1 for t in cfg["layer_types"] if "full" in str(t) or str(t) == "attention")
+        return full, len(cfg["layer_types"]) - full
+    if cfg.get("full_attention_interval"):
+        full = layers // int(cfg["full_attention_interval"])
+        return full, layers - full
+    return layers, 0
+
+
 def kv_bytes_per_token(config: dict[str, Any], kv_dtype_bytes: float = 2.0) -> float:
     """KV cache bytes per token of context, from a Hugging Face config.json.
 
@@ -184,11 +184,7 @@ def kv_bytes_per_token(config: dict[str, Any], kv_dtype_bytes: float = 2.0) -> f
     one compressed latent per layer.
     """
     cfg = _text_config(config)
-    layers = int(cfg.get("num_hidden_layers", 0))
-    if "layer_types" in cfg:
-        layers = sum(1 for t in cfg["layer_types"] if "full" in str(t) or str(t) == "attention")
-    elif cfg.get("full_attention_interval"):
-        layers = layers // int(cfg["full_attention_interval"])
+    layers, _ = _attention_layers(cfg)
     if cfg.get("kv_lora_rank"):
         per_layer = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
         return layers * per_layer * kv_dtype_bytes
@@ -196,6 +192,28 @@ def kv_bytes_per_token(config: dict[str, Any], kv_dtype_bytes: float = 2.0) -> f
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 0)) // max(heads, 1))
     return 2 * layers * kv_heads * head_dim * kv_dtype_bytes
+
+
+def recurrent_state_bytes(
+    config: dict[str, Any], state_dtype_bytes: float = 4.0, conv_dtype_bytes: float = 2.0
+) -> float:
+    """Per-request state of Gated-DeltaNet (linear attention) layers, read every step.
+
+    Per layer: a value-heads x key-dim x value-dim matrix (FP32 in SGLang's mamba cache)
+    plus the short convolution's window. 0 for models without linear-attention layers.
+    """
+    cfg = _text_config(config)
+    _, linear = _attention_layers(cfg)
+    nv = int(cfg.get("linear_num_value_heads", 0))
+    if not linear or not nv:
+        return 0.0
+    nk = int(cfg.get("linear_num_key_heads", nv))
+    dk = int(cfg.get("linear_key_head_dim", 0))
+    dv = int(cfg.get("linear_value_head_dim", 0))
+    kernel = int(cfg.get("linear_conv_kernel_dim", 4))
+    ssm = nv * dk * dv * state_dtype_bytes
+    conv = (2 * nk * dk + nv * dv) * (kernel - 1) * conv_dtype_bytes
+    return linear * (ssm + conv)
 
 
 def weight_bytes_in(model_dir: Path) -> float:
@@ -224,6 +242,7 @@ def model_facts_from_dir(model_dir: str | Path, **overrides: Any) -> ModelFacts:
     facts: dict[str, Any] = {
         "bytes_per_param": bpp,
         "kv_bytes_per_token": kv_bytes_per_token(config),
+        "state_bytes_per_request": recurrent_state_bytes(config),
     }
     weights = weight_bytes_in(path)
     if weights:

@@ -13,7 +13,7 @@ import redis
 from celery import Celery
 
 from fleet import keys
-from fleet.broker import send_chunk
+from fleet.broker import PRIORITY_RECOVERY, send_chunk
 from fleet.chunkstate import Quarantine, attempts
 from fleet.layout import result_key
 from fleet.settings import Settings
@@ -46,7 +46,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
             ).write(store, job)
             log.error("chunk %s quarantined after %d lost workers", member, tried)
         else:
-            send_chunk(app, settings.queue, job, index, tried + 1)
+            send_chunk(app, settings.queue, job, index, tried + 1, PRIORITY_RECOVERY)
             r.sadd(keys.queued(job), index)
             log.warning("chunk %s lease expired without result: requeued (attempt %d)", member, tried + 1)
         r.srem(keys.running(), member)
@@ -68,7 +68,7 @@ class StallWatch:
     def check(self, r: redis.Redis, store: Store, app: Celery, settings: Settings, job: str, chunks: int) -> list[int]:
         from fleet.chunkstate import done_indexes, failed_indexes, running_indexes
 
-        if r.llen(settings.queue) or running_indexes(r, job):
+        if any(r.llen(q) for q in keys.queue_lists(settings.queue)) or running_indexes(r, job):
             self.idle_checks[job] = 0
             return []
         missing = set(range(chunks)) - done_indexes(store, job) - failed_indexes(store, job)
@@ -79,7 +79,7 @@ class StallWatch:
             return []
         self.idle_checks[job] = 0
         for index in sorted(missing):
-            send_chunk(app, settings.queue, job, index, attempts(r, job, index) + 1)
+            send_chunk(app, settings.queue, job, index, attempts(r, job, index) + 1, PRIORITY_RECOVERY)
             r.sadd(keys.queued(job), index)
         log.warning("job %s stalled with %d chunks missing and none queued: re-enqueued", job, len(missing))
         return sorted(missing)

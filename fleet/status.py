@@ -101,7 +101,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
             st.chunks_queued = len(queued_indexes(r, job) - done - failed)
         except redis.RedisError:
             st.broker, r = False, None
-    stats = chunk_stats(store, r, job, done)
+    stats = [s for s in chunk_stats(store, r, job, done) if s]
     now = time.time()
     for s in stats:
         st.records_done += s.get("records", 0)
@@ -110,11 +110,12 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.completion_tokens += s.get("completion_tokens", 0)
         st.record_errors += s.get("errors", 0)
     st.workers = sorted({s["worker"] for s in stats if "worker" in s})
-    if stats:
-        first = min(s["started"] for s in stats)
-        last = max(s["finished"] for s in stats)
+    timed = [s for s in stats if "started" in s and "finished" in s]
+    if timed:
+        first = min(s["started"] for s in timed)
+        last = max(s["finished"] for s in timed)
         st.elapsed_s = round((last if len(done) == manifest.chunks else now) - first, 3)
-        st.tok_s = round(recent_rate(stats, now), 2)
+        st.tok_s = round(recent_rate(timed, now), 2)
         remaining = manifest.samples - st.samples_done
         if st.tok_s > 0 and st.samples_done:
             per_sample = st.completion_tokens / st.samples_done

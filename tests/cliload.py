@@ -12,8 +12,6 @@ from pathlib import Path
 
 import typer
 
-import fleet
-
 
 def cli_app() -> typer.Typer:
     try:
@@ -31,8 +29,4 @@ def cli_app() -> typer.Typer:
 
 
 #: The same fallback as a `python -c` program, for tests that run the CLI as a subprocess.
-SUBPROCESS_CODE = (
-    "import sys; sys.argv[0] = 'fleet'\n"
-    "from cliload import cli_app\n"
-    "cli_app()()\n"
-)
+SUBPROCESS_CODE = "import sys; sys.argv[0] = 'fleet'\nfrom tests.cliload import cli_app\ncli_app()()\n"

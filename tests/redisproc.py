@@ -25,7 +25,10 @@ def free_port() -> int:
 
 
 class RedisProc:
-    """`with RedisProc(password="pw") as r: r.url` -> a running redis-server."""
+    """`with RedisProc(password="pw") as r: r.url` -> a running redis-server.
+
+    `conf`: a redis.conf to start from (port, bind and dir are still the test's own).
+    """
 
     def __init__(
         self, password: str | None = None, extra_args: list[str] | None = None, conf: Path | None = None
@@ -53,7 +56,10 @@ class RedisProc:
         self.port = free_port()
         argv = [exe] + ([str(self.conf)] if self.conf else [])
         argv += ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", self._dir.name]
-        argv += ["--save", "", "--appendonly", "no", *self.extra_args]
+        if self.conf is None:
+            # A bare test server: nothing written to disk. A conf under test keeps its own.
+            argv += ["--save", "", "--appendonly", "no"]
+        argv += self.extra_args
         if self.password:
             argv += ["--requirepass", self.password]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

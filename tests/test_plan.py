@@ -10,8 +10,14 @@ from typer.testing import CliRunner
 
 from fleet.errors import ConfigError
 from fleet.gpus import GPU_TABLE
-from fleet.plan import ModelFacts, kv_bytes_per_token, make_plan, model_facts_from_dir
-from cliload import cli_app
+from fleet.plan import (
+    ModelFacts,
+    kv_bytes_per_token,
+    make_plan,
+    model_facts_from_dir,
+    recurrent_state_bytes,
+)
+from tests.cliload import cli_app
 
 WORKED = [
     "plan", "--gpus", "6", "--gpu", "b200", "--usd-per-gpu-hour", "5.49",
@@ -127,6 +133,8 @@ def test_model_facts_from_a_hybrid_model_dir(tmp_path: Path) -> None:
         "text_config": {
             "num_hidden_layers": 48, "full_attention_interval": 4, "num_attention_heads": 16,
             "num_key_value_heads": 4, "head_dim": 256, "hidden_size": 4096,
+            "linear_num_value_heads": 32, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
         },
     }  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -134,11 +142,14 @@ def test_model_facts_from_a_hybrid_model_dir(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     facts = model_facts_from_dir(tmp_path, batch=128)
     assert facts.kv_bytes_per_token == 2 * 12 * 4 * 256 * 2
+    # 36 Gated-DeltaNet layers: an FP32 32 x 128 x 128 state and a 3-step conv window each.
+    assert facts.state_bytes_per_request == 36 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2)
     assert facts.params_b == pytest.approx(27)
     assert facts.batch == 128
     # A plain GQA model: every layer has KV.
     dense = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
     assert kv_bytes_per_token(dense) == 2 * 32 * 8 * 128 * 2
+    assert recurrent_state_bytes(dense) == 0
     res = CliRunner().invoke(
         cli_app(), ["plan", "--prompts", "10", "--output-tokens", "100", "--model", str(tmp_path), "--json"]
     )

@@ -134,6 +134,7 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help=".jsonl or .parquet")],
     fmt: Annotated[str | None, typer.Option("--format", help="jsonl or parquet (default by suffix)")] = None,
     partial: Annotated[bool, typer.Option("--partial", help="export what is done so far")] = False,
+    stable: Annotated[bool, typer.Option("--stable", help="omit worker and latency, for byte comparison")] = False,
     store_url: StoreOpt = None,
 ) -> None:
     """Results in input order."""
@@ -141,5 +142,5 @@ def export(
     from fleet.producer.enqueue import store_for
 
     settings = settings_from(store_url=store_url)
-    n = run_guarded(export_job, store_for(settings), job, out, fmt, partial)
+    n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable)
     console.print(f"wrote {n} records to {out}")

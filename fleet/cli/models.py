@@ -1,0 +1,38 @@
+"""Model commands: `fleet tiny-model` (an offline test model) and `fleet engine-args`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleet.cli.app import EngineOpt, ModelOpt, app, fail, run_guarded, settings_from
+
+
+@app.command("tiny-model")
+def tiny_model(
+    out_dir: Annotated[Path, typer.Argument(help="directory to write the model to")],
+    seed: Annotated[int, typer.Option("--seed", help="weight seed; same seed, same files")] = 0,
+) -> None:
+    """Build a tiny random-weight Qwen3 model with no network (for tests and CPU runs)."""
+    from fleet.tinymodel import build_tiny_model
+
+    path = build_tiny_model(out_dir, seed=seed)
+    typer.echo(str(path))
+
+
+@app.command("engine-args")
+def engine_args(
+    engine: EngineOpt = "sglang",
+    model: ModelOpt = None,
+) -> None:
+    """Print, as JSON, the kwargs the worker would pass to sglang.Engine (sglang not needed)."""
+    if engine != "sglang":
+        fail(f"engine-args describes the sglang engine only, not {engine!r}")
+    settings = settings_from(engine=engine, model=model)
+    from fleet.engines.sglang import engine_kwargs
+
+    kwargs = run_guarded(engine_kwargs, settings)
+    typer.echo(json.dumps(kwargs, indent=2, sort_keys=True))

@@ -22,11 +22,11 @@ from fleet.cli.app import (
 )
 from fleet.errors import FleetError
 from fleet.gpus import GPU_TABLE, gpu_spec
-from fleet.plan import DEFAULT_BATCH, DEFAULT_BYTES_PER_PARAM, ModelFacts, Plan, make_plan
+from fleet.plan import DEFAULT_BATCH, DEFAULT_BYTES_PER_PARAM, ModelFacts, Plan, make_plan, model_facts_from_dir
 
 out = Console()  # results go to stdout; app.console (stderr) carries errors and logs
 
-GpuKinds = ", ".join(GPU_TABLE)
+GPU_KINDS = ", ".join(GPU_TABLE)
 
 
 # -- fleet plan ----------------------------------------------------------------------------
@@ -39,7 +39,7 @@ def _model_facts(
     batch: int,
     kv_bytes_per_token: float | None,
     context: float | None,
-    state_mb_per_request: float,
+    state_mb_per_request: float | None,
     accept_length: float,
 ) -> ModelFacts | None:
     overrides = {
@@ -48,12 +48,10 @@ def _model_facts(
         "batch": batch,
         "kv_bytes_per_token": kv_bytes_per_token,
         "context_tokens": context,
-        "state_bytes_per_request": state_mb_per_request * 1e6,
+        "state_bytes_per_request": None if state_mb_per_request is None else state_mb_per_request * 1e6,
         "accept_length": accept_length,
     }
     if model:
-        from fleet.plan import model_facts_from_dir
-
         return model_facts_from_dir(model, **overrides)
     if params_b is None:
         return None
@@ -63,9 +61,7 @@ def _model_facts(
 def _hours(seconds: float) -> str:
     days, rem = divmod(int(round(seconds / 60)), 24 * 60)
     h, m = divmod(rem, 60)
-    return f"{seconds / 3600:,.1f} hours" + (
-        f" ({days} d {h} h {m} min)" if days else f" ({h} h {m} min)"
-    )
+    return f"{seconds / 3600:,.1f} hours" + (f" ({days} d {h} h {m} min)" if days else f" ({h} h {m} min)")
 
 
 def render_plan(plan: Plan) -> Table:
@@ -74,19 +70,16 @@ def render_plan(plan: Plan) -> Table:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("fleet", f"{plan.gpus} x {plan.gpu} ({spec.hbm_gb:g} GB, {spec.hbm_tb_s:g} TB/s)")
-    table.add_row(
-        "price", f"${plan.usd_per_gpu_hour:,.2f}/GPU-hour = ${plan.usd_per_hour:,.2f}/hour"
-    )
-    table.add_row("prompts", f"{plan.prompts:,} x {plan.prompt_tokens:,.0f} prompt tokens")
+    table.add_row("price", f"${plan.usd_per_gpu_hour:,.2f}/GPU-hour = ${plan.usd_per_hour:,.2f}/hour")
+    per_prompt = f" x {plan.prompt_tokens:,.0f} prompt tokens" if plan.prompt_tokens else ""
+    table.add_row("prompts", f"{plan.prompts:,}{per_prompt}")
     table.add_row(
         "output tokens",
         f"{plan.total_output_tokens:,.0f} ({plan.total_output_tokens / 1e9:,.2f} B; "
         f"{plan.output_tokens:,.0f} per prompt)",
     )
     basis = "given" if plan.basis == "estimate" else "roofline: a best case"
-    table.add_row(
-        "throughput", f"{plan.fleet_tok_s:,.0f} tok/s ({plan.tok_s_per_gpu:,.0f} per GPU, {basis})"
-    )
+    table.add_row("throughput", f"{plan.fleet_tok_s:,.0f} tok/s ({plan.tok_s_per_gpu:,.0f} per GPU, {basis})")
     table.add_row("wall time", _hours(plan.wall_s))
     table.add_row("cost", f"${plan.cost_usd:,.2f}")
     table.add_row("$ / M output tokens", f"${plan.usd_per_m_output_tokens:,.3f}")
@@ -103,30 +96,22 @@ def render_plan(plan: Plan) -> Table:
             f"{roof.kv_bytes_per_step / 1e9:,.1f} KV/state) = {roof.step_ms:,.2f} ms",
         )
         fits = "fits" if roof.fits else "DOES NOT FIT"
-        table.add_row(
-            "memory at batch", f"{roof.memory_needed_gb:,.1f} GB of {spec.hbm_gb:g} GB ({fits})"
-        )
+        table.add_row("memory at batch", f"{roof.memory_needed_gb:,.1f} GB of {spec.hbm_gb:g} GB ({fits})")
         if plan.estimate_vs_roofline is not None:
-            table.add_row(
-                "estimate vs roofline", f"{plan.estimate_vs_roofline:.0%} of the physical limit"
-            )
+            table.add_row("estimate vs roofline", f"{plan.estimate_vs_roofline:.0%} of the physical limit")
     return table
 
 
 @app.command()
 def plan(
     gpus: Annotated[int, typer.Option("--gpus", help="GPU count")] = 1,
-    gpu: Annotated[str, typer.Option("--gpu", help=f"GPU kind: {GpuKinds}")] = "b200",
+    gpu: Annotated[str, typer.Option("--gpu", help=f"GPU kind: {GPU_KINDS}")] = "b200",
     usd_per_gpu_hour: Annotated[
         float | None, typer.Option("--usd-per-gpu-hour", help="price (FLEET_USD_PER_GPU_HOUR)")
     ] = None,
     prompts: Annotated[int, typer.Option("--prompts", help="number of prompts")] = 1,
-    prompt_tokens: Annotated[
-        float, typer.Option("--prompt-tokens", help="mean prompt tokens")
-    ] = 0.0,
-    output_tokens: Annotated[
-        float, typer.Option("--output-tokens", help="mean output tokens")
-    ] = 1.0,
+    prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean prompt tokens")] = 0.0,
+    output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean output tokens")] = 1.0,
     tok_s_per_gpu: Annotated[
         float | None,
         typer.Option("--tok-s-per-gpu", help="measured output tok/s per GPU (fleet bench)"),
@@ -135,15 +120,11 @@ def plan(
         str | None,
         typer.Option("--model", help="model directory: weights and KV size for the roofline"),
     ] = None,
-    params_b: Annotated[
-        float | None, typer.Option("--params-b", help="roofline: parameters, billions")
-    ] = None,
+    params_b: Annotated[float | None, typer.Option("--params-b", help="roofline: parameters, billions")] = None,
     bytes_per_param: Annotated[
         float, typer.Option("--bytes-per-param", help="roofline: 2 for BF16, 1 for FP8")
     ] = DEFAULT_BYTES_PER_PARAM,
-    batch: Annotated[
-        int, typer.Option("--batch", help="roofline: running requests per GPU")
-    ] = DEFAULT_BATCH,
+    batch: Annotated[int, typer.Option("--batch", help="roofline: running requests per GPU")] = DEFAULT_BATCH,
     kv_bytes_per_token: Annotated[
         float | None,
         typer.Option("--kv-bytes-per-token", help="roofline: KV cache bytes per token"),
@@ -153,9 +134,9 @@ def plan(
         typer.Option("--context", help="roofline: mean KV tokens (default prompt + output/2)"),
     ] = None,
     state_mb_per_request: Annotated[
-        float,
+        float | None,
         typer.Option("--state-mb-per-request", help="roofline: recurrent state per request, MB"),
-    ] = 0.0,
+    ] = None,
     accept_length: Annotated[
         float,
         typer.Option("--accept-length", help="roofline: tokens per step with speculative decoding"),
@@ -195,9 +176,7 @@ def plan(
 @app.command()
 def flower(
     broker_url: BrokerOpt = None,
-    address: Annotated[
-        str | None, typer.Option("--address", help="bind address (FLEET_FLOWER_ADDRESS)")
-    ] = None,
+    address: Annotated[str | None, typer.Option("--address", help="bind address (FLEET_FLOWER_ADDRESS)")] = None,
     port: Annotated[int | None, typer.Option("--port", help="port (FLEET_FLOWER_PORT)")] = None,
 ) -> None:
     """Flower for this app with the workers' broker settings; basic auth off loopback.
@@ -229,9 +208,7 @@ def doctor(
     settings = settings_from(broker_url=broker_url, store_url=store_url, engine=engine, model=model)
     checks = run_checks(settings)
     if as_json:
-        rows = [
-            {"name": c.name, "ok": c.ok, "skipped": c.skipped, "detail": c.detail} for c in checks
-        ]
+        rows = [{"name": c.name, "ok": c.ok, "skipped": c.skipped, "detail": c.detail} for c in checks]
         typer.echo(json.dumps(rows, indent=2))
     else:
         table = Table(title="fleet doctor", title_justify="left")

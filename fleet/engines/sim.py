@@ -17,7 +17,13 @@ from fleet.engines.base import Engine, GenRequest, GenResult, derive_seed
 from fleet.errors import RecordError
 from fleet.settings import SimSettings
 
-_WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by", "this", "are", "or", "from", "at", "which", "an", "not", "have", "has", "we", "can", "all", "more", "one", "will", "if", "their", "but", "when", "there", "so", "what", "about", "into", "than", "them", "token", "batch", "chunk", "lease", "store", "worker", "engine", "broker", "prompt", "answer", "reason", "step", "think"]
+_WORDS = (
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be", "by",
+    "this", "are", "or", "from", "at", "which", "an", "not", "have", "has", "we", "can", "all", "more",
+    "one", "will", "if", "their", "but", "when", "there", "so", "what", "about", "into", "than",
+    "them", "token", "batch", "chunk", "lease", "store", "worker", "engine", "broker", "prompt",
+    "answer", "reason", "step", "think",
+)
 
 
 def sim_length(cfg: SimSettings, seed: int) -> int:

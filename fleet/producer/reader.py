@@ -160,12 +160,10 @@ def _shape(obj: dict[str, Any], line: int, pos: int) -> tuple[dict[str, Any], di
     data: dict[str, Any] = {"pos": pos, "line": line, "id": _record_id(obj, line, problems)}
     has = [k for k in ("messages", "prompt") if src.get(k) is not None]
     if not has:
-        what = (
-            "body has no messages or prompt"
-            if body is not None
-            else ("no messages, prompt or body (an OpenAI batch line)")
-        )
-        problems.append(f"{what}; one is needed")
+        if body is not None:
+            problems.append("body has no messages or prompt; one is needed")
+        else:
+            problems.append("no messages, prompt or body (an OpenAI batch line); one is needed")
     elif len(has) == 2:
         problems.append(f"both {prefix}messages and {prefix}prompt; give one")
     elif has[0] == "messages":
@@ -232,7 +230,7 @@ class SeenIds:
 
     12 bytes a slot (digest and first line in two parallel arrays, at most half full), so
     24 to 48 bytes an id, where a set of Python ints plus a dict of first lines costs
-    over 150.
+    over 100.
     """
 
     def __init__(self, capacity: int = 1 << 12):

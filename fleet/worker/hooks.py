@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from fleet import keys
-from fleet.broker import send_chunk
+from fleet.broker import PRIORITY_RECOVERY, send_chunk
 from fleet.chunkstate import Quarantine
 from fleet.errors import ChunkCorrupt, ChunkReleased, EngineError, ObjectMissing
 from fleet.layout import decode_lines, encode_lines, partial_key, partial_prefix, result_key
@@ -52,7 +52,7 @@ class LeaseHook(ChunkHook):
         r.srem(keys.queued(run.job), run.index)
         if self.rt.store.exists(result_key(run.job, run.index)):
             raise Skip("already has a result")
-        lease = Lease(r, run.job, run.index, run.worker, self.rt.settings.lease_ttl_s)
+        lease = Lease(r, run.job, run.index, self.rt.lease_owner, self.rt.settings.lease_ttl_s)
         if not lease.acquire():
             raise Skip(f"lease held by {r.get(lease.key)!r}")
         run.attempt = int(r.hincrby(keys.attempts(run.job), run.index, 1))
@@ -140,7 +140,7 @@ class OutcomeHook(ChunkHook):
             rt.engine_failed(exc)
 
     def _requeue(self, run: ChunkRun, attempt: int) -> None:
-        send_chunk(self.rt.app, self.rt.settings.queue, run.job, run.index, attempt)
+        send_chunk(self.rt.app, self.rt.settings.queue, run.job, run.index, attempt, PRIORITY_RECOVERY)
         self.rt.redis.sadd(keys.queued(run.job), run.index)
 
 

@@ -13,13 +13,15 @@ import time
 
 from celery import Celery
 
+from fleet import keys
 from fleet.broker import redis_client
+from fleet.chunkstate import done_indexes
 from fleet.engines import build_engine
 from fleet.errors import EngineError
 from fleet.leases import Heartbeat
 from fleet.manifest import Manifest, require_manifest
 from fleet.producer.enqueue import store_for
-from fleet.recovery import requeue_expired
+from fleet.recovery import StallWatch, requeue_expired
 from fleet.settings import Settings
 from fleet.worker.enginehost import EngineHost
 from fleet.worker.hooks import CheckpointHook, Hooks, LeaseHook, OutcomeHook, StatsHook
@@ -32,6 +34,8 @@ class Runtime:
         self.settings = settings
         self.app = app
         self.name = name
+        #: unique per process: a restarted worker with the same name is another owner
+        self.lease_owner = f"{name}:{os.getpid()}"
         self.store = store_for(settings)
         self.redis = redis_client(settings)
         self.engine = build_engine(settings)
@@ -43,6 +47,7 @@ class Runtime:
         self.release_now = threading.Event()
         self._stop = threading.Event()
         self._manifests: dict[str, Manifest] = {}
+        self._finished: set[str] = set()
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -59,11 +64,22 @@ class Runtime:
             return self._manifests[job]
 
     def _reaper(self) -> None:
+        stall = StallWatch()
         while not self._stop.wait(self.settings.reaper_interval_s):
             try:
                 requeue_expired(self.redis, self.store, self.app, self.settings)
+                for raw in self.redis.smembers(keys.jobs()):
+                    job = raw.decode()
+                    if job not in self._finished:
+                        self._check_job(stall, job)
             except Exception as e:  # the broker may be restarting; try again next round
-                log.warning("expired-lease check failed: %s", e)
+                log.warning("recovery check failed: %s", e)
+
+    def _check_job(self, stall: StallWatch, job: str) -> None:
+        chunks = self.manifest(job).chunks
+        if stall.check(self.redis, self.store, self.app, self.settings, job, chunks) == [] and \
+                len(done_indexes(self.store, job)) == chunks:
+            self._finished.add(job)
 
     def begin_shutdown(self) -> None:
         """SIGTERM: Celery stops consuming; after the grace period, hand running chunks back."""

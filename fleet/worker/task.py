@@ -7,7 +7,9 @@ import logging
 import time
 from typing import Any
 
-from fleet.errors import ChunkReleased, FleetError
+from pydantic import ValidationError
+
+from fleet.errors import ChunkCorrupt, ChunkReleased, FleetError
 from fleet.layout import chunk_key, decode_lines, result_key
 from fleet.records import InputRecord
 from fleet.results import encode_result
@@ -23,7 +25,10 @@ POLL_S = 0.5
 def read_chunk(rt: Runtime, run: ChunkRun) -> list[InputRecord]:
     key = chunk_key(run.job, run.index)
     rows = decode_lines(rt.store.get(key), key)
-    return [InputRecord.model_validate(row) for row in rows]
+    try:
+        return [InputRecord.model_validate(row) for row in rows]
+    except ValidationError as e:
+        raise ChunkCorrupt(f"{key} holds an invalid record: {e}") from e
 
 
 def wait_generated(rt: Runtime, run: ChunkRun, ran: list[ChunkHook]) -> None:

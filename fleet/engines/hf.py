@@ -1,0 +1,331 @@
+"""transformers engine: micro-batched `generate` with left padding, on a CPU or a GPU.
+
+Concurrent requests from K chunk slots are gathered into batches of up to `hf.max_batch`
+(waiting at most `hf.batch_wait_s` for a batch to fill) and run one batch at a time in a
+worker thread, so the engine loop stays free for heartbeats and new requests.
+
+Sampling is done per row by `RowSampler` (temperature, top-k, top-p, min-p, temperature 0
+= greedy) and stopping per row by `RowStopper` (eos ids from generation_config.json, the
+row's max_tokens, its stop strings), so requests with different settings share a batch.
+
+Seeds: each request draws from its own `torch.Generator` seeded with `Sampling.seed`, one
+draw per generated token, so a request's random stream never depends on its batch
+neighbours. A regenerated record therefore gets the same tokens whenever its logits are
+the same; they are bit-identical for the same batch composition on the same device and
+dtype, and across batch compositions they can differ in the last float bits (padding
+changes the matmul shapes), which can flip a near-tie. Greedy decoding has no randomness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fleet.engines.base import Engine, GenRequest, GenResult, Sampling, derive_seed
+from fleet.errors import EngineError
+from fleet.prompting import (
+    NEUTRAL,
+    check_length,
+    context_length_of,
+    fill_sampling,
+    load_tokenizer,
+    model_facts,
+    opens_think,
+    render_ids,
+    require_model,
+    resolve_model_dir,
+    split_reasoning,
+    trim_at_stop,
+)
+from fleet.settings import Settings
+
+#: Tokens of decoded tail, beyond the longest stop string, checked for a stop each step.
+STOP_TAIL_SLACK = 4
+
+
+class RowSampler:
+    """A logits processor that picks each row's next token with that row's own sampling.
+
+    It returns scores that are -inf except at the chosen token, so `generate` runs with
+    do_sample=False and its argmax takes exactly the token chosen here.
+    """
+
+    def __init__(self, samplings: list[Sampling], vocab: int, device: Any):
+        import torch
+
+        def column(name: str) -> Any:
+            values = [getattr(s, name) for s in samplings]
+            return torch.tensor([NEUTRAL[name] if v is None else v for v in values], device=device)
+
+        self.vocab = vocab
+        self.temp = column("temperature").float()
+        self.top_k = column("top_k").long()
+        self.top_p = column("top_p").float()
+        self.min_p = column("min_p").float()
+        self.greedy = self.temp <= 0
+        self.generators = [
+            torch.Generator(device=device).manual_seed(s.seed if s.seed is not None else 0)
+            for s in samplings
+        ]
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        scores = scores.float()
+        if scores.shape[-1] > self.vocab:  # padded embedding rows are not tokens
+            scores[:, self.vocab :] = float("-inf")
+        choice = scores.argmax(-1)
+        if not bool(self.greedy.all()):
+            choice = torch.where(self.greedy, choice, self._sample(scores))
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, choice[:, None], 0.0)
+
+    def _sample(self, scores: Any) -> Any:
+        import torch
+
+        temp = torch.where(self.greedy, torch.ones_like(self.temp), self.temp)
+        width = scores.shape[-1]
+        # Every row with a top-k needs only the k best, far cheaper than sorting the vocab.
+        keep = int(self.top_k.max()) if bool((self.top_k > 0).all()) else width
+        logits, order = (scores / temp[:, None]).topk(min(keep, width), dim=-1)
+        width = logits.shape[-1]
+        ranks = torch.arange(width, device=logits.device)[None, :]
+        k = torch.where(self.top_k > 0, self.top_k, torch.full_like(self.top_k, width))
+        probs = logits.masked_fill(ranks >= k[:, None], float("-inf")).softmax(-1)
+        # top-p keeps the smallest prefix reaching p; min-p drops tokens below min_p x max.
+        probs = probs.masked_fill(probs.cumsum(-1) - probs > self.top_p[:, None], 0.0)
+        probs = probs.masked_fill(probs < self.min_p[:, None] * probs[:, :1], 0.0)
+        cdf = probs.cumsum(-1)
+        draws = torch.stack([torch.rand((), generator=g, device=g.device) for g in self.generators])
+        pos = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None]).clamp(max=width - 1)
+        return order.gather(1, pos).squeeze(1)
+
+
+@dataclass
+class RowStopper:
+    """A stopping criterion per row: eos id, the row's max_tokens, the row's stop strings.
+
+    `finished[i]` records (generated length, "eos" | "stop" | "length") the first time row
+    i stops; `generate` pads the row afterwards, and those pad tokens are ignored.
+    """
+
+    prompt_width: int
+    max_new: list[int]
+    eos_ids: frozenset[int]
+    stops: list[tuple[str, ...]]
+    tokenizer: Any
+    finished: dict[int, tuple[int, str]] = field(default_factory=dict)
+    #: generate() pads finished rows only when a criterion has this attribute
+    eos_token_id: list[int] = field(default_factory=list)
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        n = input_ids.shape[1] - self.prompt_width
+        last = input_ids[:, -1].tolist()
+        for i, token in enumerate(last):
+            if i in self.finished:
+                continue
+            if token in self.eos_ids:
+                self.finished[i] = (n, "eos")
+            elif self._hit_stop(input_ids[i], i):
+                self.finished[i] = (n, "stop")
+            elif n >= self.max_new[i]:
+                self.finished[i] = (n, "length")
+        done = [i in self.finished for i in range(len(last))]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    def _hit_stop(self, row: Any, i: int) -> bool:
+        if not self.stops[i]:
+            return False
+        width = max(len(s) for s in self.stops[i]) + STOP_TAIL_SLACK
+        new = row[self.prompt_width :][-width:].tolist()
+        tail = self.tokenizer.decode(new, skip_special_tokens=True)
+        return any(s in tail for s in self.stops[i])
+
+
+@dataclass
+class _Pending:
+    request: GenRequest
+    prompt_ids: list[int]
+    max_new: int
+    sampling: Sampling
+    future: asyncio.Future
+    queued_at: float
+
+
+class HfEngine(Engine):
+    name = "hf"
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.model_path = require_model(settings)
+        self.model: Any = None
+        self.tokenizer: Any = None
+        self.device: str | None = None
+        self.context: int | None = None
+        self.defaults: dict[str, Any] = {}
+        self.eos_ids: frozenset[int] = frozenset()
+        self.batches = 0
+        self._queue: asyncio.Queue[_Pending] | None = None
+        self._batcher: asyncio.Task | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._broken: EngineError | None = None
+
+    @property
+    def max_running(self) -> int:
+        return self.settings.hf.max_batch
+
+    def model_name(self) -> str:
+        return resolve_model_dir(self.model_path).name
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.defaults = model_facts(self.settings)["sampling"]
+        self.eos_ids = frozenset(self.defaults["eos_token_ids"])
+        self.context = self.settings.hf.context_length or context_length_of(self.model_path)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="fleet-hf")
+        try:
+            self.model = await loop.run_in_executor(self._executor, self._load)
+        except Exception as e:
+            raise EngineError(f"cannot load {self.model_path!r} with transformers: {e}") from e
+        self._queue = asyncio.Queue()
+        self._batcher = loop.create_task(self._batch_loop(), name="fleet-hf-batcher")
+
+    def _load(self) -> Any:
+        import torch
+        from transformers import AutoModelForCausalLM, GenerationConfig
+
+        wanted = self.settings.hf.device
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if wanted == "auto" else wanted
+        dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        path = str(resolve_model_dir(self.model_path))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        # Sampling is ours (RowSampler); the model's defaults must not add warpers.
+        model.generation_config = GenerationConfig()
+        return model
+
+    async def generate(self, request: GenRequest) -> GenResult:
+        if self._broken is not None:
+            raise self._broken
+        if self._queue is None:
+            raise EngineError("hf engine used before start()")
+        prompt_ids = render_ids(self.tokenizer, request)
+        max_new = check_length(request, len(prompt_ids), self.context)
+        sampling = fill_sampling(request.sampling, self.defaults)
+        if sampling.seed is None:
+            sampling = replace(sampling, seed=derive_seed(0, request.record_id, request.sample))
+        loop = asyncio.get_running_loop()
+        pending = _Pending(request, prompt_ids, max_new, sampling, loop.create_future(), loop.time())
+        await self._queue.put(pending)
+        return await pending.future
+
+    async def shutdown(self) -> None:
+        if self._batcher is not None:
+            self._batcher.cancel()
+            await asyncio.gather(self._batcher, return_exceptions=True)
+            self._batcher = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self.model = None
+
+    # -- batching ------------------------------------------------------------------------
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        batch: list[_Pending] = []
+        try:
+            while True:
+                batch = await self._next_batch()
+                if not batch:
+                    continue
+                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
+                self.batches += 1
+                now = loop.time()
+                for pending, result in zip(batch, results, strict=True):
+                    if not pending.future.done():
+                        result.meta["latency_s"] = now - pending.queued_at
+                        pending.future.set_result(result)
+                batch = []
+        except asyncio.CancelledError:
+            self._fail_all(batch, EngineError("hf engine shut down"))
+            raise
+        except Exception as e:  # a failed generate() leaves torch in an unknown state
+            self._broken = EngineError(f"hf generate failed: {type(e).__name__}: {e}")
+            self._fail_all(batch, self._broken)
+
+    async def _next_batch(self) -> list[_Pending]:
+        assert self._queue is not None
+        batch = [await self._queue.get()]
+        cfg = self.settings.hf
+        if self._queue.qsize() < cfg.max_batch - 1 and cfg.batch_wait_s > 0:
+            await asyncio.sleep(cfg.batch_wait_s)
+        while len(batch) < cfg.max_batch and not self._queue.empty():
+            batch.append(self._queue.get_nowait())
+        return [p for p in batch if not p.future.done()]  # callers cancelled meanwhile
+
+    def _fail_all(self, batch: list[_Pending], error: EngineError) -> None:
+        waiting = list(batch)
+        while self._queue is not None and not self._queue.empty():
+            waiting.append(self._queue.get_nowait())
+        for pending in waiting:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    # -- one batch, in the worker thread ----------------------------------------------------
+
+    def _run_batch(self, batch: list[_Pending]) -> list[GenResult]:
+        import torch
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+
+        pad = self.tokenizer.pad_token_id
+        pad = pad if pad is not None else min(self.eos_ids)
+        width = max(len(p.prompt_ids) for p in batch)
+        rows = [[pad] * (width - len(p.prompt_ids)) + p.prompt_ids for p in batch]
+        mask = [[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in batch]
+        eos = sorted(self.eos_ids)
+        stopper = RowStopper(
+            width, [p.max_new for p in batch], self.eos_ids,
+            [p.sampling.stop or () for p in batch], self.tokenizer, eos_token_id=eos,
+        )  # fmt: skip
+        sampler = RowSampler([p.sampling for p in batch], len(self.tokenizer), self.device)
+        config = GenerationConfig(
+            do_sample=False,
+            max_new_tokens=max(p.max_new for p in batch),
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=torch.tensor(rows, device=self.device),
+                attention_mask=torch.tensor(mask, device=self.device),
+                generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
+                stopping_criteria=StoppingCriteriaList([stopper]),
+            )
+        new = out[:, width:].tolist()
+        size = len(batch)
+        return [self._result(p, new[i], stopper.finished.get(i), size) for i, p in enumerate(batch)]
+
+    def _result(
+        self, p: _Pending, generated: list[int], finished: tuple[int, str] | None, size: int
+    ) -> GenResult:
+        n, why = finished or (min(len(generated), p.max_new), "length")
+        ids = generated[:n]
+        body = ids[:-1] if why == "eos" else ids
+        text = self.tokenizer.decode(body, skip_special_tokens=True)
+        text, hit = trim_at_stop(text, p.sampling.stop)
+        reasoning, answer = split_reasoning(text, opens_think(self.tokenizer, p.prompt_ids))
+        return GenResult(
+            text=answer,
+            reasoning=reasoning,
+            completion_tokens=len(ids),
+            prompt_tokens=len(p.prompt_ids),
+            finish_reason="length" if why == "length" and not hit else "stop",
+            output_ids=ids if p.request.return_output_ids else None,
+            meta={"batch_size": size},
+        )

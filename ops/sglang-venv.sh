@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create the heavy virtualenv with sglang==0.5.23 (CUDA torch, kernels: several GB).
+#
+# It is what the GPU hosts run, and where the SGLang contract test runs on a CPU:
+#   ops/sglang-venv.sh [VENV_DIR]          # default: .venv-sglang in the repo root
+#   VENV_DIR/bin/python -m pytest tests/test_engines_sglang.py -q -k real_sglang
+# Not part of CI: CI tests the adapter against tests/fake_sglang.
+set -euo pipefail
+
+SGLANG_VERSION="0.5.23"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${1:-$root/.venv-sglang}"
+python="${PYTHON:-python3.11}"
+command -v "$python" >/dev/null || python="python3"
+
+echo "creating $venv with $("$python" --version) and sglang==$SGLANG_VERSION" >&2
+"$python" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+# sglang first, so its exact pins (torch, transformers, kernels) win; fleet's ranges accept them.
+"$venv/bin/python" -m pip install "sglang==$SGLANG_VERSION"
+"$venv/bin/python" -m pip install -e "${root}[hf,dev]"
+
+"$venv/bin/python" - <<'PY'
+import sglang
+import torch
+import transformers
+from sglang.srt.server_args import ServerArgs  # noqa: F401  (what the contract test needs)
+
+print(f"sglang {sglang.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
+print(f"CUDA available: {torch.cuda.is_available()}")
+PY
+echo "contract test: $venv/bin/python -m pytest $root/tests/test_engines_sglang.py -q -k real_sglang" >&2

@@ -1,0 +1,87 @@
+"""Helpers that run fleet's real processes in tests: workers, enqueue, export."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+
+from fleet.localredis import LocalRedis
+
+FAST_SIM = {
+    "FLEET_ENGINE": "sim",
+    "FLEET_SIM__STEP_S": "0.0005",
+    "FLEET_SIM__MEAN_OUTPUT_TOKENS": "24",
+    "FLEET_SIM__MAX_RUNNING": "64",
+    "FLEET_SIM__SIGMA": "0.8",
+}
+
+
+def write_prompts(path: Path, n: int, prefix: str = "r") -> Path:
+    with open(path, "w") as f:
+        for i in range(n):
+            if i % 3 == 0:
+                f.write(json.dumps({"id": f"{prefix}{i:05d}", "prompt": f"prompt number {i}"}) + "\n")
+            else:
+                msg = [{"role": "user", "content": f"question {i}: tell me something"}]
+                f.write(json.dumps({"id": f"{prefix}{i:05d}", "messages": msg}) + "\n")
+    return path
+
+
+class Workers:
+    """`fleet worker` launcher processes, each acting as one host."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, host: str, workers: int = 1, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{host}.log", "ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet", "worker", "--workers", str(workers), "--host-name", host],
+            env={**self.env, **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, timeout: float = 60) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def logs(self) -> str:
+        return "\n".join(f.read_text(errors="replace") for f in sorted(self.log_dir.glob("*.log")))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> float:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        if predicate():
+            return time.monotonic() - began
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def flush_redis(server: LocalRedis) -> None:
+    redis.Redis(port=server.port).flushall()

@@ -1,0 +1,81 @@
+"""Test helpers for the model side: the tiny model once per session, and an engine loop thread.
+
+Import a fixture into a test module (`from tests.modelkit import tiny_model_fixture  # noqa: F401`)
+and ask for it by its name, `tiny_model`; the model is built once per session whichever
+module asks first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.engines.base import GenRequest, Sampling, derive_seed
+from fleet.records import Message
+
+
+@pytest.fixture(scope="session", name="tiny_model")
+def tiny_model_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fleet.tinymodel import build_tiny_model
+
+    path = tmp_path_factory.getbasetemp() / "tiny-model"
+    if not (path / "model.safetensors").is_file():
+        build_tiny_model(path, seed=0)
+    return path
+
+
+class LoopThread:
+    """One long-lived asyncio loop in its own thread, as the worker runs its engine."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="engine-loop", daemon=True)
+        self.thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 60) -> Any:
+        return self.submit(coro).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(name="loop_thread")
+def loop_thread_fixture() -> Iterator[LoopThread]:
+    lt = LoopThread()
+    yield lt
+    lt.close()
+
+
+def chat(
+    rid: str, text: str = "Hello there, tell me a story.", *, thinking: bool = True, **sampling: Any
+) -> GenRequest:
+    """A chat request with a derived seed, as the worker would build it."""
+    sampling.setdefault("seed", derive_seed(0, rid, 0))
+    return GenRequest(
+        record_id=rid,
+        chunk=0,
+        sample=0,
+        sampling=Sampling(**sampling),
+        messages=[Message(role="user", content=text)],
+        enable_thinking=thinking,
+        return_output_ids=True,
+    )
+
+
+def raw(rid: str, prompt: str = "def main():\n    return", **sampling: Any) -> GenRequest:
+    sampling.setdefault("seed", derive_seed(0, rid, 0))
+    return GenRequest(
+        record_id=rid, chunk=0, sample=0, sampling=Sampling(**sampling), prompt=prompt,
+        return_output_ids=True,
+    )  # fmt: skip

@@ -1,0 +1,293 @@
+"""The fault suite: real workers, real Redis, real S3 over HTTP, and things going wrong.
+
+Each run ends with every record exactly once in the export, byte-identical to a clean
+run's export of the same job (`--stable`), and no chunk without a result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from fleet import keys
+from fleet.layout import partial_prefix, result_key, results_prefix
+from fleet.localredis import LocalRedis
+from fleet.results import read_result
+from fleet.store import open_store
+from tests.conftest import run_fleet
+from tests.faultproxy import FaultProxy
+from tests.fleetproc import Workers, wait_for, write_prompts
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+RECORDS, CHUNK = 400, 4  # 100 chunks
+# Slow enough that kills land mid-chunk, fast enough that 100 chunks take well under a minute.
+SIM = {
+    "FLEET_ENGINE": "sim",
+    "FLEET_SIM__STEP_S": "0.004",
+    "FLEET_SIM__MEAN_OUTPUT_TOKENS": "120",
+    "FLEET_SIM__SIGMA": "0.8",
+    "FLEET_SIM__MAX_RUNNING": "64",
+    "FLEET_CHUNK_SIZE": str(CHUNK),
+    "FLEET_SLOTS": "3",
+    "FLEET_LEASE_TTL_S": "3",
+    "FLEET_REAPER_INTERVAL_S": "1",
+    "FLEET_CHECKPOINT_INTERVAL_S": "0.5",
+    "FLEET_GRACE_S": "1",
+}
+
+
+def aws_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
+    """A clean run of the job with `fleet run`, exported with --stable."""
+    tmp = tmp_path_factory.mktemp("reference")
+    prompts = write_prompts(tmp / "prompts.jsonl", RECORDS)
+    env = {**SIM, "FLEET_DATA_DIR": str(tmp / "data"), "FLEET_SIM__STEP_S": "0.0002"}
+    for k in list(os.environ):
+        if k.startswith("FLEET_"):
+            env.setdefault(k, "")
+    done = run_fleet("run", str(prompts), "--job", "faults", "--workers", "2", env=env, cwd=tmp)
+    assert done.returncode == 0, done.stderr
+    out = tmp / "ref.jsonl"
+    exp = run_fleet("export", "--job", "faults", "--out", str(out), "--stable", env=env, cwd=tmp)
+    assert exp.returncode == 0, exp.stderr
+    return prompts, out.read_bytes()
+
+
+def export_bytes(env: dict[str, str], tmp: Path) -> bytes:
+    out = tmp / "export.jsonl"
+    exp = run_fleet("export", "--job", "faults", "--out", str(out), "--stable", env=env)
+    assert exp.returncode == 0, exp.stderr
+    return out.read_bytes()
+
+
+def assert_exact(env: dict[str, str], tmp: Path, reference: bytes) -> None:
+    got = export_bytes(env, tmp)
+    ids = [json.loads(line)["id"] for line in got.splitlines()]
+    assert len(ids) == len(set(ids)) == RECORDS
+    assert got == reference
+
+
+def child_pids(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out += [int(p) for p in text]
+    return out
+
+
+def leases_of(r: redis.Redis, owner_pid: int) -> list[str]:
+    held = []
+    for key in r.scan_iter(f"{keys.PREFIX}:faults:lease:*"):
+        owner = r.get(key)
+        if owner and owner.decode().endswith(f":{owner_pid}"):
+            held.append(key.decode())
+    return held
+
+
+def recovered(r: redis.Redis, store, key: str, dead_pid: int) -> bool:
+    index = int(key.rsplit(":", 1)[1])
+    owner = r.get(key)
+    return store.exists(result_key("faults", index)) or (owner is not None and not owner.decode().endswith(f":{dead_pid}"))
+
+
+def test_kill_dash_nine_workers(tmp_path, redis_server, reference, clean_env):
+    # Given a 100-chunk job on three supervised workers
+    prompts, ref = reference
+    store_url = str(tmp_path / "store")
+    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url}
+    assert run_fleet("enqueue", str(prompts), "--job", "faults", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    launcher = workers.start("host", workers=3)
+    store, r = open_store(store_url), redis.Redis(port=redis_server.port)
+    rng, recoveries = random.Random(3), []
+    try:
+        # When a random worker is killed with SIGKILL every few seconds
+        for _ in range(8):
+            time.sleep(2.5)
+            if len(list(store.list(results_prefix("faults")))) >= 95:
+                break
+            pids = child_pids(launcher.pid)
+            if not pids:
+                continue
+            victim = rng.choice(pids)
+            held = leases_of(r, victim)
+            os.kill(victim, signal.SIGKILL)
+            print(f"\nkilled pid {victim} holding {len(held)} chunk(s)")
+            killed_at = time.monotonic()
+            for key in held:
+                wait_for(lambda k=key: recovered(r, store, k, victim), 60, f"recovery of {key}")
+            if held:
+                recoveries.append(time.monotonic() - killed_at)
+        wait_for(lambda: len(list(store.list(results_prefix("faults")))) == 100, 120, "all results")
+    finally:
+        workers.stop()
+    # Then every chunk recovered within TTL + 30 s, and the export equals the clean run's
+    print(f"\nrecovery after kill -9 (s): {[round(x, 1) for x in recoveries]}")
+    assert recoveries, "no kill landed on a running chunk"
+    assert max(recoveries) < 3 + 30
+    assert "killed by SIGKILL" in workers.logs()
+    assert_exact(env, tmp_path, ref)
+
+
+def test_broker_loses_everything(tmp_path, reference, clean_env):
+    # Given a job running against a Redis without persistence
+    prompts, ref = reference
+    server = LocalRedis(tmp_path / "redis", persist=False).start()
+    store_url = str(tmp_path / "store")
+    env = {**SIM, "FLEET_BROKER_URL": server.url, "FLEET_STORE_URL": store_url}
+    assert run_fleet("enqueue", str(prompts), "--job", "faults", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    workers.start("host", workers=2)
+    store = open_store(store_url)
+    try:
+        wait_for(lambda: len(list(store.list(results_prefix("faults")))) >= 25, 90, "a quarter done")
+        # When Redis restarts empty on the same port mid-job
+        server.stop()
+        time.sleep(1)
+        server = LocalRedis(tmp_path / "redis2", port=server.port, persist=False).start()
+        done_then = len(list(store.list(results_prefix("faults"))))
+        again = run_fleet("enqueue", str(prompts), "--job", "faults", env=env)
+        assert again.returncode == 0, again.stderr
+        print(f"\nafter broker loss: {done_then} chunks done; {again.stderr.strip()}")
+        # Then the job completes with the reconnected workers
+        wait_for(lambda: len(list(store.list(results_prefix("faults")))) == 100, 120, "all results")
+    finally:
+        workers.stop()
+        server.stop()
+    assert_exact(env, tmp_path, ref)
+
+
+def test_s3_faults(tmp_path, redis_server, moto_server, s3_bucket, reference, clean_env):
+    # Given an S3 endpoint behind a proxy that fails 10% and drops 5% of requests
+    prompts, ref = reference
+    proxy = FaultProxy(moto_server.url, fail_rate=0.10, drop_rate=0.05).start()
+    env = {**SIM, **aws_env(), "AWS_ENDPOINT_URL": proxy.url, "FLEET_BROKER_URL": redis_server.url,
+           "FLEET_STORE_URL": f"s3://{s3_bucket}/flaky", "FLEET_SIM__STEP_S": "0.0005"}
+    try:
+        assert run_fleet("enqueue", str(prompts), "--job", "faults", env=env).returncode == 0
+        workers = Workers(env, tmp_path / "logs")
+        workers.start("host", workers=2)
+        store = open_store(f"s3://{s3_bucket}/flaky")  # direct to moto, not through the proxy
+        try:
+            wait_for(lambda: len(list(store.list(results_prefix("faults")))) == 100, 150, "all results")
+        finally:
+            workers.stop()
+        print(f"\nS3 proxy: {proxy.counts}")
+        assert proxy.counts["failed"] > 20 and proxy.counts["dropped"] > 10
+        assert_exact(env, tmp_path, ref)
+    finally:
+        proxy.stop()
+
+
+def test_sigterm_hands_chunk_back_from_checkpoint(tmp_path, redis_server, clean_env):
+    # Given slow chunks of 16 records, a long lease TTL and two single-slot worker hosts
+    prompts = write_prompts(tmp_path / "p.jsonl", 64)
+    store_url = str(tmp_path / "store")
+    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url,
+           "FLEET_CHUNK_SIZE": "16", "FLEET_SLOTS": "1", "FLEET_LEASE_TTL_S": "60",
+           "FLEET_SIM__STEP_S": "0.004", "FLEET_SIM__MAX_RUNNING": "4", "FLEET_SIM__MEAN_OUTPUT_TOKENS": "200"}
+    assert run_fleet("enqueue", str(prompts), "--job", "faults", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    a = workers.start("hostA")
+    store, r = open_store(store_url), redis.Redis(port=redis_server.port)
+    try:
+        # When hostA has checkpointed part of chunk 0 and gets SIGTERM
+        wait_for(lambda: any(store.list(partial_prefix("faults", 0))), 60, "a checkpoint of chunk 0")
+        b = workers.start("hostB", extra_env={"FLEET_SLOTS": "4"})  # a free slot for chunk 0
+        wait_for(lambda: b.poll() is None and "ready" in workers.logs(), 30, "hostB ready")
+        time.sleep(2)
+        a.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+
+        def taken_by_b() -> bool:
+            owner = r.get(keys.lease("faults", 0))
+            return store.exists(result_key("faults", 0)) or (owner is not None and b"hostB" in owner)
+
+        handover = wait_for(taken_by_b, 30, "chunk 0 re-run on hostB", interval=0.05)
+        a.wait(timeout=30)
+        wait_for(lambda: len(list(store.list(results_prefix("faults")))) == 4, 120, "all results")
+    finally:
+        workers.stop()
+    # Then it re-ran at once (not after the 60 s TTL), resuming from the checkpoint
+    stats, rows = read_result(store, "faults", 0)
+    print(f"\nSIGTERM hand-over in {handover:.2f}s; resumed {stats['resumed']} of {stats['samples']} samples")
+    assert handover < 10
+    assert stats["resumed"] > 0 and stats["worker"].endswith("hostB")
+    assert len(rows) == 16 and a.returncode == 0
+    assert not list(store.list(partial_prefix("faults", 0)))
+
+
+def test_failing_chunk_is_quarantined_and_job_finishes(tmp_path, clean_env):
+    # Given a job where chunk 3 always fails
+    prompts = write_prompts(tmp_path / "p.jsonl", 40)
+    env = {**SIM, "FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_CHUNK_SIZE": "4",
+           "FLEET_SIM__CRASH_CHUNKS": "[3]", "FLEET_SIM__STEP_S": "0.0002", "FLEET_MAX_ATTEMPTS": "3"}
+    # When it runs
+    run = run_fleet("run", str(prompts), "--job", "q", "--workers", "2", env=env)
+    # Then the run fails naming it, after the other nine chunks finished
+    assert run.returncode == 1, run.stderr
+    store = open_store(str(tmp_path / "data" / "store"))
+    assert len(list(store.list(results_prefix("q")))) == 9
+    failure = json.loads(store.get("q/failed/000003.json"))
+    assert failure["attempts"] == 3 and "crash_chunks" in failure["error"] and "Traceback" in failure["traceback"]
+    status = run_fleet("status", "--job", "q", "--json", env={**env, "FLEET_BROKER_URL": ""})
+    st = json.loads(status.stdout)
+    assert st["chunks_failed"] == 1 and st["failed"][0]["index"] == 3 and not st["done"]
+    # And a retry with the fault gone finishes the job
+    env.pop("FLEET_SIM__CRASH_CHUNKS")
+    retry_env = {**env, "FLEET_SIM__CRASH_CHUNKS": "[]"}
+    server = LocalRedis(tmp_path / "r2", persist=False).start()
+    try:
+        retry_env["FLEET_BROKER_URL"] = server.url
+        assert run_fleet("enqueue", str(prompts), "--job", "q", "--retry-failed", env=retry_env).returncode == 0
+        workers = Workers(retry_env, tmp_path / "logs")
+        workers.start("h")
+        try:
+            wait_for(lambda: store.exists(result_key("q", 3)), 60, "chunk 3 result")
+        finally:
+            workers.stop()
+    finally:
+        server.stop()
+    assert not store.exists("q/failed/000003.json")
+
+
+def test_two_workers_same_chunk_one_result(tmp_path, redis_server, clean_env):
+    # Given a chunk whose lease is stolen while it runs, and a second delivery of it
+    prompts = write_prompts(tmp_path / "p.jsonl", 8)
+    store_url = str(tmp_path / "store")
+    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url,
+           "FLEET_CHUNK_SIZE": "8", "FLEET_SLOTS": "1", "FLEET_LEASE_TTL_S": "60", "FLEET_SIM__STEP_S": "0.01"}
+    assert run_fleet("enqueue", str(prompts), "--job", "faults", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    workers.start("hostA")
+    r, store = redis.Redis(port=redis_server.port), open_store(store_url)
+    try:
+        wait_for(lambda: r.exists(keys.lease("faults", 0)), 60, "hostA running chunk 0")
+        r.delete(keys.lease("faults", 0))
+        from fleet.broker import make_celery, send_chunk
+        from fleet.settings import Settings
+
+        send_chunk(make_celery(Settings(broker_url=redis_server.url)), "fleet", "faults", 0, 2)
+        workers.start("hostB")
+        # When both finish it
+        wait_for(lambda: "dropped this copy" in workers.logs() or "already has a result" in workers.logs(),
+                 90, "the second copy to finish")
+    finally:
+        workers.stop()
+    # Then there is one result object, with one record per prompt
+    keys_ = list(store.list(results_prefix("faults")))
+    assert keys_ == ["faults/results/000000"]
+    assert len(read_result(store, "faults", 0)[1]) == 8
+    subprocess.run(["true"])

@@ -1,0 +1,333 @@
+"""The ops deliverables, run for real: shellcheck, redis.conf in a real redis-server, the
+head script starting Redis and Flower, the GPU-host script's pre-flight gate, the image
+entrypoint's dispatch, the upload script against an S3 endpoint, the compose files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+import redis
+import yaml
+
+from tests.cliload import SUBPROCESS_CODE
+from tests.redisproc import RedisProc, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted([*ROOT.glob("ops/*.sh"), *ROOT.glob("docker/*.sh")])
+EXAMPLE_ENV = ROOT / "ops" / "fleet.env.example"
+
+
+def write_exe(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def base_env(tmp_path: Path, bin_dir: Path | None = None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEET_", "REDIS_", "FLOWER_"))}
+    if bin_dir is not None:
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env.update(extra)
+    return env
+
+
+def settings_file(tmp_path: Path, **values: str) -> Path:
+    """ops/fleet.env.example with some values replaced, as a user would edit it."""
+    lines = []
+    for line in EXAMPLE_ENV.read_text().splitlines():
+        key = line.split("=", 1)[0]
+        lines.append(f"{key}={values.pop(key)}" if key in values and "=" in line else line)
+    lines += [f"{k}={v}" for k, v in values.items()]
+    path = tmp_path / "fleet.env"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# -- static checks ---------------------------------------------------------------------------
+
+
+def test_scripts_pass_shellcheck() -> None:
+    assert SCRIPTS, "no shell scripts found"
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck not installed (apt-get install -y shellcheck)")
+    res = subprocess.run(
+        ["shellcheck", "-x", *[str(p.relative_to(ROOT)) for p in SCRIPTS]],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_scripts_are_executable_bash() -> None:
+    for name in ("ops/start-head.sh", "ops/start-gpu-host.sh", "ops/upload-prompts.sh", "docker/entrypoint.sh"):
+        script = ROOT / name
+        assert os.access(script, os.X_OK), f"{script} is not executable"
+        assert script.read_text().startswith("#!/usr/bin/env bash\n")
+
+
+def test_dockerfile_pins_its_base_images() -> None:
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23" in text
+    assert "ARG SGLANG_VERSION=0.5.23" in text
+    assert ":latest" not in text
+    assert 'ENTRYPOINT ["fleet-entrypoint"]' in text
+
+
+def test_compose_files_parse_and_carry_the_redis_rules() -> None:
+    head = yaml.safe_load((ROOT / "docker" / "compose.head.yml").read_text())
+    gpu = yaml.safe_load((ROOT / "docker" / "compose.gpu.yml").read_text())
+    redis_svc = head["services"]["redis"]
+    assert "REDIS_PASSWORD" in redis_svc["environment"]
+    assert redis_svc["ports"] == ["${REDIS_BIND:-127.0.0.1}:${REDIS_PORT:-6379}:6379"]
+    assert "../ops/redis.conf:/usr/local/etc/redis/redis.conf:ro" in redis_svc["volumes"]
+    flower = head["services"]["flower"]
+    assert flower["command"] == ["flower"] and "FLEET_FLOWER_BASIC_AUTH" in flower["environment"]
+    worker = gpu["services"]["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert any(v.endswith(":/models/model:ro") for v in worker["volumes"])
+
+
+def compose_client() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    v1 = shutil.which("docker-compose")
+    return [v1] if v1 else None
+
+
+@pytest.mark.parametrize("name", ["compose.head.yml", "compose.gpu.yml"])
+def test_compose_config_where_a_client_exists(name: str, tmp_path: Path) -> None:
+    client = compose_client()
+    if client is None:
+        pytest.skip("no docker compose client (plugin or docker-compose) installed")
+    env_file = settings_file(tmp_path, REDIS_PASSWORD="abc123")
+    source = ROOT / "docker" / name
+    target = source
+    if client[-1].endswith("docker-compose"):
+        # Compose v1 predates the top-level `name:`; check everything else with it.
+        target = ROOT / "docker" / f".v1check-{os.getpid()}-{name}"
+        target.write_text("".join(x for x in source.read_text().splitlines(True) if not x.startswith("name:")))
+    try:
+        res = subprocess.run(
+            [*client, "--env-file", str(env_file), "-f", str(target), "config"],
+            env=base_env(tmp_path, FLEET_ENV_FILE=str(env_file), MODEL_DIR=str(tmp_path)),
+            capture_output=True, text=True, cwd=ROOT,
+        )  # fmt: skip
+    finally:
+        if target != source:
+            target.unlink()
+    assert res.returncode == 0, res.stderr
+    config = yaml.safe_load(res.stdout)
+    if name == "compose.head.yml":
+        assert config["services"]["flower"]["environment"]["FLEET_BROKER_URL"] == "redis://:abc123@redis:6379/0"
+    else:
+        assert config["services"]["worker"]["environment"]["FLEET_MODEL"] == "/models/model"
+
+
+# -- redis.conf and the head ----------------------------------------------------------------
+
+
+def test_redis_conf_in_a_real_server() -> None:
+    # Given ops/redis.conf in a real redis-server, Then the DESIGN.md rules are in force.
+    with RedisProc(conf=ROOT / "ops" / "redis.conf", password="pw") as server:
+        client = server.client()
+        assert client.config_get("appendonly")["appendonly"] == "yes"
+        assert client.config_get("appendfsync")["appendfsync"] == "everysec"
+        assert client.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
+        assert client.config_get("save")["save"] == ""
+    assert "requirepass" not in (ROOT / "ops" / "redis.conf").read_text().replace("`requirepass", "")
+
+
+def fleet_shim(bin_dir: Path) -> Path:
+    """`fleet` on PATH running this checkout's CLI (the console script may not be installed)."""
+    bin_dir.mkdir(exist_ok=True)
+    code = SUBPROCESS_CODE.replace("'", "'\\''")
+    return write_exe(
+        bin_dir / "fleet",
+        f"#!/usr/bin/env bash\nexport PYTHONPATH='{ROOT}'\nexec '{sys.executable}' -c '{code}' \"$@\"\n",
+    )
+
+
+def test_start_head_native_runs_redis_and_flower(tmp_path: Path) -> None:
+    # Given a settings file for a pod: Redis and Flower on free loopback ports
+    redis_port, flower_port = free_port(), free_port()
+    env_file = settings_file(
+        tmp_path, REDIS_PASSWORD="deadbeef42", REDIS_PORT=str(redis_port),
+        FLEET_BROKER_URL=f"redis://:deadbeef42@127.0.0.1:{redis_port}/0",
+        FLEET_FLOWER_PORT=str(flower_port), FLEET_FLOWER_BASIC_AUTH="admin:flowerpw",
+        LOG_DIR=str(tmp_path / "logs"), REDIS_DIR=str(tmp_path / "redis"),
+    )  # fmt: skip
+    fleet_shim(tmp_path / "bin")
+    env = base_env(tmp_path, tmp_path / "bin", FLEET_ENV_FILE=str(env_file))
+    script = str(ROOT / "ops" / "start-head.sh")
+    try:
+        # When started natively
+        res = subprocess.run([script, "--native"], env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        # Then Redis wants the password and runs with the ops rules
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=redis_port).ping()
+        client = redis.Redis(port=redis_port, password="deadbeef42")
+        assert client.ping()
+        assert client.config_get("appendonly")["appendonly"] == "yes"
+        assert (tmp_path / "redis" / "auth.conf").stat().st_mode & 0o077 == 0
+        # And Flower answers its health check
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{flower_port}/healthcheck", timeout=2) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, (tmp_path / "logs" / "flower.log").read_text()
+                time.sleep(0.3)
+        assert "deadbeef42" not in (tmp_path / "logs" / "flower.log").read_text()
+    finally:
+        # When stopped, Then both are gone
+        stop = subprocess.run([script, "--native", "--stop"], env=env, capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0, stop.stderr
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=redis_port, password="deadbeef42", socket_connect_timeout=1).ping()
+    assert not (tmp_path / "logs" / "flower.pid").exists()
+
+
+def test_init_writes_fresh_secrets(tmp_path: Path) -> None:
+    env_file = tmp_path / "fleet.env"
+    env = base_env(tmp_path, FLEET_ENV_FILE=str(env_file))
+    res = subprocess.run([str(ROOT / "ops" / "start-head.sh"), "--init"], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    values = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line and line[0] != "#")
+    assert len(values["REDIS_PASSWORD"]) == 48 and values["REDIS_PASSWORD"] != "change-me"
+    assert (
+        values["FLEET_FLOWER_BASIC_AUTH"].startswith("admin:") and "change-me" not in values["FLEET_FLOWER_BASIC_AUTH"]
+    )
+    assert env_file.stat().st_mode & 0o077 == 0
+    # A second --init leaves it alone; starting with the example's placeholder is refused.
+    before = env_file.read_text()
+    subprocess.run([str(ROOT / "ops" / "start-head.sh"), "--init"], env=env, capture_output=True)
+    assert env_file.read_text() == before
+    placeholder = base_env(tmp_path, FLEET_ENV_FILE=str(EXAMPLE_ENV))
+    res = subprocess.run(
+        [str(ROOT / "ops" / "start-head.sh"), "--native"], env=placeholder, capture_output=True, text=True
+    )
+    assert res.returncode == 1 and "set REDIS_PASSWORD" in res.stderr
+
+
+# -- the GPU host ---------------------------------------------------------------------------
+
+FAKE_FLEET = """#!/usr/bin/env bash
+echo "$*" >> "{log}"
+case "$1" in
+  doctor) exit "${{DOCTOR_RC:-0}}" ;;
+  worker) trap 'echo stopped >> "{log}"; exit 0' TERM
+          while true; do sleep 0.1; done ;;
+  *) exit 0 ;;
+esac
+"""
+
+
+def test_gpu_host_runs_doctor_first_then_workers(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    write_exe(bin_dir / "fleet", FAKE_FLEET.format(log=calls))
+    env_file = settings_file(tmp_path, REDIS_PASSWORD="pw1", LOG_DIR=str(tmp_path / "logs"), GPUS="0,1")
+    script = str(ROOT / "ops" / "start-gpu-host.sh")
+    env = base_env(tmp_path, bin_dir, FLEET_ENV_FILE=str(env_file))
+    # Given a failing pre-flight, Then no worker starts
+    res = subprocess.run([script, "--native"], env={**env, "DOCTOR_RC": "1"}, capture_output=True, text=True)
+    assert res.returncode == 1 and "fleet doctor failed" in res.stderr
+    assert calls.read_text().splitlines() == ["doctor"]
+    assert not (tmp_path / "logs" / "worker.pid").exists()
+    # Given a passing one, Then the launcher runs on the configured GPUs until stopped
+    res = subprocess.run([script, "--native"], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    pid = int((tmp_path / "logs" / "worker.pid").read_text())
+    deadline = time.monotonic() + 10
+    while "worker --gpus 0,1" not in calls.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    res = subprocess.run([script, "--native", "--stop"], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert calls.read_text().splitlines()[-1] == "stopped"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    # --gpus on the command line wins over the file
+    subprocess.run([script, "--native", "--gpus", "3", "--skip-doctor"], env=env, capture_output=True, timeout=30)
+    subprocess.run([script, "--native", "--stop"], env=env, capture_output=True, timeout=30)
+    assert "worker --gpus 3" in calls.read_text()
+
+
+def test_entrypoint_dispatch(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls.log"
+    write_exe(bin_dir / "fleet", FAKE_FLEET.format(log=calls))
+    entry = str(ROOT / "docker" / "entrypoint.sh")
+    env = base_env(tmp_path, bin_dir)
+    for argv in (["plan", "--gpus", "6"], ["enqueue", "s3://b/p.jsonl", "--job", "j"], ["status", "--json"]):
+        assert subprocess.run([entry, *argv], env=env, timeout=30).returncode == 0
+    subprocess.run([entry], env=env, timeout=30)
+    assert calls.read_text().splitlines() == [
+        "plan --gpus 6", "enqueue s3://b/p.jsonl --job j", "status --json", "--help",
+    ]  # fmt: skip
+    res = subprocess.run([entry, "echo", "as given"], env=env, capture_output=True, text=True, timeout=30)
+    assert res.stdout == "as given\n"
+
+
+def test_entrypoint_pod_stays_up(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [str(ROOT / "docker" / "entrypoint.sh"), "pod"], env=base_env(tmp_path),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(1.0)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=10)
+
+
+# -- prompts upload -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("client", ["boto3", "aws"])
+def test_upload_prompts(client: str, tmp_path: Path, s3_bucket: str, s3_env: dict[str, str]) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": str(i), "prompt": f"p{i}"}) + "\n" for i in range(100)))
+    env = base_env(tmp_path, **s3_env)
+    if client == "boto3":
+        # A PATH without the aws CLI: the script falls back to boto3.
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        for tool in ("python3", "sha256sum", "wc", "tr", "cut", "bash", "env"):
+            found = shutil.which(tool)
+            assert found, tool
+            (bin_dir / tool).symlink_to(found)
+        env["PATH"] = str(bin_dir)
+    elif shutil.which("aws") is None:
+        pytest.skip("aws CLI not installed")
+    dest = f"s3://{s3_bucket}/fleet/inputs/prompts.jsonl"
+    script = str(ROOT / "ops" / "upload-prompts.sh")
+    res = subprocess.run(["bash", script, str(prompts), dest], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "100 lines, 0 bad" in res.stderr
+    body = boto3.client("s3").get_object(Bucket=s3_bucket, Key="fleet/inputs/prompts.jsonl")
+    assert body["Body"].read() == prompts.read_bytes()
+    # A bad line stops it before anything is sent.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "prompt": "x"}\nnot json\n[1, 2]\n')
+    res = subprocess.run(
+        ["bash", script, str(bad), f"s3://{s3_bucket}/bad.jsonl"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode != 0 and "line(s) [2, 3]" in res.stderr
+    assert "Contents" not in boto3.client("s3").list_objects_v2(Bucket=s3_bucket, Prefix="bad.jsonl")

@@ -1,0 +1,208 @@
+"""Prompts rendered by the model's own files; reasoning split; model facts for the manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fleet.engines import job_config
+from fleet.engines.base import Sampling
+from fleet.errors import ConfigError, RecordError
+from fleet.prompting import (
+    check_length,
+    fill_sampling,
+    load_tokenizer,
+    model_facts,
+    model_revision,
+    opens_think,
+    render_ids,
+    split_reasoning,
+    trim_at_stop,
+)
+from fleet.records import Message
+from fleet.settings import Settings
+from tests.modelkit import chat, raw, tiny_model_fixture  # noqa: F401
+
+
+def settings_for(model: Path, **kw) -> Settings:
+    return Settings(engine="hf", model=str(model), **kw)
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def test_thinking_on_opens_the_think_block(tiny_model: Path) -> None:
+    tok = load_tokenizer(str(tiny_model))
+
+    ids = render_ids(tok, chat("a", "What is 2+2?", thinking=True))
+
+    text = tok.decode(ids)
+    assert text == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert opens_think(tok, ids)
+
+
+def test_thinking_off_closes_an_empty_think_block(tiny_model: Path) -> None:
+    tok = load_tokenizer(str(tiny_model))
+
+    ids = render_ids(tok, chat("a", "What is 2+2?", thinking=False))
+
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not opens_think(tok, ids)
+
+
+def test_chat_ids_are_the_templates_own(tiny_model: Path) -> None:
+    tok = load_tokenizer(str(tiny_model))
+    request = chat("a", "Hi")
+    request.messages = [Message(role="system", content="Be brief."), *request.messages]
+
+    ids = render_ids(tok, request)
+
+    rendered = tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        add_generation_prompt=True, tokenize=False,
+    )  # fmt: skip
+    assert ids == tok(rendered, add_special_tokens=False)["input_ids"]
+    assert tok.convert_tokens_to_ids("<|im_start|>") in ids  # special tokens are tokens, not text
+
+
+def test_content_parts_render_their_text(tiny_model: Path) -> None:
+    tok = load_tokenizer(str(tiny_model))
+    request = chat("a")
+    request.messages = [Message(role="user", content=[{"type": "text", "text": "part one"}])]
+
+    assert "user\npart one<|im_end|>" in tok.decode(render_ids(tok, request))
+
+
+def test_raw_prompts_are_tokenized_as_they_are(tiny_model: Path) -> None:
+    tok = load_tokenizer(str(tiny_model))
+    prompt = "  Raw text, no template:\n\tkeep ‘spaces’ and ünïcode  "
+
+    ids = render_ids(tok, raw("r", prompt))
+
+    assert tok.decode(ids) == prompt
+    assert not opens_think(tok, ids)
+
+
+def test_a_record_without_prompt_fails_alone(tiny_model: Path) -> None:
+    request = chat("a")
+    request.messages = []
+    with pytest.raises(RecordError, match="neither messages nor prompt"):
+        render_ids(load_tokenizer(str(tiny_model)), request)
+
+
+def test_over_length_prompt_is_a_record_error() -> None:
+    request = chat("long", max_tokens=100)
+
+    with pytest.raises(RecordError, match="50 tokens after templating, the context is 50"):
+        check_length(request, 50, 50)
+    assert check_length(request, 10, 50) == 40  # max_tokens shrinks to fit the context
+    assert check_length(request, 10, 1000) == 100
+    assert check_length(request, 10, None) == 100
+
+
+def test_tokenizer_is_loaded_once_per_model(tiny_model: Path) -> None:
+    assert load_tokenizer(str(tiny_model)) is load_tokenizer(str(tiny_model))
+
+
+# -- splitting ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "opened", "reasoning", "answer"),
+    [
+        ("thinking hard\n</think>\n\nThe answer.", True, "thinking hard", "The answer."),
+        ("<think>\nmodel opened it</think>Answer", False, "model opened it", "Answer"),
+        ("cut off while thinking", True, "cut off while thinking", ""),
+        ("<think>never closed", False, "never closed", ""),
+        ("no thinking at all", False, None, "no thinking at all"),
+        ("a</think>b</think>c", True, "a", "b</think>c"),
+    ],
+)
+def test_split_reasoning(text: str, opened: bool, reasoning: str | None, answer: str) -> None:
+    assert split_reasoning(text, opened) == (reasoning, answer)
+
+
+def test_trim_at_the_earliest_stop() -> None:
+    assert trim_at_stop("abc STOP def END", ("END", "STOP")) == ("abc ", True)
+    assert trim_at_stop("abc", ("x",)) == ("abc", False)
+    assert trim_at_stop("abc", None) == ("abc", False)
+
+
+# -- model facts ----------------------------------------------------------------------------------
+
+
+def test_sampling_defaults_come_from_generation_config(tiny_model: Path) -> None:
+    facts = model_facts(settings_for(tiny_model))
+
+    tok = load_tokenizer(str(tiny_model))
+    assert facts["sampling"] == {
+        "temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
+        "max_tokens": 2048, "n": 1, "stop": None,
+        "eos_token_ids": sorted(tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])),
+    }  # fmt: skip
+    template_sha = hashlib.sha256(tok.chat_template.encode()).hexdigest()
+    assert facts["model"]["chat_template_sha256"] == template_sha
+    assert facts["model"]["path"] == str(tiny_model)
+    assert facts["model"]["name"] == tiny_model.name
+    assert facts["model"]["revision"].startswith("sha256:")
+
+
+def test_job_settings_override_the_model(tiny_model: Path) -> None:
+    settings = settings_for(
+        tiny_model, sampling={"temperature": 0.3, "min_p": 0.05, "max_tokens": 64, "n": 2, "stop": ["\n\n"]}
+    )
+
+    sampling = model_facts(settings)["sampling"]
+
+    assert (sampling["temperature"], sampling["top_p"], sampling["top_k"]) == (0.3, 0.95, 20)
+    assert (sampling["min_p"], sampling["max_tokens"], sampling["n"]) == (0.05, 64, 2)
+    assert sampling["stop"] == ["\n\n"]
+
+
+def test_the_manifest_config_holds_the_model_facts(tiny_model: Path) -> None:
+    config = job_config(settings_for(tiny_model))
+
+    assert config["sampling"]["top_k"] == 20
+    assert config["model"]["revision"] == model_revision(tiny_model)
+    json.dumps(config)  # it goes into manifest.json
+
+
+def test_revision_follows_the_files_that_shape_output(tiny_model: Path, tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(tiny_model, tmp_path / "copy"))
+    assert model_revision(copy) == model_revision(tiny_model)
+
+    gen = json.loads((copy / "generation_config.json").read_text())
+    (copy / "generation_config.json").write_text(json.dumps({**gen, "top_k": 40}))
+    assert model_revision(copy) != model_revision(tiny_model)
+    assert model_facts(settings_for(copy))["sampling"]["top_k"] == 40
+
+
+def test_a_git_checkout_is_identified_by_its_commit(tiny_model: Path, tmp_path: Path) -> None:
+    copy = Path(shutil.copytree(tiny_model, tmp_path / "git"))
+    (copy / ".git" / "refs" / "heads").mkdir(parents=True)
+    (copy / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (copy / ".git" / "refs" / "heads" / "main").write_text("a" * 40 + "\n")
+
+    assert model_revision(copy) == "a" * 40
+
+
+def test_a_missing_model_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError):
+        model_facts(settings_for(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="needs a model"):
+        model_facts(Settings(engine="hf"))
+
+
+def test_fill_sampling_keeps_what_the_request_set() -> None:
+    defaults = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "stop": ["X"]}
+
+    filled = fill_sampling(Sampling(temperature=0.0, max_tokens=7, seed=3), defaults)
+
+    expected = Sampling(temperature=0.0, max_tokens=7, seed=3)
+    assert filled == replace(expected, top_p=0.95, top_k=20, min_p=0.0, stop=("X",))

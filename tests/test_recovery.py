@@ -1,0 +1,246 @@
+"""Fast recovery (DESIGN.md, Celery facts) on a real redis-server with a real Celery producer:
+an expired lease without a result is requeued once with a grown attempt, a chunk with a result
+is only forgotten, a chunk out of attempts is quarantined, and StallWatch re-enqueues missing
+chunks only after two idle checks in a row."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+import redis
+
+from fleet import keys
+from fleet.broker import TASK_NAME, make_celery
+from fleet.chunkstate import Quarantine, read_failures
+from fleet.layout import failed_key, result_key
+from fleet.leases import Lease
+from fleet.recovery import StallWatch, requeue_expired
+from fleet.results import encode_result
+from fleet.settings import Settings
+from fleet.store.local import LocalStore
+
+QUEUE = "fleet-test-q"
+
+
+@pytest.fixture
+def settings(redis_server, clean_env) -> Settings:
+    return Settings(broker_url=redis_server.url, queue=QUEUE, lease_ttl_s=0.2, max_attempts=3)
+
+
+@pytest.fixture
+def r(redis_server) -> redis.Redis:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def app(settings):
+    app = make_celery(settings)
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def store(tmp_path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+def queued_messages(r: redis.Redis) -> list[dict]:
+    """The chunk messages in the Celery queue: kombu keeps base64 JSON bodies in a Redis list."""
+    out = []
+    for raw in r.lrange(QUEUE, 0, -1):
+        envelope = json.loads(raw)
+        assert envelope["headers"]["task"] == TASK_NAME
+        assert envelope["content-type"] == "application/json"
+        assert envelope["properties"]["body_encoding"] == "base64"
+        args, kwargs, _embed = json.loads(base64.b64decode(envelope["body"]))
+        assert args == []
+        out.append(kwargs)
+    return out
+
+
+def running(r: redis.Redis) -> set[str]:
+    return {m.decode() for m in r.smembers(keys.running())}
+
+
+def expired_lease(r: redis.Redis, job: str, index: int, attempts_started: int) -> None:
+    """A worker took the chunk (attempt counted, lease taken) and died: its lease runs out."""
+    r.hset(keys.attempts(job), index, attempts_started)
+    assert Lease(r, job, index, "gpu0@dead:1", ttl_s=0.05).acquire()
+    deadline = time.monotonic() + 2
+    while r.exists(keys.lease(job, index)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not r.exists(keys.lease(job, index))
+
+
+def put_result(store: LocalStore, job: str, index: int) -> None:
+    store.put(result_key(job, index), encode_result({"chunk": index}, []))
+
+
+# -- requeue_expired ---------------------------------------------------------------------
+
+
+def test_expired_lease_without_result_is_requeued_once(r, store, app, settings):
+    # Given a chunk whose worker died after its first attempt started
+    expired_lease(r, "j", 2, attempts_started=1)
+    # When the reaper runs
+    touched = requeue_expired(r, store, app, settings)
+    # Then exactly one message names the chunk, with attempt 2, and the chunk is marked queued
+    assert touched == ["j/2"]
+    assert queued_messages(r) == [{"job": "j", "index": 2, "attempt": 2}]
+    assert running(r) == set()
+    assert r.smembers(keys.queued("j")) == {b"2"}
+    # When the reaper runs again, nothing more is sent
+    assert requeue_expired(r, store, app, settings) == []
+    assert len(queued_messages(r)) == 1
+
+
+def test_two_reapers_seeing_the_same_expiry_send_one_message(r, store, app, settings):
+    # Given an expired chunk that a second reaper still sees in its snapshot of the running set
+    expired_lease(r, "j", 0, attempts_started=1)
+    assert requeue_expired(r, store, app, settings) == ["j/0"]
+    r.sadd(keys.running(), keys.member("j", 0))
+    # When the second reaper processes it within the guard period
+    assert requeue_expired(r, store, app, settings) == []
+    # Then still one message
+    assert len(queued_messages(r)) == 1
+
+
+def test_attempt_grows_with_each_lost_worker(r, store, app, settings):
+    expired_lease(r, "j", 5, attempts_started=2)
+    requeue_expired(r, store, app, settings)
+    assert queued_messages(r) == [{"job": "j", "index": 5, "attempt": 3}]
+
+
+def test_live_lease_is_left_alone(r, store, app, settings):
+    # Given a chunk whose worker is alive
+    assert Lease(r, "j", 1, "gpu0@alive:1", ttl_s=30).acquire()
+    # When the reaper runs
+    assert requeue_expired(r, store, app, settings) == []
+    # Then nothing is sent and the chunk stays watched
+    assert queued_messages(r) == []
+    assert running(r) == {"j/1"}
+
+
+def test_expired_lease_with_result_is_only_forgotten(r, store, app, settings):
+    # Given a chunk that committed its result and whose worker then died before releasing
+    expired_lease(r, "j", 4, attempts_started=1)
+    put_result(store, "j", 4)
+    # When the reaper runs
+    touched = requeue_expired(r, store, app, settings)
+    # Then the chunk leaves the running set, and nothing is queued or quarantined
+    assert running(r) == set()
+    assert queued_messages(r) == []
+    assert touched == []
+    assert not store.exists(failed_key("j", 4))
+    assert r.smembers(keys.queued("j")) == set()
+
+
+def test_chunk_out_of_attempts_is_quarantined(r, store, app, settings):
+    # Given a chunk whose third (= max_attempts) worker died too
+    expired_lease(r, "j", 7, attempts_started=settings.max_attempts)
+    # When the reaper runs
+    touched = requeue_expired(r, store, app, settings)
+    # Then it is written to failed/ with the cause, not requeued
+    assert touched == ["j/7"]
+    assert queued_messages(r) == []
+    assert running(r) == set()
+    [failure] = read_failures(store, "j")
+    assert failure["index"] == 7 and failure["job"] == "j"
+    assert failure["error_type"] == "WorkerLost"
+    assert failure["attempts"] == 3
+    assert "lease expired" in failure["error"]
+    assert store.exists(failed_key("j", 7))
+
+
+def test_jobs_are_kept_apart(r, store, app, settings):
+    expired_lease(r, "a", 0, attempts_started=1)
+    expired_lease(r, "b", 0, attempts_started=1)
+    put_result(store, "a", 0)
+    assert requeue_expired(r, store, app, settings) == ["b/0"]
+    assert queued_messages(r) == [{"job": "b", "index": 0, "attempt": 2}]
+
+
+def test_job_names_with_slashes_parse(r, store, app, settings):
+    expired_lease(r, "team/run-1", 3, attempts_started=1)
+    assert requeue_expired(r, store, app, settings) == ["team/run-1/3"]
+    assert queued_messages(r) == [{"job": "team/run-1", "index": 3, "attempt": 2}]
+
+
+# -- StallWatch --------------------------------------------------------------------------
+
+
+def job_with_gaps(store: LocalStore) -> None:
+    """Chunks 0..3: 0 done, 1 quarantined, 2 and 3 missing with nothing queued or running."""
+    put_result(store, "j", 0)
+    Quarantine(index=1, error="boom", error_type="EngineError", attempts=3).write(store, "j")
+
+
+def test_stallwatch_reenqueues_only_on_the_second_idle_check(r, store, app, settings):
+    # Given a job with missing chunks, an empty queue and no live lease
+    job_with_gaps(store)
+    r.hset(keys.attempts("j"), 3, 1)
+    watch = StallWatch()
+    # When checked once, nothing is sent (a message may be between pop and lease)
+    assert watch.check(r, store, app, settings, "j", 4) == []
+    assert queued_messages(r) == []
+    # When checked a second time in a row, the missing chunks (not done, not failed) are sent
+    assert watch.check(r, store, app, settings, "j", 4) == [2, 3]
+    assert sorted(queued_messages(r), key=lambda m: m["index"]) == [
+        {"job": "j", "index": 2, "attempt": 1},
+        {"job": "j", "index": 3, "attempt": 2},
+    ]
+    assert r.smembers(keys.queued("j")) == {b"2", b"3"}
+
+
+def test_stallwatch_counter_restarts_after_a_reenqueue(r, store, app, settings):
+    job_with_gaps(store)
+    watch = StallWatch()
+    watch.check(r, store, app, settings, "j", 4)
+    assert watch.check(r, store, app, settings, "j", 4) == [2, 3]
+    r.delete(QUEUE)  # the messages were taken by workers that died before their lease
+    # Then the next stall again needs two idle checks
+    assert watch.check(r, store, app, settings, "j", 4) == []
+    assert watch.check(r, store, app, settings, "j", 4) == [2, 3]
+
+
+def test_stallwatch_resets_when_work_is_queued_or_running(r, store, app, settings):
+    # Given one idle check behind
+    job_with_gaps(store)
+    watch = StallWatch()
+    assert watch.check(r, store, app, settings, "j", 4) == []
+    # When a message is waiting in the queue, the check is not idle and resets the count
+    r.lpush(QUEUE, "placeholder")
+    assert watch.check(r, store, app, settings, "j", 4) == []
+    r.delete(QUEUE)
+    assert watch.check(r, store, app, settings, "j", 4) == []
+    # When a live lease runs a chunk of the job, that resets the count too
+    lease = Lease(r, "j", 2, "gpu0@alive:1", ttl_s=30)
+    lease.acquire()
+    assert watch.check(r, store, app, settings, "j", 4) == []
+    lease.release()
+    assert watch.check(r, store, app, settings, "j", 4) == []
+    assert r.llen(QUEUE) == 0
+    # And only the second idle check in a row sends
+    assert watch.check(r, store, app, settings, "j", 4) == [2, 3]
+
+
+def test_stallwatch_ignores_a_complete_job(r, store, app, settings):
+    for i in range(3):
+        put_result(store, "j", i)
+    watch = StallWatch()
+    for _ in range(3):
+        assert watch.check(r, store, app, settings, "j", 3) == []
+    assert queued_messages(r) == []
+
+
+def test_stallwatch_counts_jobs_separately(r, store, app, settings):
+    job_with_gaps(store)
+    watch = StallWatch()
+    assert watch.check(r, store, app, settings, "j", 4) == []
+    assert watch.check(r, store, app, settings, "other", 1) == []
+    assert watch.check(r, store, app, settings, "j", 4) == [2, 3]

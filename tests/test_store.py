@@ -1,0 +1,382 @@
+"""The store (DESIGN.md, Shape): one contract, two backends. Every behaviour is checked on a
+local directory and on S3 (moto's server over HTTP) through the same tests."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+
+from fleet.errors import ConfigError, ObjectMissing, StoreError
+from fleet.store import Store, open_store
+from fleet.store.local import LocalStore
+from fleet.store.s3 import S3Store
+
+MB = 1024 * 1024
+
+
+def make_store(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, threshold_mb: int = 64
+) -> Store:
+    if kind == "local":
+        return open_store(str(tmp_path / "store"), multipart_threshold_mb=threshold_mb)
+    bucket = request.getfixturevalue("s3_bucket")
+    return open_store(
+        f"s3://{bucket}/some/prefix", s3_max_attempts=2, multipart_threshold_mb=threshold_mb
+    )
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return make_store(request.param, tmp_path, request)
+
+
+@pytest.fixture(params=["local", "s3"])
+def small_threshold_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """multipart_threshold_mb=5 (the S3 minimum part size), so a 6 MB object goes multipart."""
+    return make_store(request.param, tmp_path, request, threshold_mb=5)
+
+
+# -- basic objects -----------------------------------------------------------------------
+
+
+def test_put_get_exists_delete(store):
+    # Given an empty store
+    assert not store.exists("j/chunks/000000")
+    # When an object is written
+    store.put("j/chunks/000000", b"\x00binary\xff")
+    # Then it reads back byte for byte and exists
+    assert store.get("j/chunks/000000") == b"\x00binary\xff"
+    assert store.exists("j/chunks/000000")
+    # When it is overwritten, the new bytes replace the old
+    store.put("j/chunks/000000", b"second")
+    assert store.get("j/chunks/000000") == b"second"
+    # When it is deleted, it is gone, and deleting again is fine
+    store.delete("j/chunks/000000")
+    assert not store.exists("j/chunks/000000")
+    store.delete("j/chunks/000000")
+
+
+def test_empty_object(store):
+    store.put("j/empty", b"")
+    assert store.exists("j/empty") and store.get("j/empty") == b""
+
+
+def test_get_missing_raises_object_missing(store):
+    with pytest.raises(ObjectMissing) as info:
+        store.get("j/results/000007")
+    assert isinstance(info.value, StoreError)
+    assert "j/results/000007" in str(info.value)
+
+
+def test_version_of_missing_raises_object_missing(store):
+    with pytest.raises(ObjectMissing):
+        store.version("nope")
+
+
+def test_exists_is_false_for_a_prefix(store):
+    store.put("j/results/000001", b"x")
+    assert not store.exists("j/results")
+
+
+# -- listing -----------------------------------------------------------------------------
+
+
+def test_list_is_lexicographic_and_filtered_by_prefix(store):
+    # Given keys written out of order, in sibling folders with a shared name start
+    keys = [
+        "j/results/000010",
+        "j/results/000002",
+        "j/results/000001",
+        "j/resultsX/000000",
+        "j/chunks/000000",
+        "j/manifest.json",
+        "k/results/000000",
+    ]
+    for k in keys:
+        store.put(k, k.encode())
+    # When a folder prefix is listed
+    listed = list(store.list("j/results/"))
+    # Then only its keys come back, in order, relative to the store root
+    assert listed == ["j/results/000001", "j/results/000002", "j/results/000010"]
+    # And a partial-name prefix matches by string, like S3
+    assert list(store.list("j/res")) == [
+        "j/results/000001",
+        "j/results/000002",
+        "j/results/000010",
+        "j/resultsX/000000",
+    ]
+    assert list(store.list("j/")) == sorted(k for k in keys if k.startswith("j/"))
+    assert list(store.list("")) == sorted(keys)
+
+
+def test_list_of_an_absent_prefix_is_empty(store):
+    store.put("j/a", b"1")
+    assert list(store.list("nothing/here/")) == []
+
+
+def test_delete_prefix(store):
+    for i in range(3):
+        store.put(f"j/partial/000001/00000{i}-w", b"c")
+    store.put("j/partial/000002/000000-w", b"keep")
+    store.delete_prefix("j/partial/000001/")
+    assert list(store.list("j/partial/")) == ["j/partial/000002/000000-w"]
+
+
+def test_s3_list_follows_pagination(s3_bucket):
+    # Given 23 objects and a client whose listing pages hold 5 keys
+    store = open_store(f"s3://{s3_bucket}/pfx")
+    assert isinstance(store, S3Store)
+    keys = [f"j/results/{i:06d}" for i in range(23)]
+    for k in reversed(keys):
+        store.put(k, b"r")
+    real = store.client.get_paginator
+
+    class SmallPages:
+        def __init__(self, name: str):
+            self.inner = real(name)
+
+        def paginate(self, **kwargs) -> Iterator[dict]:
+            return self.inner.paginate(**kwargs, PaginationConfig={"PageSize": 5})
+
+    store.client.get_paginator = SmallPages  # type: ignore[method-assign]
+    calls: list[dict] = []
+    store.client.meta.events.register(
+        "before-call.s3.ListObjectsV2", lambda params, **_: calls.append(params)
+    )
+    # When the prefix is listed
+    listed = list(store.list("j/results/"))
+    # Then every key comes back once, in order, across 5 requests
+    assert listed == keys
+    assert len(calls) == 5
+
+
+def test_s3_list_past_one_thousand_keys(s3_bucket):
+    # Given 1,100 objects: more than one S3 listing page at the default page size
+    client = boto3.client("s3")
+    keys = [f"j/results/{i:06d}" for i in range(1100)]
+
+    def put_range(part: list[str]) -> None:
+        c = boto3.session.Session().client("s3")
+        for k in part:
+            c.put_object(Bucket=s3_bucket, Key=f"pfx/{k}", Body=b"")
+
+    threads = [threading.Thread(target=put_range, args=(keys[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert client.list_objects_v2(Bucket=s3_bucket, Prefix="pfx/")["IsTruncated"]
+    # When the store lists them
+    listed = list(open_store(f"s3://{s3_bucket}/pfx").list("j/results/"))
+    # Then all 1,100 arrive in order
+    assert listed == keys
+
+
+def test_s3_prefix_isolates_stores_in_one_bucket(s3_bucket):
+    # Given two stores under different prefixes of one bucket
+    a = open_store(f"s3://{s3_bucket}/team-a")
+    b = open_store(f"s3://{s3_bucket}/team-b/")
+    # When each writes the same key
+    a.put("j/manifest.json", b"a")
+    b.put("j/manifest.json", b"b")
+    # Then each sees only its own, and the real keys carry the prefix
+    assert (a.get("j/manifest.json"), b.get("j/manifest.json")) == (b"a", b"b")
+    assert list(a.list("")) == ["j/manifest.json"]
+    raw = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert sorted(raw) == ["team-a/j/manifest.json", "team-b/j/manifest.json"]
+
+
+def test_s3_bucket_root_store(s3_bucket):
+    store = open_store(f"s3://{s3_bucket}")
+    store.put("j/x", b"1")
+    assert list(store.list("j/")) == ["j/x"]
+    assert boto3.client("s3").get_object(Bucket=s3_bucket, Key="j/x")["Body"].read() == b"1"
+
+
+# -- exactly-once commits ----------------------------------------------------------------
+
+
+def test_put_if_absent_once(store):
+    # Given no object
+    # When two conditional writes of different bytes happen one after the other
+    first = store.put_if_absent("j/results/000003", b"first")
+    second = store.put_if_absent("j/results/000003", b"second")
+    # Then only the first wins and its bytes stay
+    assert (first, second) == (True, False)
+    assert store.get("j/results/000003") == b"first"
+
+
+def test_put_if_absent_race_has_one_winner(store):
+    # Given 8 threads ready to commit the same chunk at the same moment
+    n = 8
+    barrier = threading.Barrier(n)
+    won: list[int] = []
+    errors: list[BaseException] = []
+
+    def commit(i: int) -> None:
+        try:
+            barrier.wait()
+            if store.put_if_absent("j/results/000000", f"writer-{i}".encode() * 1000):
+                won.append(i)
+        except BaseException as e:  # collected, asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    # Then exactly one wins, nobody errors, and the object holds the winner's bytes whole
+    assert errors == []
+    assert len(won) == 1
+    assert store.get("j/results/000000") == f"writer-{won[0]}".encode() * 1000
+
+
+def test_version_changes_on_overwrite_only(store):
+    # Given an object and its version
+    store.put("j/manifest.json", b"one")
+    v1 = store.version("j/manifest.json")
+    assert store.version("j/manifest.json") == v1
+    # When a conditional put loses, the version stays
+    assert store.put_if_absent("j/manifest.json", b"other") is False
+    assert store.version("j/manifest.json") == v1
+    # When the object is overwritten (same size even), the version changes
+    store.put("j/manifest.json", b"two")
+    v2 = store.version("j/manifest.json")
+    assert v2 != v1
+
+
+# -- multipart ---------------------------------------------------------------------------
+
+
+def big(seed: int, size: int = 6 * MB) -> bytes:
+    block = os.urandom(1024) if seed < 0 else bytes([seed % 256]) * 1024
+    return block * (size // 1024) + b"tail"
+
+
+def assert_multipart(store: Store, key: str) -> None:
+    if isinstance(store, S3Store):
+        etag = store.client.head_object(Bucket=store.bucket, Key=store._key(key))["ETag"]
+        assert "-" in etag, f"{etag} is not a multipart ETag"
+
+
+def assert_no_open_uploads(store: Store) -> None:
+    if isinstance(store, S3Store):
+        uploads = store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+        assert uploads == []
+
+
+def test_multipart_put(small_threshold_store):
+    store = small_threshold_store
+    # Given a 6 MB object and a 5 MB threshold
+    data = big(-1)
+    # When it is put
+    store.put("j/results/000001", data)
+    # Then it reads back whole, written as a multipart upload, with no upload left open
+    assert store.get("j/results/000001") == data
+    assert_multipart(store, "j/results/000001")
+    assert_no_open_uploads(store)
+    # And an overwrite through multipart replaces it
+    data2 = big(7)
+    store.put("j/results/000001", data2)
+    assert store.get("j/results/000001") == data2
+
+
+def test_multipart_put_if_absent(small_threshold_store):
+    store = small_threshold_store
+    first, second = big(1), big(2)
+    # When a 6 MB result is committed conditionally twice
+    assert store.put_if_absent("j/results/000004", first) is True
+    v = store.version("j/results/000004")
+    assert store.put_if_absent("j/results/000004", second) is False
+    # Then the first stays, unchanged, and the losing upload was aborted
+    assert store.get("j/results/000004") == first
+    assert store.version("j/results/000004") == v
+    assert_multipart(store, "j/results/000004")
+    assert_no_open_uploads(store)
+
+
+def test_multipart_put_if_absent_loses_to_a_small_object(small_threshold_store):
+    store = small_threshold_store
+    store.put("j/results/000005", b"small")
+    assert store.put_if_absent("j/results/000005", big(3)) is False
+    assert store.get("j/results/000005") == b"small"
+    assert_no_open_uploads(store)
+
+
+# -- URLs --------------------------------------------------------------------------------
+
+
+def test_file_url_opens_a_local_store(tmp_path):
+    # Given a file:// URL
+    store = open_store(f"file://{tmp_path}/deep/store")
+    # Then it is a local store rooted at that path, created on open
+    assert isinstance(store, LocalStore)
+    assert (tmp_path / "deep" / "store").is_dir()
+    store.put("j/manifest.json", b"{}")
+    assert (tmp_path / "deep" / "store" / "j" / "manifest.json").read_bytes() == b"{}"
+
+
+def test_plain_directory_opens_a_local_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = open_store("rel/store")
+    assert isinstance(store, LocalStore)
+    assert Path(store.url) == tmp_path / "rel" / "store"
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///prefix", "s3:///"])
+def test_s3_url_without_bucket_is_a_config_error(url):
+    with pytest.raises(ConfigError) as info:
+        open_store(url)
+    assert "bucket" in str(info.value)
+
+
+def test_s3_url_opens_an_s3_store(s3_env):
+    store = open_store("s3://my-bucket/a/b/", s3_max_attempts=4, multipart_threshold_mb=8)
+    assert isinstance(store, S3Store)
+    assert (store.bucket, store.prefix, store.multipart_threshold) == ("my-bucket", "a/b", 8 * MB)
+
+
+def test_s3_missing_bucket_is_a_store_error(s3_env):
+    store = open_store("s3://no-such-bucket-fleet/p", s3_max_attempts=1)
+    with pytest.raises(StoreError):
+        store.put("k", b"v")
+
+
+# -- local specifics ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["../escape", "/abs/key", "j/../../x"])
+def test_local_store_refuses_keys_outside_its_root(tmp_path, key):
+    store = LocalStore(tmp_path / "s")
+    with pytest.raises(StoreError):
+        store.put(key, b"x")
+
+
+def test_local_store_leaves_no_temp_files(tmp_path):
+    # Given a local store after writes, a lost conditional write and an overwrite
+    store = LocalStore(tmp_path / "s")
+    store.put("j/a", b"1")
+    store.put("j/a", b"2")
+    assert store.put_if_absent("j/b", b"1")
+    assert not store.put_if_absent("j/b", b"2")
+    # Then only the two objects are on disk
+    assert sorted(os.listdir(tmp_path / "s" / "j")) == ["a", "b"]
+
+
+def test_local_list_skips_hidden_temp_files(tmp_path):
+    store = LocalStore(tmp_path / "s")
+    store.put("j/results/000001", b"1")
+    (tmp_path / "s" / "j" / "results" / ".000002.abc.tmp").write_bytes(b"half")
+    assert list(store.list("j/results/")) == ["j/results/000001"]
+
+
+def test_local_store_on_an_unwritable_path_is_a_store_error(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StoreError):
+        LocalStore(tmp_path / "file" / "store")
