@@ -19,8 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleet.errors import ConfigError
-from fleet.flower import is_loopback, redact_url
+from fleet.flower import is_loopback
 from fleet.gpus import query_gpus
+from fleet.redact import redact_url
 from fleet.settings import Settings
 from fleet.store import open_store
 

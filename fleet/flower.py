@@ -11,38 +11,15 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from celery import Celery
 
 from fleet.broker import make_celery
 from fleet.errors import ConfigError
+from fleet.redact import REDACTED, redact_url  # noqa: F401 - re-exported
 from fleet.settings import Settings
 
 log = logging.getLogger(__name__)
-
-REDACTED = "***"
-_SECRET_QUERY_KEYS = ("password", "secret", "token", "key")
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password (userinfo or query) replaced, safe to print and log."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return REDACTED
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user = userinfo.partition(":")[0]
-        netloc = f"{user}:{REDACTED}@{hostport}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        redacted = [(k, REDACTED if any(s in k.lower() for s in _SECRET_QUERY_KEYS) else v) for k, v in pairs]
-        query = urlencode(redacted, safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
 
 def is_loopback(address: str) -> bool:
     """True only for addresses no other machine can reach; '' and 0.0.0.0 mean every interface."""

@@ -18,6 +18,7 @@ from fleet.broker import make_celery, redis_client
 from fleet.localredis import LocalRedis
 from fleet.producer.enqueue import enqueue_missing, prepare_job, store_for
 from fleet.recovery import StallWatch, requeue_expired
+from fleet.redact import redact_url
 from fleet.settings import Settings
 from fleet.status import JobStatus, job_status
 from fleet.worker.launcher import Supervisor, plan_workers
@@ -43,7 +44,7 @@ def run_local(settings: Settings, input_url: str, job: str, workers: int | None 
             local = LocalRedis(job_dir(settings, job) / "redis").start()
             stack.callback(local.stop)
             settings = settings.model_copy(update={"broker_url": local.url})
-            console.print(f"started local redis-server on {local.url}")
+            console.print(f"started local redis-server on {redact_url(local.url)}")
         store = store_for(settings)
         manifest, created = prepare_job(settings, store, input_url, job)
         console.print(f"job {job}: {manifest.records} records in {manifest.chunks} chunks "

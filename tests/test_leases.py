@@ -122,11 +122,6 @@ def test_release_by_another_owner_keeps_the_lease(r):
     assert holder(r, "j", 0) == "A"
 
 
-@pytest.mark.xfail(
-    reason="BUG: Lease.release() removes the running-set member even when the caller no longer "
-    "owns the lease, so the reaper stops watching the new owner's chunk",
-    strict=True,
-)
 def test_release_by_another_owner_keeps_the_chunk_watched(r):
     # Given worker B's lease (A lost its lease; the chunk was requeued and B took it)
     old = Lease(r, "j", 0, "A", 0.2)
@@ -263,11 +258,6 @@ def test_local_redis_missing_binary_is_broker_missing(tmp_path, monkeypatch):
         LocalRedis(tmp_path / "r")
 
 
-@pytest.mark.xfail(
-    reason="BUG: LocalRedis.start() pings the port, not its own process: on a port already in use "
-    "it returns as started and talks to the other server while its own redis-server has exited",
-    strict=True,
-)
 def test_local_redis_on_a_port_in_use_does_not_adopt_another_server(tmp_path, redis_server):
     # Given a port already served by another redis-server
     mine = LocalRedis(tmp_path / "r2", port=redis_server.port, persist=False)

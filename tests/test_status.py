@@ -271,11 +271,6 @@ def test_status_of_an_unknown_job(store):
         job_status(store, None, "nope")
 
 
-@pytest.mark.xfail(
-    reason="BUG: job_status reads s['started'] / s['finished'] unguarded, so a result without a "
-    "stats header (which decode_result and chunk_stats accept) crashes status with KeyError",
-    strict=True,
-)
 def test_status_tolerates_a_result_without_header(store):
     # Given one normal result and one written without a stats header
     now = time.time()

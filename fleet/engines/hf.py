@@ -202,6 +202,11 @@ class HfEngine(Engine):
         wanted = self.settings.hf.device
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if wanted == "auto" else wanted
         dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        threads = getattr(self.settings.hf, "threads", None)
+        if threads and self.device == "cpu":
+            # Several CPU workers with torch's default threads each oversubscribe the cores,
+            # and OpenMP's spinning then costs far more than the lost parallelism gains.
+            torch.set_num_threads(threads)
         path = str(resolve_model_dir(self.model_path))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(self.device).eval()
         # Sampling is ours (RowSampler); the model's defaults must not add warpers.

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleet.gpus import pin_env
 from fleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def plan_workers(
 ) -> list[WorkerSpec]:
     host = host or socket.gethostname()
     if gpus:
-        return [WorkerSpec(f"gpu{i}@{host}", {"CUDA_VISIBLE_DEVICES": str(i)}) for i in gpus]
+        return [WorkerSpec(f"gpu{i}@{host}", pin_env(i)) for i in gpus]
     return [WorkerSpec(f"cpu{i}@{host}", {"CUDA_VISIBLE_DEVICES": ""}) for i in range(workers or 1)]
 
 
