@@ -51,5 +51,9 @@ class ChunkReleased(FleetError):
     """The worker is stopping: finished records were checkpointed and the chunk handed back."""
 
 
+class ChunkSuperseded(FleetError):
+    """Another worker committed this chunk first (end-of-job assist): drop this copy."""
+
+
 class BrokerMissing(FleetError):
     """A local redis-server was needed but is not installed."""

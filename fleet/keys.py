@@ -42,6 +42,16 @@ def requeue_guard(job: str, index: int) -> str:
     return f"{PREFIX}:{job}:requeued:{index}"
 
 
+def progress(job: str) -> str:
+    """Hash index -> samples a running chunk still lacks; idle workers pick whom to assist."""
+    return f"{PREFIX}:{job}:progress"
+
+
+def assist(job: str, index: int) -> str:
+    """Lease of the one idle worker helping a straggler chunk at the end of a job."""
+    return f"{PREFIX}:{job}:assist:{index}"
+
+
 def chunk_stats(job: str) -> str:
     """Hash index -> result stats JSON; a cache of the result headers for `fleet status`."""
     return f"{PREFIX}:{job}:stats"

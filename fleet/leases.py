@@ -29,16 +29,19 @@ _RELEASE = (
 
 
 class Lease:
-    def __init__(self, r: redis.Redis, job: str, index: int, owner: str, ttl_s: float):
+    def __init__(self, r: redis.Redis, job: str, index: int, owner: str, ttl_s: float, key: str | None = None):
         self.r, self.job, self.index, self.owner = r, job, index, owner
-        self.key = keys.lease(job, index)
+        self.key = key or keys.lease(job, index)
+        #: only the chunk lease puts the chunk in the running set the reaper watches
+        self.watched = key is None
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.lost = False
 
     def acquire(self) -> bool:
         if not self.r.set(self.key, self.owner, nx=True, px=self.ttl_ms):
             return False
-        self.r.sadd(keys.running(), keys.member(self.job, self.index))
+        if self.watched:
+            self.r.sadd(keys.running(), keys.member(self.job, self.index))
         return True
 
     def renew(self) -> bool:
@@ -49,7 +52,8 @@ class Lease:
         return ok
 
     def release(self) -> None:
-        self.r.eval(_RELEASE, 2, self.key, keys.running(), self.owner, keys.member(self.job, self.index))
+        member = keys.member(self.job, self.index) if self.watched else ""
+        self.r.eval(_RELEASE, 2, self.key, keys.running(), self.owner, member)
 
 
 def holder(r: redis.Redis, job: str, index: int) -> str | None:

@@ -12,6 +12,7 @@ import copy
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,20 @@ def render_ids(tokenizer: Any, request: GenRequest) -> list[int]:
     except Exception as e:  # jinja raises for messages the template rejects
         raise RecordError(f"chat template rejected record {request.record_id!r}: {e}") from e
     return list(encoded["input_ids"])
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: token ids, and whether they end inside an open think block."""
+
+    ids: list[int]
+    opened_think: bool
+
+
+def render(tokenizer: Any, request: GenRequest) -> Prompt:
+    """Render once and decide the reasoning split then, so results never touch the tokenizer."""
+    ids = render_ids(tokenizer, request)
+    return Prompt(ids, opens_think(tokenizer, ids))
 
 
 def check_length(request: GenRequest, prompt_len: int, context: int | None) -> int:

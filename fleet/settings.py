@@ -56,6 +56,7 @@ class HfSettings(BaseModel):
     max_batch: int = Field(16, ge=1, description="requests per generate() call (the engine's slots)")
     batch_wait_s: float = Field(0.01, ge=0, description="seconds to wait for a batch to fill")
     context_length: int | None = Field(None, description="prompt + output limit; default from model config")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads per worker; default cores / workers")
 
 
 class SglangSettings(BaseModel):
@@ -118,6 +119,8 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, description="failed attempts before a chunk is quarantined")
     grace_s: float = Field(30.0, ge=0, description="on SIGTERM, seconds running chunks may finish")
     checkpoint_interval_s: float = Field(30.0, gt=0, description="seconds between partial-chunk flushes")
+
+    assist: bool = Field(True, description="idle workers help straggler chunks once the queue is empty")
 
     s3_max_attempts: int = Field(10, ge=1, description="botocore retry attempts (adaptive mode)")
     multipart_threshold_mb: int = Field(64, ge=5, description="objects above this use multipart upload")

@@ -49,6 +49,10 @@ class JobStatus:
     tok_s: float = 0.0
     eta_s: float | None = None
     workers: list[str] = field(default_factory=list)
+    #: output tok/s per worker over the recent window
+    worker_tok_s: dict[str, float] = field(default_factory=dict)
+    #: mean speculative accept length over done chunks, when the engine reports it
+    spec_accept_length: float | None = None
     cost_usd: float = 0.0
     projected_cost_usd: float | None = None
     usd_per_m_tokens: float | None = None
@@ -116,6 +120,11 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         last = max(s["finished"] for s in timed)
         st.elapsed_s = round((last if len(done) == manifest.chunks else now) - first, 3)
         st.tok_s = round(recent_rate(timed, now), 2)
+        for worker in st.workers:
+            mine = [s for s in timed if s.get("worker") == worker]
+            st.worker_tok_s[worker] = round(recent_rate(mine, now), 2)
+        accept = [s["spec_accept_length"] for s in stats if s.get("spec_accept_length")]
+        st.spec_accept_length = round(sum(accept) / len(accept), 3) if accept else None
         remaining = manifest.samples - st.samples_done
         if st.tok_s > 0 and st.samples_done:
             per_sample = st.completion_tokens / st.samples_done

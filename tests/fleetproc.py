@@ -44,15 +44,21 @@ class Workers:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, host: str, workers: int = 1, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        return self._launch(host, ["--workers", str(workers)], extra_env)
+
+    def _launch(self, host: str, args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{host}.log", "ab")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet", "worker", "--workers", str(workers), "--host-name", host],
+            [sys.executable, "-m", "fleet", "worker", *args, "--host-name", host],
             env={**self.env, **(extra_env or {})}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         self.procs.append(proc)
         return proc
+
+    def start_gpus(self, host: str, gpus: str = "all") -> subprocess.Popen[bytes]:
+        return self._launch(host, ["--gpus", gpus])
 
     def stop(self, timeout: float = 60) -> None:
         for p in self.procs:

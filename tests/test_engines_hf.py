@@ -53,6 +53,18 @@ class Running:
         self.lt.close()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """A tiny model gains nothing from intra-op threads, and on a shared CI box OpenMP's
+    spinning threads can make each step tens of times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def running(tiny_model: Path) -> Iterator[Running]:
     r = Running(hf_settings(tiny_model))

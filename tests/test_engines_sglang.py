@@ -137,7 +137,7 @@ def test_cli_prints_the_kwargs_as_json(tiny_model: Path) -> None:
 def test_cli_engine_args_never_imports_sglang(tiny_model: Path) -> None:
     code = (
         "import sys; from fleet.cli import main; sys.argv=['fleet','engine-args','--model',sys.argv[1]];"
-        "\ntry:\n main()\nexcept SystemExit: pass\nassert 'sglang' not in sys.modules and 'torch' not in sys.modules"
+        "\ntry:\n main()\nexcept SystemExit: pass\nassert 'sglang' not in sys.modules"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(tiny_model)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.live import Live
 from rich.table import Table
 
 from fleet.cli.app import (
@@ -34,6 +37,7 @@ def run(
     input: InputArg,
     job: JobOpt,
     workers: Annotated[int | None, typer.Option("--workers", "-w", help="CPU worker processes")] = None,
+    gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or '0,1': one pinned worker per GPU")] = None,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, chunk_size: ChunkOpt = None, slots: SlotsOpt = None,
     data_dir: DataDirOpt = None,
@@ -48,7 +52,12 @@ def run(
     if max_tokens:
         settings.sampling.max_tokens = max_tokens
     began = time.monotonic()
-    st = run_guarded(run_local, settings, input, job, workers=workers or 2)
+    gpu_list = None
+    if gpus:
+        from fleet.gpus import parse_gpu_spec
+
+        gpu_list = run_guarded(parse_gpu_spec, gpus)
+    st = run_guarded(run_local, settings, input, job, workers=workers or 2, gpus=gpu_list)
     console.print(f"{st.records_done} records, {st.chunks_done}/{st.chunks_total} chunks, "
                   f"{st.completion_tokens:,} output tokens in {time.monotonic() - began:.1f}s")
     if not st.done:
@@ -91,19 +100,26 @@ def status(
     store = store_for(settings)
     r = redis_client(settings) if settings.broker_url else None
 
-    def show() -> bool:
-        st = run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour)
-        if as_json:
-            typer.echo(st.to_json())
-        else:
-            console.print(status_table(st))
-        return st.done
+    def current():
+        return run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour)
 
+    if as_json:
+        while True:
+            st = current()
+            typer.echo(st.to_json() if watch is None else json.dumps(asdict(st)))
+            if watch is None or st.done:
+                return
+            time.sleep(watch)
     if watch is None:
-        show()
+        console.print(status_table(current()))
         return
-    while not show():
-        time.sleep(watch)
+    with Live(status_table(current()), console=console, refresh_per_second=1) as live:
+        while True:
+            st = current()
+            live.update(status_table(st))
+            if st.done:
+                return
+            time.sleep(watch)
 
 
 def status_table(st) -> Table:
@@ -118,7 +134,9 @@ def status_table(st) -> Table:
         ("rate", f"{st.tok_s:,.1f} output tok/s, ETA {eta}"),
         ("cost", f"${st.cost_usd:,.2f} spent" + (f", ${st.projected_cost_usd:,.2f} projected"
                                                   if st.projected_cost_usd is not None else "")),
-        ("workers", ", ".join(st.workers) or "-"),
+        ("workers", ", ".join(f"{w} {st.worker_tok_s.get(w, 0):,.0f} tok/s" for w in st.workers) or "-"),
+        ("spec accept", "-" if st.spec_accept_length is None else f"{st.spec_accept_length:.2f} tokens/step"),
+        ("$/M out tokens", "-" if st.usd_per_m_tokens is None else f"${st.usd_per_m_tokens:,.3f}"),
         ("done", str(st.done)),
     ]
     for k, v in rows:

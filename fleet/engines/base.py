@@ -77,6 +77,10 @@ class Engine(ABC):
     def model_name(self) -> str | None:
         return None
 
+    def predict_tokens(self, request: GenRequest) -> float | None:
+        """Expected output length, if this engine can predict it (longest-first ordering)."""
+        return None
+
 
 def derive_seed(job_seed: int, record_id: str, sample: int) -> int:
     """A per-request seed that a regenerated chunk asks for again (stable across processes)."""

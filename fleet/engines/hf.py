@@ -21,19 +21,20 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from fleet.engines.base import Engine, GenRequest, GenResult, Sampling, derive_seed
 from fleet.errors import EngineError
 from fleet.prompting import (
     NEUTRAL,
+    Prompt,
     check_length,
     context_length_of,
     fill_sampling,
     load_tokenizer,
     model_facts,
-    opens_think,
-    render_ids,
+    render,
     require_model,
     resolve_model_dir,
     split_reasoning,
@@ -149,7 +150,7 @@ class RowStopper:
 @dataclass
 class _Pending:
     request: GenRequest
-    prompt_ids: list[int]
+    prompt: Prompt
     max_new: int
     sampling: Sampling
     future: asyncio.Future
@@ -218,13 +219,13 @@ class HfEngine(Engine):
             raise self._broken
         if self._queue is None:
             raise EngineError("hf engine used before start()")
-        prompt_ids = render_ids(self.tokenizer, request)
-        max_new = check_length(request, len(prompt_ids), self.context)
+        prompt = render(self.tokenizer, request)
+        max_new = check_length(request, len(prompt.ids), self.context)
         sampling = fill_sampling(request.sampling, self.defaults)
         if sampling.seed is None:
             sampling = replace(sampling, seed=derive_seed(0, request.record_id, request.sample))
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, prompt_ids, max_new, sampling, loop.create_future(), loop.time())
+        pending = _Pending(request, prompt, max_new, sampling, loop.create_future(), loop.time())
         await self._queue.put(pending)
         return await pending.future
 
@@ -234,7 +235,9 @@ class HfEngine(Engine):
             await asyncio.gather(self._batcher, return_exceptions=True)
             self._batcher = None
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
+            # A running batch finishes in its thread; wait for it without blocking the loop.
+            stop = partial(self._executor.shutdown, wait=True, cancel_futures=True)
+            await asyncio.get_running_loop().run_in_executor(None, stop)
             self._executor = None
         self.model = None
 
@@ -289,9 +292,9 @@ class HfEngine(Engine):
 
         pad = self.tokenizer.pad_token_id
         pad = pad if pad is not None else min(self.eos_ids)
-        width = max(len(p.prompt_ids) for p in batch)
-        rows = [[pad] * (width - len(p.prompt_ids)) + p.prompt_ids for p in batch]
-        mask = [[0] * (width - len(p.prompt_ids)) + [1] * len(p.prompt_ids) for p in batch]
+        width = max(len(p.prompt.ids) for p in batch)
+        rows = [[pad] * (width - len(p.prompt.ids)) + p.prompt.ids for p in batch]
+        mask = [[0] * (width - len(p.prompt.ids)) + [1] * len(p.prompt.ids) for p in batch]
         eos = sorted(self.eos_ids)
         stopper = RowStopper(
             width, [p.max_new for p in batch], self.eos_ids,
@@ -324,12 +327,12 @@ class HfEngine(Engine):
         body = ids[:-1] if why == "eos" else ids
         text = self.tokenizer.decode(body, skip_special_tokens=True)
         text, hit = trim_at_stop(text, p.sampling.stop)
-        reasoning, answer = split_reasoning(text, opens_think(self.tokenizer, p.prompt_ids))
+        reasoning, answer = split_reasoning(text, p.prompt.opened_think)
         return GenResult(
             text=answer,
             reasoning=reasoning,
             completion_tokens=len(ids),
-            prompt_tokens=len(p.prompt_ids),
+            prompt_tokens=len(p.prompt.ids),
             finish_reason="length" if why == "length" and not hit else "stop",
             output_ids=ids if p.request.return_output_ids else None,
             meta={"batch_size": size},

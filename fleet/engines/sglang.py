@@ -15,19 +15,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from fleet.engines.base import Engine, GenRequest, GenResult, Sampling
 from fleet.errors import EngineError, RecordError
 from fleet.prompting import (
+    Prompt,
     check_length,
     context_length_of,
     fill_sampling,
     load_tokenizer,
     model_facts,
-    opens_think,
-    render_ids,
+    render,
     require_model,
     resolve_model_dir,
     split_reasoning,
@@ -44,10 +45,11 @@ HYBRID_ARCHITECTURES = frozenset(
         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
         "KimiLinearForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM",
         "JetNemotronForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
-        "BailingMoeV2_5ForCausalLM", "GraniteMoeHybridForCausalLM",
+        "BailingMoeV2_5ForCausalLM",
     }
 )  # fmt: skip
-#: Layer kinds that carry recurrent state in hybrid configs (`layer_types`).
+#: Layer kinds that carry recurrent state in hybrid configs (`layer_types`); this also covers
+#: architectures that are hybrid only in some configs (GraniteMoeHybrid).
 STATEFUL_LAYERS = frozenset({"linear_attention", "mamba", "gated_deltanet"})
 FINISH_TYPES = {"stop": "stop", "length": "length"}
 #: (record field, meta_info key): what SGLang reports per request that lands in the record.
@@ -164,6 +166,8 @@ class SglangEngine(Engine):
         self._engine: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead: EngineError | None = None
+        #: one thread: the tokenizer is only ever used from it once the engine runs
+        self._render = ThreadPoolExecutor(1, thread_name_prefix="fleet-render")
 
     @property
     def max_running(self) -> int:
@@ -196,16 +200,17 @@ class SglangEngine(Engine):
         if self._dead is not None:
             raise self._dead
         if self._engine is None:
-            raise EngineError("sglang engine used before start()")
+            raise EngineError("sglang engine is not running (not started, or shut down)")
         if asyncio.get_running_loop() is not self._loop:
             raise EngineError("sglang engine called from a loop other than the one it started on")
-        prompt_ids = render_ids(self.tokenizer, request)
-        max_new = check_length(request, len(prompt_ids), self.context)
+        # Templating is pure Python: off the loop, which also carries SGLang's own output path.
+        prompt = await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
+        max_new = check_length(request, len(prompt.ids), self.context)
         sampling = fill_sampling(request.sampling, self.defaults)
         eos_ids = self.defaults["eos_token_ids"]
         params = sampling_params(sampling, max_new, eos_ids, self.settings.sglang.deterministic)
-        out = await self._call(request, prompt_ids, params)
-        return self._result(request, prompt_ids, out)
+        out = await self._call(request, prompt.ids, params)
+        return self._result(request, prompt, out)
 
     async def _call(self, request: GenRequest, prompt_ids: list[int], params: dict) -> dict:
         try:
@@ -216,16 +221,16 @@ class SglangEngine(Engine):
             self._dead = EngineError(f"sglang engine failed: {type(e).__name__}: {e}")
             raise self._dead from e
 
-    def _result(self, request: GenRequest, prompt_ids: list[int], out: dict) -> GenResult:
+    def _result(self, request: GenRequest, prompt: Prompt, out: dict) -> GenResult:
         meta = out.get("meta_info") or {}
         reason = finish_reason(meta)
         output_ids = list(out.get("output_ids") or [])
-        reasoning, answer = split_reasoning(out.get("text") or "", opens_think(self.tokenizer, prompt_ids))
+        reasoning, answer = split_reasoning(out.get("text") or "", prompt.opened_think)
         return GenResult(
             text=answer,
             reasoning=reasoning,
             completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
-            prompt_tokens=int(meta.get("prompt_tokens", len(prompt_ids))),
+            prompt_tokens=int(meta.get("prompt_tokens", len(prompt.ids))),
             finish_reason=reason,
             output_ids=output_ids if request.return_output_ids else None,
             meta={ours: meta[theirs] for ours, theirs in META_FIELDS if meta.get(theirs) is not None},
@@ -234,5 +239,6 @@ class SglangEngine(Engine):
     async def shutdown(self) -> None:
         """Stop SGLang; note that it kills every child process of this process."""
         engine, self._engine = self._engine, None
+        self._render.shutdown(wait=False, cancel_futures=True)
         if engine is not None:
             engine.shutdown()

@@ -71,6 +71,12 @@ class SimEngine(Engine):
     def model_name(self) -> str:
         return f"sim-m{self.cfg.mean_output_tokens:g}-s{self.cfg.sigma:g}"
 
+    def predict_tokens(self, request: GenRequest) -> float | None:
+        # The simulated length is a function of the seed: a perfect predictor, which
+        # stands in for a learned one (or a length hint) on real engines.
+        seed = request.sampling.seed if request.sampling.seed is not None else derive_seed(0, request.record_id, 0)
+        return min(sim_length(self.cfg, seed), request.sampling.max_tokens)
+
     async def generate(self, request: GenRequest) -> GenResult:
         if request.chunk in self.cfg.crash_chunks:
             raise RuntimeError(f"sim engine fails chunk {request.chunk} (crash_chunks)")

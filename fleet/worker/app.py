@@ -7,6 +7,7 @@ same settings object as every other process.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from celery import signals
@@ -38,9 +39,16 @@ def run_chunk_task(self: Any, job: str, index: int, attempt: int = 1) -> dict[st
 @signals.celeryd_after_setup.connect
 def _boot(sender: str, instance: Any, **_: Any) -> None:
     # Load the engine before the consumer starts, so no chunk waits on a cold engine.
+    # Celery logs and swallows a receiver's exception; a worker without its engine must
+    # not consume chunks, so exit and let the supervisor restart it with backoff.
     global _runtime
-    _runtime = Runtime(settings, app, sender)
-    _runtime.start()
+    try:
+        _runtime = Runtime(settings, app, sender)
+        _runtime.start()
+    except BaseException:
+        log.exception("worker %s failed to start; exiting for restart", sender)
+        logging.shutdown()
+        os._exit(3)
 
 
 @signals.worker_shutting_down.connect

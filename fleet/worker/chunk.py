@@ -15,7 +15,7 @@ def sample_key(record_id: str, sample: int) -> str:
     return f"{record_id}\x00{sample}"
 
 
-@dataclass
+@dataclass(eq=False)
 class ChunkRun:
     job: str
     index: int
@@ -28,6 +28,10 @@ class ChunkRun:
     #: finished in this run and not yet checkpointed
     fresh: list[dict[str, Any]] = field(default_factory=list)
     resumed: int = 0
+    #: requests of this chunk inside the engine now (updated on the engine loop)
+    inflight: int = 0
+    #: an end-of-job helper run: no chunk lease, first committed result wins
+    assist: bool = False
     started: float = field(default_factory=time.time)
     committed: bool = False
     skipped: str | None = None
@@ -48,6 +52,9 @@ class ChunkRun:
         with self.lock:
             fresh, self.fresh = self.fresh, []
         return fresh
+
+    def remaining(self) -> int:
+        return max(0, self.expected() - len(self.finished))
 
     def expected(self) -> int:
         n = self.manifest.config["sampling"]["n"] if self.manifest else 1

@@ -18,10 +18,20 @@ from fleet.engines.base import Engine
 T = TypeVar("T")
 
 
+def admission_limit(max_running: int) -> int:
+    """Requests let into the engine at once: its slots plus a queue that keeps it fed.
+
+    The rest wait here, where fleet can still skip or reorder them (longest first, or
+    left to a helper at the end of a job), instead of in the engine's own queue.
+    """
+    return max_running + max(4, max_running // 4)
+
+
 class EngineHost:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.loop = asyncio.new_event_loop()
+        self.gate: asyncio.Semaphore | None = None
         self._thread = threading.Thread(target=self._run, name="fleet-engine-loop", daemon=True)
 
     def _run(self) -> None:
@@ -31,7 +41,11 @@ class EngineHost:
     def start(self, timeout_s: float | None = None) -> None:
         """Start the loop thread and the engine on it; raises what engine.start() raised."""
         self._thread.start()
-        self.submit(self.engine.start()).result(timeout=timeout_s)
+        self.submit(self._start()).result(timeout=timeout_s)
+
+    async def _start(self) -> None:
+        await self.engine.start()
+        self.gate = asyncio.Semaphore(admission_limit(self.engine.max_running))
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

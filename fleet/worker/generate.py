@@ -83,19 +83,37 @@ def error_output(run: ChunkRun, record: InputRecord, req: GenRequest, err: Excep
     return to_output(run, record, req, res, model)
 
 
-async def generate_chunk(run: ChunkRun, engine: Engine) -> None:
+def longest_first(engine: Engine, pairs: list[tuple[InputRecord, GenRequest]]) -> list[tuple[InputRecord, GenRequest]]:
+    """Admit the longest expected requests first, so a chunk's tail is not its longest record
+    started last; keeps input order when the engine cannot predict lengths."""
+    predicted = [engine.predict_tokens(req) for _, req in pairs]
+    if any(p is None for p in predicted):
+        return pairs
+    order = sorted(range(len(pairs)), key=lambda i: -predicted[i])  # type: ignore[operator]
+    return [pairs[i] for i in order]
+
+
+async def generate_chunk(run: ChunkRun, engine: Engine, gate: asyncio.Semaphore | None = None) -> None:
     model = engine.model_name()
+    gate = gate or asyncio.Semaphore(engine.max_running)
 
     async def one(record: InputRecord, req: GenRequest) -> None:
+        async with gate:
+            await admitted(record, req)
+
+    async def admitted(record: InputRecord, req: GenRequest) -> None:
         began = time.monotonic()
+        run.inflight += 1
         try:
             res = await engine.generate(req)
             res.meta.setdefault("latency_s", round(time.monotonic() - began, 4))
             run.add(to_output(run, record, req, res, model))
         except RecordError as e:
             run.add(error_output(run, record, req, e, model))
+        finally:
+            run.inflight -= 1
 
-    tasks = [asyncio.ensure_future(one(rec, req)) for rec, req in requests_for(run)]
+    tasks = [asyncio.ensure_future(one(rec, req)) for rec, req in longest_first(engine, requests_for(run))]
     try:
         await asyncio.gather(*tasks)
     finally:

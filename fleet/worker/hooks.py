@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from fleet import keys
+from fleet import keys, metrics
 from fleet.broker import PRIORITY_RECOVERY, send_chunk
 from fleet.chunkstate import Quarantine
-from fleet.errors import ChunkCorrupt, ChunkReleased, EngineError, ObjectMissing
+from fleet.errors import ChunkCorrupt, ChunkReleased, ChunkSuperseded, EngineError, ObjectMissing
 from fleet.layout import decode_lines, encode_lines, partial_key, partial_prefix, result_key
 from fleet.leases import Lease
 from fleet.worker.chunk import ChunkRun, sample_key
@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from fleet.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
+#: while another worker assists a chunk, its owner checkpoints this often (seconds), so the
+#: helper starts from fresh records and the two waste little work on each other
+ASSIST_FLUSH_S = 1.0
+#: seconds between a running chunk's progress reports
+PROGRESS_S = 1.0
 
 
 class Skip(Exception):
@@ -98,11 +103,12 @@ class CheckpointHook(ChunkHook):
         self.rt.store.put(key, encode_lines(fresh))
 
     def progress(self, run: ChunkRun) -> None:
-        if time.monotonic() - run.extras["last_flush"] >= self.rt.settings.checkpoint_interval_s:
+        age = time.monotonic() - run.extras["last_flush"]
+        if age >= self.rt.settings.checkpoint_interval_s or (age >= ASSIST_FLUSH_S and run.extras.get("assisted")):
             self.flush(run)
 
     def after(self, run: ChunkRun, exc: BaseException | None) -> None:
-        if run.committed or run.extras.get("lost_race"):
+        if run.committed or run.extras.get("lost_race") or isinstance(exc, ChunkSuperseded):
             self.rt.store.delete_prefix(partial_prefix(run.job, run.index))
         elif exc is not None:
             self.flush(run)
@@ -115,7 +121,7 @@ class OutcomeHook(ChunkHook):
         self.rt = rt
 
     def after(self, run: ChunkRun, exc: BaseException | None) -> None:
-        if exc is None or run.committed:
+        if exc is None or run.committed or isinstance(exc, ChunkSuperseded):
             return
         rt, settings = self.rt, self.rt.settings
         if isinstance(exc, ChunkReleased):
@@ -142,6 +148,80 @@ class OutcomeHook(ChunkHook):
     def _requeue(self, run: ChunkRun, attempt: int) -> None:
         send_chunk(self.rt.app, self.rt.settings.queue, run.job, run.index, attempt, PRIORITY_RECOVERY)
         self.rt.redis.sadd(keys.queued(run.job), run.index)
+
+
+class AssistHook(ChunkHook):
+    """An idle worker helps a straggler: one helper per chunk, held by an expiring key."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+
+    def before(self, run: ChunkRun) -> None:
+        lease = Lease(self.rt.redis, run.job, run.index, self.rt.lease_owner, self.rt.settings.lease_ttl_s,
+                      key=keys.assist(run.job, run.index))
+        if not lease.acquire():
+            raise Skip("another worker already assists it")
+        if self.rt.store.exists(result_key(run.job, run.index)):
+            lease.release()
+            raise Skip("already has a result")
+        run.extras["assist_lease"] = lease
+        self.rt.heartbeat.add(lease)
+
+    def after(self, run: ChunkRun, exc: BaseException | None) -> None:
+        lease: Lease = run.extras["assist_lease"]
+        self.rt.heartbeat.discard(lease)
+        lease.release()
+        if exc is not None and not isinstance(exc, ChunkSuperseded | ChunkReleased):
+            log.warning("assist of chunk %s failed (the owner goes on): %s", run.name, exc)
+
+
+class ProgressHook(ChunkHook):
+    """Publish how much a chunk lacks; notice when a helper (or the owner) committed first."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+
+    def before(self, run: ChunkRun) -> None:
+        run.extras["last_progress"] = 0.0
+
+    def progress(self, run: ChunkRun) -> None:
+        now = time.monotonic()
+        if now - run.extras["last_progress"] < PROGRESS_S:
+            return
+        run.extras["last_progress"] = now
+        r = self.rt.redis
+        unstarted = max(0, run.remaining() - run.inflight)
+        if not run.assist:
+            r.hset(keys.progress(run.job), run.index, unstarted)
+        # Sticky: a helper that finished first has released its key by the time we look.
+        helped = run.extras.get("assisted") or run.assist or bool(r.exists(keys.assist(run.job, run.index)))
+        run.extras["assisted"] = helped
+        if helped and self.rt.store.exists(result_key(run.job, run.index)):
+            run.extras["superseded"] = True
+
+    def after(self, run: ChunkRun, exc: BaseException | None) -> None:
+        if not run.assist:
+            self.rt.redis.hdel(keys.progress(run.job), run.index)
+
+
+class MetricsHook(ChunkHook):
+    """Prometheus figures for this worker (fleet.metrics)."""
+
+    def before(self, run: ChunkRun) -> None:
+        metrics.RUNNING_CHUNKS.inc()
+
+    def after(self, run: ChunkRun, exc: BaseException | None) -> None:
+        metrics.RUNNING_CHUNKS.dec()
+        stats = run.extras.get("stats")
+        if run.committed and stats:
+            metrics.observe_chunk(
+                stats["seconds"], prompt_tokens=stats["prompt_tokens"],
+                completion_tokens=stats["completion_tokens"], records_ok=stats["samples"] - stats["errors"],
+                records_error=stats["errors"], accept_length=stats.get("spec_accept_length"),
+            )
+        elif exc is not None and not isinstance(exc, ChunkSuperseded | ChunkReleased):
+            metrics.CHUNKS_FAILED.inc()
+            metrics.count_error(exc)
 
 
 class StatsHook(ChunkHook):

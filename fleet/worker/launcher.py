@@ -36,8 +36,21 @@ def plan_workers(
 ) -> list[WorkerSpec]:
     host = host or socket.gethostname()
     if gpus:
-        return [WorkerSpec(f"gpu{i}@{host}", pin_env(i)) for i in gpus]
-    return [WorkerSpec(f"cpu{i}@{host}", {"CUDA_VISIBLE_DEVICES": ""}) for i in range(workers or 1)]
+        specs = [WorkerSpec(f"gpu{i}@{host}", pin_env(i)) for i in gpus]
+    else:
+        specs = cpu_workers(settings, workers or 1, host)
+    if settings.metrics_port:  # one Prometheus port per worker process
+        for n, spec in enumerate(specs):
+            spec.env["FLEET_METRICS_PORT"] = str(settings.metrics_port + n)
+    return specs
+
+
+def cpu_workers(settings: Settings, count: int, host: str) -> list[WorkerSpec]:
+    # CPU workers share the cores: torch's default of one thread per core in every
+    # process oversubscribes them and runs dozens of times slower.
+    threads = str(settings.hf.threads or max(1, (os.cpu_count() or 1) // count))
+    cpu_env = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
+    return [WorkerSpec(f"cpu{i}@{host}", dict(cpu_env)) for i in range(count)]
 
 
 def describe_exit(code: int) -> str:

@@ -9,13 +9,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fleet.errors import ChunkCorrupt, ChunkReleased, FleetError
+from fleet.errors import ChunkCorrupt, ChunkReleased, ChunkSuperseded, FleetError
 from fleet.layout import chunk_key, decode_lines, result_key
 from fleet.records import InputRecord
 from fleet.results import encode_result
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.generate import generate_chunk
-from fleet.worker.hooks import ChunkHook, Skip
+from fleet.worker.hooks import ChunkHook, Hooks, Skip
 from fleet.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -31,18 +31,26 @@ def read_chunk(rt: Runtime, run: ChunkRun) -> list[InputRecord]:
         raise ChunkCorrupt(f"{key} holds an invalid record: {e}") from e
 
 
-def wait_generated(rt: Runtime, run: ChunkRun, ran: list[ChunkHook]) -> None:
+def wait_generated(rt: Runtime, run: ChunkRun, hooks: Hooks, ran: list[ChunkHook]) -> None:
     """Wait for the engine, running progress hooks; hand the chunk back if told to stop."""
-    future = rt.host.submit(generate_chunk(run, rt.engine))
+    future = rt.host.submit(generate_chunk(run, rt.engine, rt.host.gate))
     while True:
         try:
             future.result(timeout=POLL_S)
             return
         except concurrent.futures.TimeoutError:
-            rt.hooks.progress(run, ran)
-            if rt.release_now.is_set():
+            hooks.progress(run, ran)
+            if rt.release_now.is_set() and not run.assist:
                 future.cancel()
                 raise ChunkReleased(f"worker {run.worker} stopping: chunk {run.name} handed back") from None
+            if run.extras.get("superseded") or (run.assist and rt.release_now.is_set()):
+                future.cancel()
+                raise ChunkSuperseded(f"chunk {run.name} committed elsewhere first: dropped this copy") from None
+
+
+def mean_of(rows: list[dict[str, Any]], field: str) -> float | None:
+    values = [r[field] for r in rows if r.get(field) is not None]
+    return round(sum(values) / len(values), 4) if values else None
 
 
 def commit(rt: Runtime, run: ChunkRun) -> None:
@@ -60,6 +68,8 @@ def commit(rt: Runtime, run: ChunkRun) -> None:
         "errors": sum(1 for r in rows if r["finish_reason"] == "error"),
         "resumed": run.resumed,
         "seconds": round(time.time() - run.started, 3),
+        "assist": run.assist,
+        "spec_accept_length": mean_of(rows, "spec_accept_length"),
         "started": run.started,
         "finished": time.time(),
         "worker": run.worker,
@@ -74,15 +84,17 @@ def commit(rt: Runtime, run: ChunkRun) -> None:
         log.warning("chunk %s already committed by another worker: dropped this copy", run.name)
 
 
-def run_chunk(rt: Runtime, job: str, index: int, attempt: int = 1) -> dict[str, Any]:
-    run = ChunkRun(job=job, index=index, attempt=attempt, worker=rt.name)
+def run_chunk(rt: Runtime, job: str, index: int, attempt: int = 1, assist: bool = False) -> dict[str, Any]:
+    run = ChunkRun(job=job, index=index, attempt=attempt, worker=rt.name, assist=assist)
+    hooks = rt.assist_hooks if assist else rt.hooks
     ran: list[ChunkHook] = []
     exc: BaseException | None = None
+    rt.active.add(run)
     try:
-        rt.hooks.before(run, ran)
+        hooks.before(run, ran)
         run.manifest = rt.manifest(job)
         run.records = read_chunk(rt, run)
-        wait_generated(rt, run, ran)
+        wait_generated(rt, run, hooks, ran)
         commit(rt, run)
     except Skip as skip:
         run.skipped = str(skip)
@@ -90,8 +102,11 @@ def run_chunk(rt: Runtime, job: str, index: int, attempt: int = 1) -> dict[str, 
     except Exception as e:  # every failure is decided by OutcomeHook, never lost
         exc = e
     finally:
-        rt.hooks.after(run, ran, exc)
-    if exc is not None and not isinstance(exc, ChunkReleased):
+        hooks.after(run, ran, exc)
+        rt.active.discard(run)
+    if isinstance(exc, ChunkSuperseded):
+        log.info("%s", exc)
+    elif exc is not None and not isinstance(exc, ChunkReleased):
         log.error("chunk %s attempt %d failed: %s: %s", run.name, run.attempt, type(exc).__name__, exc)
     return {
         "job": job,

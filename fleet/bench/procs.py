@@ -1,0 +1,214 @@
+"""Real fleet processes for benchmarks: a broker, `fleet worker`, `fleet enqueue`, moto S3.
+
+The suite drives fleet only through its command line and reads only the store, so a
+change inside the worker shows up in the figures without touching the benchmarks. Child
+processes get a clean environment: no FLEET_* from the caller's shell (a production
+broker URL must never receive benchmark chunks) and no fleet.toml from the cwd.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from fleet.errors import FleetError
+from fleet.localredis import free_port
+
+READY_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 30.0
+
+
+def clean_env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The parent's environment without FLEET_*, pointed at a config file that does not exist."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    env["FLEET_CONFIG"] = str(workdir / "no-fleet.toml")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def fleet_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fleet", *args]
+
+
+def run_fleet(args: list[str], env: dict[str, str], timeout_s: float, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run one `fleet ...` command to completion; FleetError with its stderr when it fails."""
+    done = subprocess.run(fleet_argv(*args), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise FleetError(f"`fleet {' '.join(args)}` exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.1) -> float:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        if predicate():
+            return time.monotonic() - began
+        time.sleep(interval_s)
+    raise FleetError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def write_prompts(path: Path, n: int) -> Path:
+    """n chat records of similar length; written once and reused by every run of that size."""
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    line = '{"id":"r%07d","messages":[{"role":"user","content":"Question %d: explain one idea in detail."}]}\n'
+    with open(tmp, "w") as f:
+        for start in range(0, n, 10_000):
+            f.write("".join(line % (i, i) for i in range(start, min(n, start + 10_000))))
+    tmp.rename(path)
+    return path
+
+
+class WorkerHost:
+    """One `fleet worker --workers N` launcher (N supervised worker processes), as one host."""
+
+    def __init__(self, env: dict[str, str], workers: int, log_path: Path, host: str = "bench"):
+        self.env, self.workers, self.log_path, self.host = env, workers, log_path, host
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerHost:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                fleet_argv("worker", "--workers", str(self.workers), "--host-name", self.host),
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                cwd=self.log_path.parent,
+            )
+        return self
+
+    def ready_count(self) -> int:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return len(set(re.findall(rf"(cpu\d+@{re.escape(self.host)}) ready\.", text)))
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> float:
+        """Seconds until every worker's consumer is up, so no worker starts the job late."""
+
+        def ready() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise FleetError(f"worker launcher exited {self.proc.returncode}; see {self.log_path}")
+            return self.ready_count() >= self.workers
+
+        return wait_until(ready, timeout_s, f"{self.workers} worker(s) ready (log {self.log_path})", 0.2)
+
+    def stop(self) -> None:
+        """SIGTERM the launcher (it stops its workers gracefully); kill the group if stuck."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+class MotoS3:
+    """moto's S3 server as a child process on loopback, for the S3-store measurements."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def env(self) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": self.url,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def start(self) -> MotoS3:
+        import requests
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+
+        def up() -> bool:
+            try:
+                requests.get(self.url, timeout=0.5)
+                return True
+            except requests.RequestException:
+                return False
+
+        wait_until(up, 30, "moto S3 server")
+        return self
+
+    def bucket(self, name: str) -> str:
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.url, aws_access_key_id="bench", aws_secret_access_key="bench",
+                     region_name="us-east-1").create_bucket(Bucket=name)
+        return name
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> MotoS3:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_measured(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> dict[str, float]:
+    """Run a child to completion; its wall seconds and its own peak RSS (wait4's rusage)."""
+    began = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = began + timeout_s
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline:
+            proc.kill()
+            os.wait4(proc.pid, 0)
+            raise FleetError(f"{argv[3:]} ran past {timeout_s:.0f}s")
+        time.sleep(0.05)
+    wall = time.monotonic() - began
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    if proc.returncode != 0:
+        raise FleetError(f"{argv[3:]} exited {proc.returncode}:\n{err[-3000:]}")
+    # Linux reports ru_maxrss in KiB.
+    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime}
+
+
+def json_from_stdout(done: subprocess.CompletedProcess[str]) -> dict:
+    """The last stdout line of a child that prints its result as one JSON object."""
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    if not lines:
+        raise FleetError(f"no result printed; stderr:\n{done.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+@contextlib.contextmanager
+def patched_environ(values: dict[str, str]) -> Iterator[None]:
+    """Set variables in this process for a while: boto3 here must reach the same moto."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

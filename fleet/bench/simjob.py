@@ -1,0 +1,129 @@
+"""Run one sim job through real processes: local Redis, `fleet worker`, `fleet enqueue`.
+
+Workers are started and awaited before the job is enqueued, so every worker can take a
+chunk from the first moment; the job's window then runs from its first chunk's start to
+its last result, as the occupancy definition asks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleet.bench.jobstats import JobRun, read_job
+from fleet.bench.procs import WorkerHost, clean_env, run_fleet, wait_until, write_prompts
+from fleet.errors import FleetError
+from fleet.layout import failed_prefix, results_prefix
+from fleet.localredis import LocalRedis
+from fleet.settings import Settings
+from fleet.store import open_store
+
+#: Larger than any sim length the suite draws: the heavy tail is what is being measured.
+UNCAPPED_TOKENS = 1_000_000
+
+
+@dataclass(frozen=True)
+class SimShape:
+    """A simulated engine and chunking, time-scaled so a job fits in seconds."""
+
+    max_running: int = 64
+    chunk_size: int = 128
+    mean_output_tokens: float = 200
+    sigma: float = 0.8
+    step_s: float = 0.0005
+    prefill_s: float = 0.0
+
+    def env(self) -> dict[str, str]:
+        return {
+            "FLEET_ENGINE": "sim",
+            "FLEET_SIM__MAX_RUNNING": str(self.max_running),
+            "FLEET_SIM__STEP_S": repr(self.step_s),
+            "FLEET_SIM__PREFILL_S": repr(self.prefill_s),
+            "FLEET_SIM__MEAN_OUTPUT_TOKENS": repr(self.mean_output_tokens),
+            "FLEET_SIM__SIGMA": repr(self.sigma),
+            "FLEET_CHUNK_SIZE": str(self.chunk_size),
+            "FLEET_SAMPLING__MAX_TOKENS": str(UNCAPPED_TOKENS),
+        }
+
+    def default_slots(self) -> int:
+        """The K a worker derives by itself for this engine and chunk size."""
+        return Settings(engine="sim", chunk_size=self.chunk_size,
+                        sim={"max_running": self.max_running}).resolved_slots()
+
+    def describe(self) -> dict[str, float]:
+        return {"S": self.max_running, "C": self.chunk_size, "mean_tokens": self.mean_output_tokens,
+                "sigma": self.sigma, "step_s": self.step_s, "prefill_s": self.prefill_s}
+
+
+@dataclass
+class SimJob:
+    name: str
+    shape: SimShape
+    chunks: int
+    workers: int
+    #: K per worker; None = let the worker derive its default
+    slots: int | None = None
+    store_url: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        return self.chunks * self.shape.chunk_size
+
+    @property
+    def k(self) -> int:
+        return self.slots or self.shape.default_slots()
+
+
+@dataclass
+class SimJobResult:
+    job: SimJob
+    run: JobRun
+    startup_s: float
+    wall_s: float
+
+
+def run_sim_job(job: SimJob, workdir: Path, timeout_s: float = 600) -> SimJobResult:
+    """Run the job to its last result and read its timings back from the store."""
+    base = workdir / job.name
+    base.mkdir(parents=True, exist_ok=True)
+    prompts = write_prompts(workdir / f"prompts-{job.records}.jsonl", job.records)
+    store_url = job.store_url or str(base / "store")
+    began = time.monotonic()
+    with LocalRedis(base / "redis", persist=False) as redis_server:
+        env = clean_env(workdir, {
+            **job.shape.env(),
+            "FLEET_BROKER_URL": redis_server.url,
+            "FLEET_STORE_URL": store_url,
+            "FLEET_GRACE_S": "2",
+            **({"FLEET_SLOTS": str(job.slots)} if job.slots else {}),
+            **job.extra_env,
+        })
+        host = WorkerHost(env, job.workers, base / "workers.log").start()
+        try:
+            startup = host.wait_ready()
+            run_fleet(["enqueue", str(prompts), "--job", job.name], env, timeout_s, base)
+            wait_results(store_url, job, host, timeout_s)
+        finally:
+            host.stop()
+    wall = time.monotonic() - began
+    run = read_job(open_store(store_url), job.name, job.chunks, job.shape.step_s, job.shape.prefill_s)
+    return SimJobResult(job, run, startup, wall)
+
+
+def wait_results(store_url: str, job: SimJob, host: WorkerHost, timeout_s: float) -> None:
+    store = open_store(store_url)
+    poll_s = 0.5 if store_url.startswith("s3://") else 0.1
+
+    def finished() -> bool:
+        if any(True for _ in store.list(failed_prefix(job.name))):
+            raise FleetError(f"job {job.name} quarantined a chunk; see {host.log_path}")
+        return sum(1 for _ in store.list(results_prefix(job.name))) >= job.chunks
+
+    wait_until(finished, timeout_s, f"{job.chunks} results of {job.name}", poll_s)
+
+
+def chunks_for(records: int, chunk_size: int) -> int:
+    return math.ceil(records / chunk_size)

@@ -1,0 +1,48 @@
+"""End of job: an idle worker helps a straggler chunk; first committed result wins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleet.layout import partial_prefix, results_prefix
+from fleet.results import read_result
+from fleet.store import open_store
+from tests.conftest import run_fleet
+from tests.fleetproc import Workers, read_jsonl, wait_for, write_prompts
+
+pytestmark = pytest.mark.e2e
+
+
+def test_idle_worker_assists_saturated_owner(tmp_path, redis_server, clean_env):
+    # Given one worker holding all four chunks of a job on a saturated 4-slot engine
+    prompts = write_prompts(tmp_path / "p.jsonl", 32)
+    store_url = str(tmp_path / "store")
+    env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url,
+           "FLEET_CHUNK_SIZE": "8", "FLEET_SLOTS": "4", "FLEET_SIM__MAX_RUNNING": "4",
+           "FLEET_SIM__STEP_S": "0.02", "FLEET_SIM__MEAN_OUTPUT_TOKENS": "100", "FLEET_SIM__SIGMA": "0.5",
+           "FLEET_REAPER_INTERVAL_S": "0.5", "FLEET_LEASE_TTL_S": "30"}
+    assert run_fleet("enqueue", str(prompts), "--job", "tail", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    workers.start("owner")
+    store = open_store(store_url)
+    try:
+        wait_for(lambda: "ready" in workers.logs(), 30, "owner ready")
+        # When a second, idle worker joins once the queue is empty
+        workers.start("helper")
+        wait_for(lambda: len(list(store.list(results_prefix("tail")))) == 4, 120, "all results")
+    finally:
+        workers.stop()
+    # Then the helper committed at least one chunk as an assist, the owner dropped its copy,
+    stats = [read_result(store, "tail", i)[0] for i in range(4)]
+    assisted = [s for s in stats if s["assist"]]
+    print(f"\nassisted chunks: {[(s['chunk'], s['worker'], s['resumed']) for s in assisted]}")
+    assert assisted and all(s["worker"].endswith("@helper") for s in assisted)
+    assert "dropped this copy" in workers.logs()
+    # and the export still has every record exactly once, with no checkpoint left behind
+    out = tmp_path / "o.jsonl"
+    assert run_fleet("export", "--job", "tail", "--out", str(out), env=env).returncode == 0
+    assert [r["id"] for r in read_jsonl(out)] == [f"r{i:05d}" for i in range(32)]
+    assert not any(list(store.list(partial_prefix("tail", s["chunk"]))) for s in stats)
+    json.dumps(stats)

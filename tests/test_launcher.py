@@ -1,0 +1,109 @@
+"""`fleet worker`: GPU pinning (fake nvidia-smi), supervision, metrics, and status of a
+running job, with real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from fleet.layout import results_prefix
+from fleet.localredis import free_port
+from fleet.store import open_store
+from tests.conftest import run_fleet
+from tests.fleetproc import Workers, wait_for, write_prompts
+
+pytestmark = pytest.mark.e2e
+
+
+def fake_nvidia_smi(bin_dir: Path, gpus: int) -> None:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    lines = "\\n".join(f"{i}, NVIDIA B200, 183359 MiB" for i in range(gpus))
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nprintf '{lines}\\n'\n")
+    script.chmod(0o755)
+
+
+def two_free_ports() -> int:
+    """A base port with its successor free too (workers serve metrics on base + n)."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", base + 1))
+                return base
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def test_gpu_workers_pinned_supervised_and_measured(tmp_path, redis_server, clean_env):
+    # Given a host whose nvidia-smi lists two GPUs, and a slow job
+    fake_nvidia_smi(tmp_path / "bin", 2)
+    store_url = str(tmp_path / "store")
+    metrics_port = two_free_ports()
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "FLEET_ENGINE": "sim",
+           "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url, "FLEET_CHUNK_SIZE": "4",
+           "FLEET_SLOTS": "2", "FLEET_SIM__STEP_S": "0.01", "FLEET_SIM__MEAN_OUTPUT_TOKENS": "60",
+           "FLEET_METRICS_PORT": str(metrics_port), "FLEET_LEASE_TTL_S": "5", "FLEET_REAPER_INTERVAL_S": "1"}
+    prompts = write_prompts(tmp_path / "p.jsonl", 80)
+    assert run_fleet("enqueue", str(prompts), "--job", "gpu", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    launcher = workers.start_gpus("gpuhost")
+    store = open_store(store_url)
+    try:
+        # When the job runs on one pinned worker per GPU
+        wait_for(lambda: len(list(store.list(results_prefix("gpu")))) >= 2, 60, "first results")
+        running = json.loads(run_fleet("status", "--job", "gpu", "--json", env=env).stdout)
+        scraped = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        # and one worker dies
+        children = [int(p) for t in Path(f"/proc/{launcher.pid}/task").iterdir()
+                    for p in (t / "children").read_text().split()]
+        os.kill(children[0], signal.SIGKILL)
+        wait_for(lambda: len(list(store.list(results_prefix("gpu")))) == 20, 120, "all results")
+        wait_for(lambda: workers.logs().count("ready.") >= 3, 30, "the restarted worker ready")
+    finally:
+        workers.stop()
+    logs = workers.logs()
+    # Then each worker saw only its own GPU, the dead one was restarted, and metrics were served
+    assert "worker gpu0@gpuhost: CUDA_VISIBLE_DEVICES='0'" in logs
+    assert "worker gpu1@gpuhost: CUDA_VISIBLE_DEVICES='1'" in logs
+    assert "killed by SIGKILL" in logs and "restarting" in logs
+    assert "fleet_chunks_done_total" in scraped and 'fleet_worker_info{' in scraped
+    assert running["chunks_done"] >= 2 and not running["done"] and running["chunks_total"] == 20
+    assert running["chunks_running"] + running["chunks_queued"] > 0 and running["tok_s"] > 0
+    done = json.loads(run_fleet("status", "--job", "gpu", "--json", env=env).stdout)
+    assert done["done"] and done["records_done"] == 80
+    assert set(done["workers"]) == {"gpu0@gpuhost", "gpu1@gpuhost"}
+
+
+def test_gpus_all_without_gpus_is_a_clear_error(tmp_path, redis_server, clean_env):
+    empty = tmp_path / "bin"
+    fake_nvidia_smi(empty, 0)
+    env = {"PATH": f"{empty}:/usr/bin:/bin", "FLEET_BROKER_URL": redis_server.url}
+    began = time.monotonic()
+    res = run_fleet("worker", "--gpus", "all", env=env, timeout=60)
+    assert res.returncode != 0 and "no GPU" in res.stderr and time.monotonic() - began < 60
+
+
+def test_worker_whose_engine_cannot_start_exits_and_is_restarted(tmp_path, redis_server, clean_env):
+    # Given a worker configured with a model that does not exist
+    env = {"FLEET_ENGINE": "hf", "FLEET_MODEL": str(tmp_path / "missing-model"),
+           "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "store")}
+    workers = Workers(env, tmp_path / "logs")
+    workers.start("broken")
+    try:
+        # When it boots, Then it exits (instead of consuming chunks without an engine) and is restarted
+        wait_for(lambda: workers.logs().count("exited with code 3") >= 2, 90, "two failed boots")
+    finally:
+        workers.stop()
+    logs = workers.logs()
+    assert "failed to start; exiting for restart" in logs and "restarting in" in logs
+    assert "Task fleet.run_chunk" not in logs
