@@ -30,6 +30,9 @@ from fleet.errors import FleetError
 from fleet.store import open_store
 
 HF_TARGET = 0.95
+#: One torch thread on each side. With two threads on two shared cores, OpenMP's
+#: spin-waiting made a run 45x slower whenever another process held one core.
+TORCH_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "FLEET_HF__THREADS": "1"}
 
 
 def bare_generate(model_dir: str, prompts_path: str, batch: int, max_tokens: int) -> dict[str, Any]:
@@ -65,7 +68,7 @@ def bare_generate(model_dir: str, prompts_path: str, batch: int, max_tokens: int
 def run_bare(workdir: Path, model: Path, prompts: Path, profile: Profile) -> dict[str, Any]:
     args = ["--model", str(model), "--input", str(prompts), "--batch", str(profile.hf_batch),
             "--max-tokens", str(profile.hf_max_tokens)]
-    done = subprocess.run([sys.executable, "-m", "fleet.bench.hfcompare", *args], env=clean_env(workdir),
+    done = subprocess.run([sys.executable, "-m", "fleet.bench.hfcompare", *args], env=clean_env(workdir, TORCH_THREADS),
                           capture_output=True, text=True, timeout=600, cwd=workdir)
     if done.returncode != 0:
         raise FleetError(f"bare generate loop exited {done.returncode}:\n{done.stderr[-2000:]}")
@@ -81,6 +84,7 @@ def run_fleet_hf(workdir: Path, model: Path, prompts: Path, profile: Profile, n:
         "FLEET_SAMPLING__MAX_TOKENS": str(profile.hf_max_tokens),
         "FLEET_SAMPLING__TEMPERATURE": "0",
         "FLEET_CHUNK_SIZE": str(profile.hf_chunk_size),
+        **TORCH_THREADS,
     })
     job = f"hf-{i}"
     run_fleet(["run", str(prompts), "--job", job, "--engine", "hf", "--model", str(model), "--workers", "1"],
@@ -110,7 +114,7 @@ def measure_hf(profile: Profile, workdir: Path) -> Section:
         Figure("fleet", best_fleet["tok_s"], "tok/s", note=f"{best_fleet['tokens']:,} tokens"),
         Figure("bare generate loop", best_bare["tok_s"], "tok/s", note=f"{best_bare['tokens']:,} tokens"),
     ]
-    data = {"prompts": n, "batch": profile.hf_batch, "max_tokens": profile.hf_max_tokens,
+    data = {"prompts": n, "batch": profile.hf_batch, "torch_threads": 1, "max_tokens": profile.hf_max_tokens,
             "chunk_size": profile.hf_chunk_size, "ratio": ratio, "bare": bare, "fleet": fleet}
     return Section("hf", "fleet vs bare engine (hf tiny model, CPU)", figures, data)
 
