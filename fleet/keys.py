@@ -52,6 +52,11 @@ def assist(job: str, index: int) -> str:
     return f"{PREFIX}:{job}:assist:{index}"
 
 
+def stall_guard(job: str) -> str:
+    """Short-lived key so that only one process re-enqueues a stalled job's chunks."""
+    return f"{PREFIX}:{job}:stall-resync"
+
+
 def chunk_stats(job: str) -> str:
     """Hash index -> result stats JSON; a cache of the result headers for `fleet status`."""
     return f"{PREFIX}:{job}:stats"

@@ -78,6 +78,8 @@ class StallWatch:
         if self.idle_checks[job] < 2:
             return []
         self.idle_checks[job] = 0
+        if not r.set(keys.stall_guard(job), "1", nx=True, ex=max(5, int(settings.reaper_interval_s * 3))):
+            return []
         for index in sorted(missing):
             send_chunk(app, settings.queue, job, index, attempts(r, job, index) + 1, PRIORITY_RECOVERY)
             r.sadd(keys.queued(job), index)

@@ -80,13 +80,15 @@ def chunk_stats(store: Store, r: redis.Redis | None, job: str, done: set[int]) -
     return out
 
 
-def recent_rate(stats: list[dict[str, Any]], now: float, window_s: float = RATE_WINDOW_S) -> float:
-    """Output tok/s over the recent window (over the whole run while it is younger)."""
+def recent_rate(stats: list[dict[str, Any]], now: float, window_s: float = RATE_WINDOW_S,
+                finished: bool = False) -> float:
+    """Output tok/s over the recent window ending now (over the whole run while it is
+    younger); for a finished job, over the window ending at its last result."""
     if not stats:
         return 0.0
     first = min(s.get("started", now) for s in stats)
     last = max(s.get("finished", now) for s in stats)
-    end = max(last, now) if now - last < window_s else last
+    end = last if finished or now - last >= window_s else max(last, now)
     start = max(first, end - window_s)
     tokens = sum(s.get("completion_tokens", 0) for s in stats if s.get("finished", 0) >= start)
     return tokens / max(end - start, 1e-6)
@@ -119,10 +121,11 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         first = min(s["started"] for s in timed)
         last = max(s["finished"] for s in timed)
         st.elapsed_s = round((last if len(done) == manifest.chunks else now) - first, 3)
-        st.tok_s = round(recent_rate(timed, now), 2)
+        finished = len(done) == manifest.chunks
+        st.tok_s = round(recent_rate(timed, now, finished=finished), 2)
         for worker in st.workers:
             mine = [s for s in timed if s.get("worker") == worker]
-            st.worker_tok_s[worker] = round(recent_rate(mine, now), 2)
+            st.worker_tok_s[worker] = round(recent_rate(mine, now, finished=finished), 2)
         accept = [s["spec_accept_length"] for s in stats if s.get("spec_accept_length")]
         st.spec_accept_length = round(sum(accept) / len(accept), 3) if accept else None
         remaining = manifest.samples - st.samples_done

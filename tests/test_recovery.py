@@ -203,6 +203,10 @@ def test_stallwatch_counter_restarts_after_a_reenqueue(r, store, app, settings):
     watch.check(r, store, app, settings, "j", 4)
     assert watch.check(r, store, app, settings, "j", 4) == [2, 3]
     r.delete(QUEUE)  # the messages were taken by workers that died before their lease
+    # And a second process checking at once does not send the chunks again
+    assert StallWatch().check(r, store, app, settings, "j", 4) == []
+    assert StallWatch().check(r, store, app, settings, "j", 4) == []
+    r.delete(keys.stall_guard("j"))  # the guard expires
     # Then the next stall again needs two idle checks
     assert watch.check(r, store, app, settings, "j", 4) == []
     assert watch.check(r, store, app, settings, "j", 4) == [2, 3]

@@ -46,7 +46,8 @@ def bare_generate(model_dir: str, prompts_path: str, batch: int, max_tokens: int
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos_ids)
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=sorted(eos_ids), pad_token_id=pad)
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=sorted(eos_ids),
+                              pad_token_id=pad)
     records = [json.loads(line) for line in Path(prompts_path).read_text().splitlines() if line]
     began = time.perf_counter()
     prompts = [tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True,

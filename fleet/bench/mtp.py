@@ -45,8 +45,10 @@ def require_sglang() -> None:
 
 def requests_for(n: int, max_tokens: int) -> list[GenRequest]:
     sampling = Sampling(max_tokens=max_tokens, seed=0)
-    return [GenRequest(record_id=f"mtp{i}", chunk=0, sample=0, sampling=sampling,
-                       messages=[Message(role="user", content=f"Explain {TOPICS[i % len(TOPICS)]} step by step. ({i})")])
+    def ask(i: int) -> list[Message]:
+        return [Message(role="user", content=f"Explain {TOPICS[i % len(TOPICS)]} step by step. ({i})")]
+
+    return [GenRequest(record_id=f"mtp{i}", chunk=0, sample=0, sampling=sampling, messages=ask(i))
             for i in range(n)]
 
 

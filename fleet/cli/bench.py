@@ -1,0 +1,104 @@
+"""`fleet bench`: the benchmark suite of issue 6 (README's targets, BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fleet.bench import MEASUREMENTS
+from fleet.cli.app import app, console, fail
+
+bench_app = typer.Typer(
+    help="Measure occupancy, makespan, scaling, per-chunk overhead, the producer and fleet vs "
+         "the bare engine; print a table, write JSON and PNG plots.",
+    no_args_is_help=False,
+)
+app.add_typer(bench_app, name="bench")
+
+DEFAULT_OUT = Path("bench-results")
+QuickOpt = Annotated[bool, typer.Option("--quick", help="reduced sizes (~1 minute; what CI runs)")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="directory for bench.json, table.md and PNGs")]
+KeepOpt = Annotated[bool, typer.Option("--keep", help="keep the temporary work directory (logs, stores)")]
+
+
+def _run(names: list[str], quick: bool, out: Path | None, keep: bool) -> None:
+    from fleet.bench.profile import FULL, QUICK
+    from fleet.bench.suite import run_suite
+
+    sections = run_suite(names, QUICK if quick else FULL, out or DEFAULT_OUT, keep, console)
+    failed = [s.key for s in sections if s.error]
+    if failed:
+        fail(f"measurement(s) failed: {', '.join(failed)} (errors are in bench.json)", code=1)
+
+
+def _options(ctx: typer.Context, quick: bool, out: Path | None, keep: bool) -> tuple[bool, Path | None, bool]:
+    """Options given before the subcommand (`fleet bench --quick scaling`) count too."""
+    parent = ctx.obj or {}
+    return quick or parent.get("quick", False), out or parent.get("out"), keep or parent.get("keep", False)
+
+
+@bench_app.callback(invoke_without_command=True)
+def bench(
+    ctx: typer.Context,
+    quick: QuickOpt = False,
+    out: OutOpt = None,
+    keep: KeepOpt = False,
+    engine: Annotated[str, typer.Option("--engine", help="sim: the whole suite; hf: fleet vs bare "
+                                        "engine only; sglang: MTP on vs off on this GPU host")] = "sim",
+    requests: Annotated[int | None, typer.Option("--requests", help="sglang: requests per side "
+                                                 "(default 2 x max_running_requests)")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sglang: max tokens per request")] = None,
+) -> None:
+    """Run every measurement (or the one named) and print the table."""
+    ctx.obj = {"quick": quick, "out": out, "keep": keep}
+    if ctx.invoked_subcommand is not None:
+        return
+    if engine == "sglang":
+        _mtp(out, requests, max_tokens)
+    elif engine == "hf":
+        _run(["hf"], quick, out, keep)
+    elif engine == "sim":
+        _run(list(MEASUREMENTS), quick, out, keep)
+    else:
+        fail(f"unknown engine {engine!r}: sim, hf or sglang")
+
+
+def _mtp(out: Path | None, requests: int | None, max_tokens: int | None) -> None:
+    from rich.console import Console
+
+    from fleet.bench.mtp import measure_mtp
+    from fleet.bench.report import print_table, write_json
+    from fleet.errors import FleetError
+
+    try:
+        section = measure_mtp(requests, max_tokens)
+    except FleetError as e:
+        fail(str(e))
+        return
+    print_table([section], Console())
+    path = write_json((out or DEFAULT_OUT) / "mtp.json", [section], {"command": "fleet bench --engine sglang"})
+    console.print(f"use MTP {'on' if section.data['use_mtp'] else 'off'}; wrote {path}")
+
+
+def _subcommand(name: str, doc: str) -> None:
+    def command(ctx: typer.Context, quick: QuickOpt = False, out: OutOpt = None, keep: KeepOpt = False) -> None:
+        _run([name], *_options(ctx, quick, out, keep))
+
+    command.__doc__ = doc
+    bench_app.command(name)(command)
+
+
+def _register() -> None:
+    for name, what in MEASUREMENTS.items():
+        _subcommand(name, what[0].upper() + what[1:] + ".")
+
+
+@bench_app.command("all")
+def all_(ctx: typer.Context, quick: QuickOpt = False, out: OutOpt = None, keep: KeepOpt = False) -> None:
+    """Every measurement (the same as `fleet bench` with no subcommand)."""
+    _run(list(MEASUREMENTS), *_options(ctx, quick, out, keep))
+
+
+_register()
