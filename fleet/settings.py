@@ -44,6 +44,9 @@ class SimSettings(BaseModel):
     fail_ids: list[str] = Field(
         default_factory=list, description="record ids the engine rejects (fault tests)"
     )
+    engine_error_chunks: list[int] = Field(
+        default_factory=list, description="chunk indexes whose run kills the engine (fault tests)"
+    )
     crash_chunks: list[int] = Field(
         default_factory=list, description="chunk indexes whose run raises an engine error (fault tests)"
     )

@@ -107,3 +107,28 @@ def test_worker_whose_engine_cannot_start_exits_and_is_restarted(tmp_path, redis
     logs = workers.logs()
     assert "failed to start; exiting for restart" in logs and "restarting in" in logs
     assert "Task fleet.run_chunk" not in logs
+
+
+def test_engine_failure_restarts_the_worker_and_never_commits_a_partial_chunk(tmp_path, redis_server, clean_env):
+    # Given a job whose chunk 1 kills the engine every time
+    store_url = str(tmp_path / "store")
+    env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url,
+           "FLEET_CHUNK_SIZE": "4", "FLEET_SIM__STEP_S": "0.0005", "FLEET_SIM__ENGINE_ERROR_CHUNKS": "[1]",
+           "FLEET_MAX_ATTEMPTS": "2", "FLEET_GRACE_S": "1"}
+    prompts = write_prompts(tmp_path / "p.jsonl", 16)
+    assert run_fleet("enqueue", str(prompts), "--job", "dies", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    workers.start("h")
+    store = open_store(store_url)
+    try:
+        # When it runs
+        wait_for(lambda: store.exists("dies/failed/000001.json") and "restarting in" in workers.logs()
+                 and len(list(store.list(results_prefix("dies")))) == 3, 90, "3 results, chunk 1 quarantined")
+    finally:
+        workers.stop()
+    # Then the worker went down with its engine and was restarted, and chunk 1 has no result
+    logs = workers.logs()
+    assert "engine failed" in logs and "restarting in" in logs
+    failure = json.loads(store.get("dies/failed/000001.json"))
+    assert failure["error_type"] == "EngineError" and failure["attempts"] == 2
+    assert not store.exists("dies/results/000001")

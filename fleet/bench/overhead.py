@@ -12,6 +12,7 @@ because one-token outputs make the measured commits far smaller than real ones.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ REF_COMMIT_REPEATS = 5
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile: an observed value, never an interpolation."""
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered) - 1e-9)))
     return ordered[rank - 1]
 
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -166,29 +167,26 @@ class MotoS3:
         self.stop()
 
 
-def run_measured(argv: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> dict[str, float]:
-    """Run a child to completion; its wall seconds and its own peak RSS (wait4's rusage)."""
+def run_measured(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float) -> dict[str, float]:
+    """Run `fleet ARGS` to completion: its wall seconds, CPU seconds and own peak RSS."""
+    report = cwd / f"peakrss-{time.monotonic_ns()}.json"
+    argv = [sys.executable, "-m", "fleet.bench.peakrss", str(report), *args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.monotonic()
     proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = began + timeout_s
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.monotonic() > deadline:
-            proc.kill()
-            os.wait4(proc.pid, 0)
-            raise FleetError(f"{argv[3:]} ran past {timeout_s:.0f}s")
-        time.sleep(0.05)
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise FleetError(f"`fleet {' '.join(args)}` ran past {timeout_s:.0f}s") from None
     wall = time.monotonic() - began
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
     if proc.returncode != 0:
-        raise FleetError(f"{argv[3:]} exited {proc.returncode}:\n{err[-3000:]}")
-    # Linux reports ru_maxrss in KiB.
-    return {"wall_s": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime}
+        raise FleetError(f"`fleet {' '.join(args)}` exited {proc.returncode}:\n{err.decode(errors='replace')[-3000:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # cumulative over every reaped child
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    peak = json.loads(report.read_text())["peak_rss_mb"]
+    return {"wall_s": wall, "peak_rss_mb": peak, "cpu_s": cpu}
 
 
 def json_from_stdout(done: subprocess.CompletedProcess[str]) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fleet.bench.procs import MotoS3, clean_env, fleet_argv, patched_environ, run_measured, write_prompts
+from fleet.bench.procs import MotoS3, clean_env, patched_environ, run_measured, write_prompts
 from fleet.bench.profile import Profile
 from fleet.bench.report import Figure, Section
 from fleet.localredis import LocalRedis
@@ -25,7 +25,7 @@ def enqueue_once(workdir: Path, records: int, chunk_size: int, store_url: str, e
     with LocalRedis(base / "redis", persist=False) as redis_server:
         env = clean_env(workdir, {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url,
                                   "FLEET_STORE_URL": store_url, "FLEET_CHUNK_SIZE": str(chunk_size), **extra})
-        usage = run_measured(fleet_argv("enqueue", str(prompts), "--job", name), env, workdir, timeout_s=900)
+        usage = run_measured(["enqueue", str(prompts), "--job", name], env, workdir, timeout_s=900)
     return {"records": records, "store": "s3" if store_url.startswith("s3://") else "local",
             "input_mb": round(prompts.stat().st_size / 1e6, 1), "prompts_s": round(records / usage["wall_s"], 1),
             **{k: round(v, 2) for k, v in usage.items()}}

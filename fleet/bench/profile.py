@@ -9,7 +9,7 @@ next to the simulated work on two shared cores.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fleet.bench.simjob import SimShape
 
@@ -45,16 +45,15 @@ class Profile:
     hf_batch: int = 16
     hf_chunk_size: int = 64
     hf_repeats: int = 2
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 FULL = Profile(name="full")
 
 QUICK = Profile(
     name="quick",
-    occupancy_shape=SimShape(max_running=16, chunk_size=32, mean_output_tokens=100, sigma=0.8, step_s=0.001),
+    occupancy_shape=SimShape(max_running=16, chunk_size=32, mean_output_tokens=100, sigma=0.8, step_s=0.0005),
     occupancy_workers=1,
-    occupancy_chunks=24,
+    occupancy_chunks=16,
     ks=(1,),
     makespan_shape=SimShape(max_running=16, chunk_size=32, mean_output_tokens=100, sigma=0.8, step_s=0.001),
     makespan_workers=2,

@@ -79,7 +79,10 @@ def table(sections: list[Section]) -> Table:
 
 
 def print_table(sections: list[Section], console: Console | None = None) -> None:
-    (console or Console()).print(table(sections))
+    console = console or Console()
+    if not console.is_terminal:  # piped or logged: rich would fold the table to 80 columns
+        console = Console(width=160, file=console.file)
+    console.print(table(sections))
 
 
 def to_json(sections: list[Section], meta: dict[str, Any]) -> dict[str, Any]:

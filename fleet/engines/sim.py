@@ -14,7 +14,7 @@ import random
 import time
 
 from fleet.engines.base import Engine, GenRequest, GenResult, derive_seed
-from fleet.errors import RecordError
+from fleet.errors import EngineError, RecordError
 from fleet.settings import SimSettings
 
 _WORDS = (
@@ -78,6 +78,8 @@ class SimEngine(Engine):
         return min(sim_length(self.cfg, seed), request.sampling.max_tokens)
 
     async def generate(self, request: GenRequest) -> GenResult:
+        if request.chunk in self.cfg.engine_error_chunks:
+            raise EngineError(f"sim engine dies on chunk {request.chunk} (engine_error_chunks)")
         if request.chunk in self.cfg.crash_chunks:
             raise RuntimeError(f"sim engine fails chunk {request.chunk} (crash_chunks)")
         if request.record_id in self.cfg.fail_ids:

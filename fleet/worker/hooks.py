@@ -128,6 +128,8 @@ class OutcomeHook(ChunkHook):
             self._requeue(run, run.attempt)
             log.info("chunk %s handed back on shutdown with %d samples checkpointed", run.name, len(run.finished))
             return
+        if isinstance(exc, EngineError):
+            rt.engine_failed(exc)  # first, so this worker takes no more chunks, the requeued one included
         hopeless = isinstance(exc, ChunkCorrupt | ObjectMissing)
         if hopeless or run.attempt >= settings.max_attempts:
             Quarantine(
@@ -142,8 +144,6 @@ class OutcomeHook(ChunkHook):
         else:
             self._requeue(run, run.attempt + 1)
             log.warning("chunk %s attempt %d failed (%s): requeued", run.name, run.attempt, exc)
-        if isinstance(exc, EngineError):
-            rt.engine_failed(exc)
 
     def _requeue(self, run: ChunkRun, attempt: int) -> None:
         send_chunk(self.rt.app, self.rt.settings.queue, run.job, run.index, attempt, PRIORITY_RECOVERY)

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from fleet.broker import PRIORITY_RECOVERY, send_chunk
 from fleet.errors import ChunkCorrupt, ChunkReleased, ChunkSuperseded, FleetError
 from fleet.layout import chunk_key, decode_lines, result_key
 from fleet.records import InputRecord
@@ -85,6 +86,10 @@ def commit(rt: Runtime, run: ChunkRun) -> None:
 
 
 def run_chunk(rt: Runtime, job: str, index: int, attempt: int = 1, assist: bool = False) -> dict[str, Any]:
+    if rt.release_now.is_set() and not assist:
+        # Stopping, or the engine is gone: hand the delivery straight back, no attempt spent.
+        send_chunk(rt.app, rt.settings.queue, job, index, attempt, PRIORITY_RECOVERY)
+        return {"job": job, "index": index, "committed": False, "skipped": "worker stopping", "error": None}
     run = ChunkRun(job=job, index=index, attempt=attempt, worker=rt.name, assist=assist)
     hooks = rt.assist_hooks if assist else rt.hooks
     ran: list[ChunkHook] = []
