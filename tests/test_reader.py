@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ConfigError, InputError
-from fleet.producer.reader import SeenIds, local_input, read_records, validate
+from fleet.producer.reader import read_records, validate
+from fleet.producer.seen import SeenIds
+from fleet.producer.source import local_input
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -19,7 +19,8 @@ from fleet.engines import job_config
 from fleet.layout import failed_key, manifest_key
 from fleet.manifest import Manifest, check_compatible, config_hash, load_manifest
 from fleet.producer.chunker import write_chunks
-from fleet.producer.reader import local_input, read_records, validate
+from fleet.producer.reader import read_records, validate
+from fleet.producer.source import local_input
 from fleet.recovery import requeue_expired
 from fleet.settings import Settings
 from fleet.store import Store, open_store

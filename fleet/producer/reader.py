@@ -8,20 +8,15 @@ thing kept across lines is an 8-byte digest and a line number per id, to find du
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
-from array import array
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from pydantic import ValidationError
 
-from fleet.errors import ConfigError, InputError, StoreError
+from fleet.errors import InputError
+from fleet.producer.seen import SeenIds
 from fleet.records import InputRecord, SamplingOverrides
 
 SAMPLING_FIELDS = tuple(SamplingOverrides.model_fields)
@@ -225,59 +220,6 @@ def _parsed(path: Path) -> Iterator[tuple[int, InputRecord | BadLine]]:
             pos += 1
 
 
-class SeenIds:
-    """Ids met so far, as 8-byte blake2b digests in an open-addressing table.
-
-    12 bytes a slot (digest and first line in two parallel arrays, at most half full), so
-    24 to 48 bytes an id, where a set of Python ints plus a dict of first lines costs
-    over 100.
-    """
-
-    def __init__(self, capacity: int = 1 << 12):
-        self._digests = array("Q", [0]) * capacity
-        self._lines = array("I", [0]) * capacity
-        self._mask = capacity - 1
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    @staticmethod
-    def digest(record_id: str) -> int:
-        # surrogatepass: JSON may spell a lone surrogate ("\ud800"), which utf-8 refuses.
-        raw = hashlib.blake2b(record_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-        return int.from_bytes(raw, "little") or 1  # 0 marks an empty slot
-
-    def add(self, record_id: str, line: int) -> int | None:
-        """Remember `record_id` as first seen on `line`; if it was seen before, that line."""
-        digest = self.digest(record_id)
-        digests, mask = self._digests, self._mask
-        i = digest & mask
-        while (found := digests[i]) != 0:
-            if found == digest:
-                return self._lines[i]
-            i = (i + 1) & mask
-        digests[i], self._lines[i] = digest, line
-        self._count += 1
-        if 2 * self._count > mask:
-            self._grow()
-        return None
-
-    def _grow(self) -> None:
-        old = zip(self._digests, self._lines, strict=True)
-        capacity = 2 * (self._mask + 1)
-        self._digests = array("Q", [0]) * capacity
-        self._lines = array("I", [0]) * capacity
-        self._mask = capacity - 1
-        digests, lines, mask = self._digests, self._lines, self._mask
-        for digest, line in old:
-            if digest:
-                i = digest & mask
-                while digests[i]:
-                    i = (i + 1) & mask
-                digests[i], lines[i] = digest, line
-
-
 def validate(path: Path, max_report: int = 100) -> int:
     """Check every line; return the record count or raise InputError naming the bad lines.
 
@@ -312,59 +254,3 @@ def read_records(path: Path) -> Iterator[InputRecord]:
         if isinstance(parsed, BadLine):
             raise InputError([f"line {line}: {parsed}"])
         yield parsed
-
-
-@contextmanager
-def local_input(
-    url: str, *, s3_max_attempts: int = 10, tmp_dir: Path | None = None
-) -> Iterator[Path]:
-    """A local path for the input: a local file as is, an `s3://` object downloaded to a
-    temporary file (streamed, removed on exit) in `tmp_dir`."""
-    if url.startswith("s3://"):
-        with _download(url, s3_max_attempts, tmp_dir) as path:
-            yield path
-        return
-    if url.startswith("file://"):
-        parsed = urlparse(url)
-        url = unquote(parsed.netloc + parsed.path)
-    elif "://" in url:
-        raise ConfigError(f"input {url!r}: use a local path, file://... or s3://bucket/key")
-    path = Path(url).expanduser()
-    if not path.exists():
-        raise ConfigError(f"input {str(path)!r} does not exist")
-    if not path.is_file():
-        raise ConfigError(f"input {str(path)!r} is not a file")
-    yield path
-
-
-@contextmanager
-def _download(url: str, max_attempts: int, tmp_dir: Path | None) -> Iterator[Path]:
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-
-    parsed = urlparse(url)
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    if not bucket or not key or key.endswith("/"):
-        raise ConfigError(f"input {url!r} names no object (s3://bucket/key)")
-    config = Config(retries={"mode": "adaptive", "max_attempts": max_attempts})
-    client = boto3.session.Session().client("s3", config=config)
-    fd, name = tempfile.mkstemp(prefix="fleet-input-", suffix=".jsonl", dir=tmp_dir)
-    try:
-        try:
-            with os.fdopen(fd, "wb") as f:
-                client.download_fileobj(bucket, key, f)
-        except ClientError as e:
-            code = str(e.response.get("Error", {}).get("Code", ""))
-            if code in {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}:
-                raise ConfigError(f"input {url!r} does not exist") from e
-            if code in {"403", "AccessDenied"}:
-                raise ConfigError(f"input {url!r}: access denied") from e
-            raise StoreError(f"cannot read input {url!r}: {code} {e}") from e
-        except NoCredentialsError as e:
-            raise ConfigError(f"input {url!r}: no AWS credentials found ({e})") from e
-        except BotoCoreError as e:
-            raise StoreError(f"cannot read input {url!r} after retries: {e}") from e
-        yield Path(name)
-    finally:
-        Path(name).unlink(missing_ok=True)
