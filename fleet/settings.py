@@ -28,8 +28,10 @@ DEFAULT_DATA_DIR = Path("fleet-data")
 DEFAULT_CHUNK_SIZE = 256
 DEFAULT_LEASE_TTL_S = 60.0
 DEFAULT_VISIBILITY_TIMEOUT_S = 12 * 3600
-#: DESIGN.md "Keeping the engine full": occupancy needs K x C >= 8 x S.
-IN_FLIGHT_FACTOR = 8
+#: K x C / S, the requests a worker keeps in flight per engine slot. DESIGN.md's table
+#: (and `fleet bench projection` at the reference shape) gives 0.81 busy at 8 and 0.97-0.99
+#: at 16, so the default is 16.
+IN_FLIGHT_FACTOR = 16
 EngineName = Literal["sim", "hf", "sglang"]
 
 
@@ -111,6 +113,9 @@ class Settings(BaseSettings):
     chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1, description="records per chunk")
     slots: int | None = Field(None, ge=1, description="K chunks a worker runs at once; default derived")
     max_slots: int = Field(32, ge=1, description="upper bound of the derived K")
+    in_flight_factor: float = Field(
+        IN_FLIGHT_FACTOR, gt=0, description="derived K = ceil(factor x S / C): requests in flight per engine slot"
+    )
     seed: int = Field(0, description="job seed; per-record seeds derive from it")
     enable_thinking: bool = True
     return_output_ids: bool = False
@@ -124,6 +129,7 @@ class Settings(BaseSettings):
     checkpoint_interval_s: float = Field(30.0, gt=0, description="seconds between partial-chunk flushes")
 
     assist: bool = Field(True, description="idle workers help straggler chunks once the queue is empty")
+    assist_poll_s: float = Field(2.0, gt=0, description="seconds between an idle worker's looks for a straggler")
 
     s3_max_attempts: int = Field(10, ge=1, description="botocore retry attempts (adaptive mode)")
     multipart_threshold_mb: int = Field(64, ge=5, description="objects above this use multipart upload")
@@ -171,7 +177,7 @@ class Settings(BaseSettings):
         if self.slots:
             return self.slots
         c = chunk_size or self.chunk_size
-        return max(1, min(self.max_slots, math.ceil(IN_FLIGHT_FACTOR * self.engine_max_running / c)))
+        return max(1, min(self.max_slots, math.ceil(self.in_flight_factor * self.engine_max_running / c)))
 
     @property
     def heartbeat_s(self) -> float:

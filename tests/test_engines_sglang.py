@@ -167,9 +167,9 @@ def test_engine_is_built_once_on_the_loop_thread(fake_sglang, tiny_model: Path, 
 
 
 def test_k_slots_share_one_engine_and_keep_it_full(fake_sglang, tiny_model: Path, loop_thread: LoopThread) -> None:
-    # Given S=16 engine slots, chunks of C=8, and the derived K = ceil(8 x 16 / 8) = 16 (max_slots 32)
+    # Given S=16 engine slots, chunks of C=16, and the derived K = ceil(16 x 16 / 16) = 16 (max_slots 32)
     settings = sg_settings(tiny_model, mtp=False, max_running_requests=16, engine_kwargs={"fake_step_s": 0.002})
-    settings.chunk_size = 8
+    settings.chunk_size = 16
     k = settings.resolved_slots()
     assert k == 16
     engine = started(loop_thread, settings)
@@ -194,9 +194,9 @@ def test_k_slots_share_one_engine_and_keep_it_full(fake_sglang, tiny_model: Path
 
 def test_default_k_follows_the_engines_slots() -> None:
     settings = Settings(engine="sglang", chunk_size=512, sglang={"max_running_requests": 256})
-    assert settings.resolved_slots() == 4  # K x C >= 8 x S
+    assert settings.resolved_slots() == 8  # K x C = 16 x S
     settings = Settings(engine="sglang", chunk_size=256, sglang={"max_running_requests": 256})
-    assert settings.resolved_slots() == 8
+    assert settings.resolved_slots() == 16
 
 
 def test_meta_info_and_sampling_are_mapped(fake_sglang, tiny_model: Path, loop_thread: LoopThread) -> None:

@@ -142,14 +142,14 @@ def test_load_settings_drops_unset_flags(monkeypatch):
 @pytest.mark.parametrize(
     ("max_running", "chunk", "max_slots", "expected"),
     [
-        (256, 256, 32, 8),  # 8 x 256 / 256
-        (256, 512, 32, 4),
-        (256, 1024, 32, 2),
-        (256, 100, 32, 21),  # ceil(20.48)
-        (16, 64, 32, 2),
-        (256, 16, 32, 32),  # 128 bounded by max_slots
+        (256, 256, 32, 16),  # 16 x 256 / 256
+        (256, 512, 32, 8),
+        (256, 1024, 32, 4),
+        (256, 100, 64, 41),  # ceil(40.96)
+        (16, 64, 32, 4),
+        (256, 16, 32, 32),  # 256 bounded by max_slots
         (256, 16, 50, 50),
-        (4, 10_000, 32, 1),  # ceil(0.0032) -> at least 1
+        (4, 10_000, 32, 1),  # ceil(0.0064) -> at least 1
     ],
 )
 def test_resolved_slots_derivation(max_running, chunk, max_slots, expected):
@@ -157,9 +157,9 @@ def test_resolved_slots_derivation(max_running, chunk, max_slots, expected):
     s = Settings(sim={"max_running": max_running}, chunk_size=chunk, max_slots=max_slots)
     # When K is derived
     k = s.resolved_slots()
-    # Then K = min(max_slots, ceil(8 S / C)), at least 1
+    # Then K = min(max_slots, ceil(16 S / C)), at least 1
     assert k == expected
-    assert IN_FLIGHT_FACTOR == 8
+    assert IN_FLIGHT_FACTOR == 16
 
 
 def test_resolved_slots_explicit_and_chunk_argument():
@@ -168,7 +168,9 @@ def test_resolved_slots_explicit_and_chunk_argument():
     assert Settings(slots=40, max_slots=8).resolved_slots() == 40
     # Given no K, a chunk size argument (the manifest's) overrides the settings' one
     s = Settings(sim={"max_running": 256}, chunk_size=256)
-    assert s.resolved_slots(chunk_size=1024) == 2
+    assert s.resolved_slots(chunk_size=1024) == 4
+    # And the factor is a setting
+    assert Settings(sim={"max_running": 256}, chunk_size=512, in_flight_factor=8).resolved_slots() == 4
 
 
 @pytest.mark.parametrize(
@@ -182,7 +184,7 @@ def test_resolved_slots_explicit_and_chunk_argument():
 def test_engine_max_running_follows_engine(engine, kwargs, expected_s):
     s = Settings(engine=engine, chunk_size=64, **kwargs)
     assert s.engine_max_running == expected_s
-    assert s.resolved_slots() == min(32, -(-8 * expected_s // 64))
+    assert s.resolved_slots() == min(32, -(-16 * expected_s // 64))
 
 
 def test_heartbeat_is_a_quarter_of_the_ttl_with_a_floor():

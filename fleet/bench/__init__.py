@@ -12,6 +12,7 @@ from __future__ import annotations
 MEASUREMENTS = {
     "occupancy": "occupancy, K=1 vs default, and against K x C / S",
     "makespan": "makespan of a 6-worker job against its ideal",
+    "projection": "the zero-overhead model at the reference job's shape",
     "scaling": "throughput of 1, 2, 4, 8 workers on one broker",
     "overhead": "per-chunk overhead with the S3 store",
     "producer": "producer prompts/s and peak memory",

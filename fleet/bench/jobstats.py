@@ -116,3 +116,24 @@ def timeline(run: JobRun, workers: int, slots: int, bins: int = 120) -> dict[str
         "occupancy": [round(x / cap, 4) for x in busy],
         "chunks_in_flight": [round(x, 3) for x in flight],
     }
+
+
+
+def steady_throughput(run: JobRun) -> float | None:
+    """Output tok/s while the queue is non-empty: the sum over workers of each one's rate
+    from its first chunk start to its last dequeue, when it holds its full K chunks.
+
+    Each chunk's tokens are spread evenly over its run, which undercounts the window's
+    end a little; measuring each worker over its own window keeps that bias the same per
+    worker, so ratios between fleets of different sizes cancel it.
+    """
+    total = 0.0
+    for worker in run.workers:
+        mine = [c for c in run.chunks if c.worker == worker]
+        a, b = min(c.started for c in mine), max(c.started for c in mine)
+        if b <= a:
+            return None
+        tokens = sum(c.tokens * max(0.0, min(b, c.finished) - max(a, c.started)) / max(c.finished - c.started, 1e-9)
+                     for c in mine)
+        total += tokens / (b - a)
+    return total

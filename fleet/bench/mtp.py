@@ -39,7 +39,7 @@ def require_sglang() -> None:
     if importlib.util.find_spec("sglang") is None:
         raise ConfigError(
             "`fleet bench --engine sglang` needs the sglang package and a CUDA GPU: install it in the "
-            "worker's environment (ops/sglang-venv.sh, or pip install 'fleet[sglang]') and run it on a GPU host"
+            "worker's environment (ops/sglang-venv.sh, or fleet's sglang extra) and run it on a GPU host"
         )
 
 

@@ -38,6 +38,8 @@ def summarize(res: SimJobResult) -> dict[str, Any]:
         "ideal_makespan_s": round(ideal_makespan_s(run, job.workers, s), 3),
         "occupancy": round(occupancy(run, job.workers, s), 4),
         "model_occupancy": round(model_occupancy([c.lengths for c in run.chunks], job.workers, s, job.k), 4),
+        "model_longest_first": round(model_occupancy([sorted(c.lengths, reverse=True) for c in run.chunks],
+                                                     job.workers, s, job.k), 4),
         "tok_s": round(throughput(run), 1),
         "workers_used": len(run.workers),
         "startup_s": round(res.startup_s, 2),

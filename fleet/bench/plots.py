@@ -70,7 +70,12 @@ def scaling(data: dict[str, Any], path: Path) -> Path:
     per = runs[0]["tok_s"] / runs[0]["workers"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(w, [per * n for n in w], "--", color="grey", label="linear (N x one worker)")
-    ax.plot(w, [r["tok_s"] for r in runs], "o-", label="measured")
+    ax.plot(w, [r["tok_s"] for r in runs], "o-", label="measured, whole job")
+    ax.plot(w, [per * r["workers"] * r["model_efficiency"] for r in runs], "s:", alpha=0.7,
+            label="model (FIFO, no overhead), whole job")
+    if all(r.get("steady_efficiency") for r in runs):
+        ax.plot(w, [r["steady_tok_s"] for r in runs], "^-", alpha=0.8,
+                label="measured, while the queue is non-empty (approx., chunk-averaged)")
     for r in runs:
         ax.annotate(f"{r['efficiency']:.2f}", (r["workers"], r["tok_s"]), textcoords="offset points",
                     xytext=(5, -12), fontsize=8)

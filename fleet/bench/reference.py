@@ -56,6 +56,9 @@ def implications(sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
     mk = sections.get("makespan", {}).get("data", {})
     if mk.get("ratio"):
         out["makespan"] = ref.at_efficiency(1 / mk["ratio"])
+    pj = sections.get("projection", {}).get("data", {})
+    if pj.get("fifo"):
+        out["projection"] = {f"K={k}": ref.at_efficiency(v) for k, v in pj["fifo"].items()}
     sc = sections.get("scaling", {}).get("data", {}).get("runs")
     if sc:
         out["scaling"] = ref.at_efficiency(sc[-1]["efficiency"])

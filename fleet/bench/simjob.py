@@ -7,7 +7,6 @@ its last result, as the occupancy definition asks.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +44,9 @@ class SimShape:
             "FLEET_SIM__SIGMA": repr(self.sigma),
             "FLEET_CHUNK_SIZE": str(self.chunk_size),
             "FLEET_SAMPLING__MAX_TOKENS": str(UNCAPPED_TOKENS),
+            # Recovery and assist cadences scaled down with the job (seconds, not minutes).
+            "FLEET_ASSIST_POLL_S": "0.25",
+            "FLEET_REAPER_INTERVAL_S": "1",
         }
 
     def default_slots(self) -> int:
@@ -123,7 +125,3 @@ def wait_results(store_url: str, job: SimJob, host: WorkerHost, timeout_s: float
         return sum(1 for _ in store.list(results_prefix(job.name))) >= job.chunks
 
     wait_until(finished, timeout_s, f"{job.chunks} results of {job.name}", poll_s)
-
-
-def chunks_for(records: int, chunk_size: int) -> int:
-    return math.ceil(records / chunk_size)

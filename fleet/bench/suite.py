@@ -26,6 +26,7 @@ from fleet.bench.occupancy import measure_makespan, measure_occupancy
 from fleet.bench.overhead import measure_overhead
 from fleet.bench.producer import measure_producer
 from fleet.bench.profile import Profile
+from fleet.bench.projection import measure_projection
 from fleet.bench.reference import implications
 from fleet.bench.report import Section, markdown_table, print_table, to_json, write_json
 from fleet.bench.scaling import measure_scaling
@@ -34,6 +35,7 @@ Measure = Callable[[Profile, Path], Section]
 MEASURES: dict[str, Measure] = {
     "occupancy": measure_occupancy,
     "makespan": measure_makespan,
+    "projection": measure_projection,
     "scaling": measure_scaling,
     "overhead": measure_overhead,
     "producer": measure_producer,
@@ -74,7 +76,8 @@ def run_suite(names: list[str], profile: Profile, out: Path, keep: bool = False,
             console.print(f"kept the work directory {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    write_outputs(sections, out, profile, command or " ".join(sys.argv), began, started_machine, console)
+    command = command or "fleet " + " ".join(sys.argv[1:])
+    write_outputs(sections, out, profile, command, began, started_machine, console)
     return sections
 
 

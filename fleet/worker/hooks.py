@@ -27,11 +27,6 @@ if TYPE_CHECKING:
     from fleet.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
-#: while another worker assists a chunk, its owner checkpoints this often (seconds), so the
-#: helper starts from fresh records and the two waste little work on each other
-ASSIST_FLUSH_S = 1.0
-#: seconds between a running chunk's progress reports
-PROGRESS_S = 1.0
 
 
 class Skip(Exception):
@@ -104,7 +99,10 @@ class CheckpointHook(ChunkHook):
 
     def progress(self, run: ChunkRun) -> None:
         age = time.monotonic() - run.extras["last_flush"]
-        if age >= self.rt.settings.checkpoint_interval_s or (age >= ASSIST_FLUSH_S and run.extras.get("assisted")):
+        # While another worker assists the chunk, checkpoint at the assist cadence, so the
+        # helper starts from fresh records and the two waste little work on each other.
+        assist_flush_s = self.rt.settings.assist_poll_s / 2
+        if age >= self.rt.settings.checkpoint_interval_s or (age >= assist_flush_s and run.extras.get("assisted")):
             self.flush(run)
 
     def after(self, run: ChunkRun, exc: BaseException | None) -> None:
@@ -186,7 +184,7 @@ class ProgressHook(ChunkHook):
 
     def progress(self, run: ChunkRun) -> None:
         now = time.monotonic()
-        if now - run.extras["last_progress"] < PROGRESS_S:
+        if now - run.extras["last_progress"] < self.rt.settings.assist_poll_s / 2:
             return
         run.extras["last_progress"] = now
         r = self.rt.redis

@@ -87,7 +87,7 @@ class Runtime:
 
     def _assister(self) -> None:
         """Once the queue is empty and the engine has room, help the most lagging chunk."""
-        interval = min(2.0, self.settings.reaper_interval_s)
+        interval = self.settings.assist_poll_s
         while not self._stop.wait(interval):
             try:
                 metrics.RUNNING_REQUESTS.set(self.inflight())
