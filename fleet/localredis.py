@@ -24,7 +24,8 @@ def free_port() -> int:
 
 
 class LocalRedis:
-    def __init__(self, directory: Path, port: int | None = None, persist: bool = True):
+    def __init__(self, directory: Path, port: int | None = None, persist: bool = True,
+                 password: str | None = None, extra_args: list[str] | None = None, conf: Path | None = None):
         binary = shutil.which("redis-server")
         if binary is None:
             raise BrokerMissing(
@@ -35,26 +36,38 @@ class LocalRedis:
         self.dir = Path(directory).resolve()
         self.port = port or free_port()
         self.persist = persist
+        self.password = password
+        self.extra_args = extra_args or []
+        #: a redis.conf to start from (port, bind and dir stay ours; it keeps its persistence)
+        self.conf = conf
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.5)
 
     def argv(self) -> list[str]:
-        return [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.dir), "--save", "",
-            "--appendonly", "yes" if self.persist else "no", "--appendfsync", "everysec",
-            "--maxmemory-policy", "noeviction", "--daemonize", "no", "--loglevel", "warning",
-        ]
+        argv = [self.binary] + ([str(self.conf)] if self.conf else [])
+        argv += ["--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+                 "--daemonize", "no", "--loglevel", "warning"]
+        if self.conf is None:
+            argv += ["--save", "", "--appendonly", "yes" if self.persist else "no", "--appendfsync", "everysec",
+                     "--maxmemory-policy", "noeviction"]
+        argv += self.extra_args
+        if self.password:
+            argv += ["--requirepass", self.password]
+        return argv
 
     def start(self, timeout_s: float = 10) -> LocalRedis:
         self.dir.mkdir(parents=True, exist_ok=True)
         log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - lives as long as the server
         self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        client = self.client()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise BrokerMissing(f"redis-server exited at start; see {self.dir / 'redis.log'}")

@@ -12,9 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.doctor import Check, check_broker, check_gpus, check_model, run_checks
+from fleet.localredis import free_port
 from fleet.settings import Settings
 from tests.cliload import cli_app
-from tests.redisproc import RedisProc, free_port
+from tests.redisproc import RedisProc
 
 
 @pytest.fixture(autouse=True)

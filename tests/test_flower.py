@@ -17,9 +17,10 @@ from typer.testing import CliRunner
 
 from fleet.errors import ConfigError
 from fleet.flower import flower_app, flower_argv, is_loopback, redact_argv, redact_url
+from fleet.localredis import free_port
 from fleet.settings import Settings
 from tests.cliload import SUBPROCESS_CODE, cli_app
-from tests.redisproc import RedisProc, free_port
+from tests.redisproc import RedisProc
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_PASSWORD = "s3cret-redis-pw"

@@ -20,8 +20,9 @@ import pytest
 import redis
 import yaml
 
+from fleet.localredis import free_port
 from tests.cliload import SUBPROCESS_CODE
-from tests.redisproc import RedisProc, free_port
+from tests.redisproc import RedisProc
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted([*ROOT.glob("ops/*.sh"), *ROOT.glob("docker/*.sh")])
