@@ -270,6 +270,12 @@ class HfEngine(Engine):
         assert self._queue is not None
         batch = [await self._queue.get()]
         cfg = self.settings.hf
+        # Requests freed by the last batch reach the queue within a few loop turns: take
+        # those turns before paying batch_wait_s, which is for a genuinely thin stream.
+        for _ in range(4):
+            if self._queue.qsize() >= cfg.max_batch - 1:
+                break
+            await asyncio.sleep(0)
         if self._queue.qsize() < cfg.max_batch - 1 and cfg.batch_wait_s > 0:
             await asyncio.sleep(cfg.batch_wait_s)
         while len(batch) < cfg.max_batch and not self._queue.empty():
