@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from fleet.engines.base import Engine, GenRequest, GenResult, Sampling, derive_seed
+from fleet.engines.base import GenRequest, GenResult, Sampling, derive_seed
+from fleet.engines.model import ModelEngine
 from fleet.errors import EngineError
 from fleet.prompting import (
     NEUTRAL,
@@ -32,10 +33,7 @@ from fleet.prompting import (
     check_length,
     context_length_of,
     fill_sampling,
-    load_tokenizer,
-    model_facts,
     render,
-    require_model,
     resolve_model_dir,
     split_reasoning,
     trim_at_stop,
@@ -157,17 +155,13 @@ class _Pending:
     queued_at: float
 
 
-class HfEngine(Engine):
+class HfEngine(ModelEngine):
     name = "hf"
 
     def __init__(self, settings: Settings):
-        self.settings = settings
-        self.model_path = require_model(settings)
+        super().__init__(settings)
         self.model: Any = None
-        self.tokenizer: Any = None
         self.device: str | None = None
-        self.context: int | None = None
-        self.defaults: dict[str, Any] = {}
         self.eos_ids: frozenset[int] = frozenset()
         self.batches = 0
         self._queue: asyncio.Queue[_Pending] | None = None
@@ -179,13 +173,9 @@ class HfEngine(Engine):
     def max_running(self) -> int:
         return self.settings.hf.max_batch
 
-    def model_name(self) -> str:
-        return resolve_model_dir(self.model_path).name
-
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.tokenizer = load_tokenizer(self.model_path)
-        self.defaults = model_facts(self.settings)["sampling"]
+        self.load_model_files()
         self.eos_ids = frozenset(self.defaults["eos_token_ids"])
         self.context = self.settings.hf.context_length or context_length_of(self.model_path)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="fleet-hf")

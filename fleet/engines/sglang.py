@@ -19,18 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fleet.engines.base import Engine, GenRequest, GenResult, Sampling
+from fleet.engines.base import GenRequest, GenResult, Sampling
+from fleet.engines.model import ModelEngine
 from fleet.errors import EngineError, RecordError
 from fleet.prompting import (
     Prompt,
     check_length,
     context_length_of,
     fill_sampling,
-    load_tokenizer,
-    model_facts,
     render,
     require_model,
-    resolve_model_dir,
     split_reasoning,
 )
 from fleet.settings import Settings
@@ -153,16 +151,12 @@ def finish_reason(meta: dict[str, Any]) -> str:
     raise RecordError(f"sglang finished the request with {kind!r}: {message or raw}")
 
 
-class SglangEngine(Engine):
+class SglangEngine(ModelEngine):
     name = "sglang"
 
     def __init__(self, settings: Settings):
-        self.settings = settings
-        self.model_path = require_model(settings)
+        super().__init__(settings)
         self.kwargs = engine_kwargs(settings)
-        self.tokenizer: Any = None
-        self.defaults: dict[str, Any] = {}
-        self.context: int | None = None
         self._engine: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead: EngineError | None = None
@@ -173,14 +167,10 @@ class SglangEngine(Engine):
     def max_running(self) -> int:
         return self.settings.sglang.max_running_requests
 
-    def model_name(self) -> str:
-        return resolve_model_dir(self.model_path).name
-
     async def start(self) -> None:
         """Build the engine on this (the worker's) loop; blocks it while the weights load."""
         self._loop = asyncio.get_running_loop()
-        self.tokenizer = load_tokenizer(self.model_path)
-        self.defaults = model_facts(self.settings)["sampling"]
+        self.load_model_files()
         try:
             import sglang
         except ImportError as e:
