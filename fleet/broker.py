@@ -21,9 +21,7 @@ TASK_NAME = "fleet.run_chunk"
 #: kombu's Redis transport serves priority 0 first. Chunks handed back after a lost or
 #: stopping worker jump the queue, so recovery does not wait behind the whole job.
 PRIORITY_RECOVERY = 0
-PRIORITY_HIGH = 3
 PRIORITY_NORMAL = 6
-PRIORITY_LOW = 9
 
 
 def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:

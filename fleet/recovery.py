@@ -14,7 +14,7 @@ from celery import Celery
 
 from fleet import keys
 from fleet.broker import PRIORITY_RECOVERY, send_chunk
-from fleet.chunkstate import Quarantine, attempts
+from fleet.chunkstate import Quarantine, attempts, done_indexes, failed_indexes, running_indexes
 from fleet.layout import result_key
 from fleet.settings import Settings
 from fleet.store import Store
@@ -64,14 +64,20 @@ class StallWatch:
 
     def __init__(self) -> None:
         self.idle_checks: dict[str, int] = {}
+        #: jobs whose every chunk has a result: never checked again
+        self.finished: set[str] = set()
 
     def check(self, r: redis.Redis, store: Store, app: Celery, settings: Settings, job: str, chunks: int) -> list[int]:
-        from fleet.chunkstate import done_indexes, failed_indexes, running_indexes
-
+        if job in self.finished:
+            return []
         if any(r.llen(q) for q in keys.queue_lists(settings.queue)) or running_indexes(r, job):
             self.idle_checks[job] = 0
             return []
-        missing = set(range(chunks)) - done_indexes(store, job) - failed_indexes(store, job)
+        done = done_indexes(store, job)
+        if len(done) == chunks:
+            self.finished.add(job)
+            return []
+        missing = set(range(chunks)) - done - failed_indexes(store, job)
         if not missing:
             return []
         self.idle_checks[job] = self.idle_checks.get(job, 0) + 1

@@ -58,7 +58,6 @@ class SimEngine(Engine):
         self.running = 0
         #: slot-seconds of simulated work done, for occupancy benchmarks
         self.busy_slot_s = 0.0
-        self.started_at = time.monotonic()
 
     @property
     def max_running(self) -> int:
@@ -66,7 +65,6 @@ class SimEngine(Engine):
 
     async def start(self) -> None:
         self._slots = asyncio.Semaphore(self.cfg.max_running)
-        self.started_at = time.monotonic()
 
     def model_name(self) -> str:
         return f"sim-m{self.cfg.mean_output_tokens:g}-s{self.cfg.sigma:g}"

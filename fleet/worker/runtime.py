@@ -15,7 +15,6 @@ from celery import Celery
 
 from fleet import keys, metrics
 from fleet.broker import redis_client
-from fleet.chunkstate import done_indexes
 from fleet.engines import build_engine
 from fleet.errors import EngineError
 from fleet.leases import Heartbeat
@@ -64,7 +63,6 @@ class Runtime:
         self.release_now = threading.Event()
         self._stop = threading.Event()
         self._manifests: dict[str, Manifest] = {}
-        self._finished: set[str] = set()
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -144,16 +142,10 @@ class Runtime:
                 requeue_expired(self.redis, self.store, self.app, self.settings)
                 for raw in self.redis.smembers(keys.jobs()):
                     job = raw.decode()
-                    if job not in self._finished:
-                        self._check_job(stall, job)
+                    if job not in stall.finished:
+                        stall.check(self.redis, self.store, self.app, self.settings, job, self.manifest(job).chunks)
             except Exception as e:  # the broker may be restarting; try again next round
                 log.warning("recovery check failed: %s", e)
-
-    def _check_job(self, stall: StallWatch, job: str) -> None:
-        chunks = self.manifest(job).chunks
-        if stall.check(self.redis, self.store, self.app, self.settings, job, chunks) == [] and \
-                len(done_indexes(self.store, job)) == chunks:
-            self._finished.add(job)
 
     def begin_shutdown(self) -> None:
         """SIGTERM: Celery stops consuming; after the grace period, hand running chunks back."""
