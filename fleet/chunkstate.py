@@ -60,9 +60,7 @@ class Quarantine:
         store.put(failed_key(job, self.index), json.dumps(body, indent=2).encode())
 
 
-def read_failures(store: Store, job: str) -> list[dict]:
-    out = []
-    for key in store.list(failed_prefix(job)):
-        if key.endswith(".json"):
-            out.append(json.loads(store.get(key)))
-    return out
+def read_failures(store: Store, job: str, indexes: set[int] | None = None) -> list[dict]:
+    """The quarantine records of a job, or of the given chunk indexes (no second listing)."""
+    wanted = failed_indexes(store, job) if indexes is None else indexes
+    return [json.loads(store.get(failed_key(job, i))) for i in sorted(wanted)]

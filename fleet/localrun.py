@@ -11,16 +11,20 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+import redis
+from celery import Celery
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fleet.broker import make_celery, redis_client
 from fleet.localredis import LocalRedis
+from fleet.manifest import Manifest
 from fleet.producer.enqueue import enqueue_missing, prepare_job, store_for
 from fleet.recovery import StallWatch, requeue_expired
 from fleet.redact import redact_url
 from fleet.settings import Settings
 from fleet.status import JobStatus, job_status
+from fleet.store import Store
 from fleet.worker.launcher import Supervisor, plan_workers
 
 log = logging.getLogger(__name__)
@@ -62,11 +66,14 @@ def run_local(settings: Settings, input_url: str, job: str, workers: int | None 
         stack.callback(supervisor.stop)
         report = enqueue_missing(r, app, store, settings, manifest)
         console.print(f"enqueued {len(report.enqueued)} chunks; {report.done} already done")
-        return watch(settings, store, r, app, supervisor, job, manifest.chunks, console)
+        return watch(settings, store, r, app, supervisor, manifest, console)
     raise AssertionError("unreachable")
 
 
-def watch(settings, store, r, app, supervisor: Supervisor, job: str, chunks: int, console: Console) -> JobStatus:
+def watch(settings: Settings, store: Store, r: redis.Redis, app: Celery, supervisor: Supervisor,
+          manifest: Manifest, console: Console) -> JobStatus:
+    """Show progress and keep recovery going until every chunk is done or quarantined."""
+    job, chunks = manifest.job, manifest.chunks
     stall, last_reap = StallWatch(), time.monotonic()
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
@@ -74,7 +81,7 @@ def watch(settings, store, r, app, supervisor: Supervisor, job: str, chunks: int
         bar = progress.add_task(job, total=chunks, info="")
         while True:
             supervisor.poll()
-            st = job_status(store, r, job, settings.usd_per_gpu_hour)
+            st = job_status(store, r, job, settings.usd_per_gpu_hour, manifest)
             progress.update(bar, completed=st.chunks_done, info=describe(st))
             if st.chunks_done + st.chunks_failed >= chunks:
                 return st

@@ -23,7 +23,7 @@ from fleet.chunkstate import (
     running_indexes,
 )
 from fleet.errors import StoreError
-from fleet.manifest import require_manifest
+from fleet.manifest import Manifest, require_manifest
 from fleet.results import read_result
 from fleet.store import Store
 
@@ -94,8 +94,10 @@ def recent_rate(stats: list[dict[str, Any]], now: float, window_s: float = RATE_
     return tokens / max(end - start, 1e-6)
 
 
-def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: float = 0.0) -> JobStatus:
-    manifest = require_manifest(store, job)
+def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: float = 0.0,
+               manifest: Manifest | None = None) -> JobStatus:
+    """`manifest` saves a read of it per call where the caller polls (fleet run, --watch)."""
+    manifest = manifest or require_manifest(store, job)
     done = done_indexes(store, job)
     failed = failed_indexes(store, job) - done
     st = JobStatus(job=job, chunks_total=manifest.chunks, records_total=manifest.records,
@@ -140,6 +142,6 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
             st.usd_per_m_tokens = round(st.cost_usd / st.completion_tokens * 1e6, 4)
     with contextlib.suppress(StoreError):
         st.failed = [{k: f.get(k) for k in ("index", "error_type", "error", "attempts")}
-                     for f in read_failures(store, job) if f.get("index") not in done]
+                     for f in read_failures(store, job, failed)]
     st.done = st.chunks_done == manifest.chunks
     return st

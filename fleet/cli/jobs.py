@@ -100,8 +100,12 @@ def status(
     store = store_for(settings)
     r = redis_client(settings) if settings.broker_url else None
 
+    from fleet.manifest import require_manifest
+
+    manifest = run_guarded(require_manifest, store, job)
+
     def current():
-        return run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour)
+        return run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour, manifest)
 
     if as_json:
         while True:
