@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -38,10 +38,9 @@ def settings_from(**flags: Any) -> Settings:
         return load_settings(**flags)
     except Exception as e:  # pydantic ValidationError names the field
         fail(f"invalid settings: {e}")
-        raise  # unreachable
 
 
-def fail(message: str, code: int = 2) -> None:
+def fail(message: str, code: int = 2) -> NoReturn:
     console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
 

@@ -84,7 +84,6 @@ class CheckpointHook(ChunkHook):
                 log.warning("ignoring unreadable checkpoint %s: %s", key, e)
         run.resumed = len(run.finished)
         run.extras["last_flush"] = time.monotonic()
-        run.extras["seq"] = 0
         if run.resumed:
             log.info("chunk %s resumes with %d checkpointed samples", run.name, run.resumed)
 
@@ -93,8 +92,8 @@ class CheckpointHook(ChunkHook):
         run.extras["last_flush"] = time.monotonic()
         if not fresh:
             return
-        seq = run.extras["seq"] = run.extras["seq"] + 1
-        key = partial_key(run.job, run.index, int(time.time() * 1000) % 10**6 * 1000 + seq, run.worker)
+        # Nanoseconds name it: unique across flushes, runs and restarts of a same-named worker.
+        key = partial_key(run.job, run.index, time.time_ns(), run.worker)
         self.rt.store.put(key, encode_lines(fresh))
 
     def progress(self, run: ChunkRun) -> None:
