@@ -1,4 +1,4 @@
-"""Store layout (DESIGN.md) and the codec of chunk and result objects.
+"""Store layout (docs/architecture.md) and the codec of chunk and result objects.
 
 <job>/manifest.json, <job>/chunks/<index>, <job>/results/<index> (written once),
 <job>/partial/<index>/<seq>-<worker>, <job>/failed/<index>.json. Indexes are zero-padded

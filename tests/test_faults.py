@@ -228,7 +228,7 @@ def test_sigterm_hands_chunk_back_from_checkpoint(tmp_path, redis_server, clean_
     assert stats["resumed"] > 0 and stats["worker"].endswith("hostB")
     assert len(rows) == 16 and a.returncode == 0
     assert not list(store.list(partial_prefix("faults", 0)))
-    assert "handed back on shutdown" in workers.logs()
+    assert "handed back: on shutdown" in workers.logs()
 
 
 def test_failing_chunk_is_quarantined_and_job_finishes(tmp_path, clean_env):

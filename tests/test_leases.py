@@ -1,4 +1,4 @@
-"""Leases (DESIGN.md, Celery facts) on a real redis-server: SET NX PX per running chunk, renew
+"""Leases (docs/architecture.md, Celery facts) on a real redis-server: SET NX PX per running chunk, renew
 and release by the owner only, expiry after the TTL, a heartbeat that keeps a lease alive.
 Also the local redis-server that `fleet run` and these tests start (fleet.localredis)."""
 

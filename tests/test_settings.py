@@ -1,4 +1,4 @@
-"""Settings (DESIGN.md, Settings): FLEET_ env with nested `__`, fleet.toml or FLEET_CONFIG,
+"""Settings (docs/architecture.md, Settings): FLEET_ env with nested `__`, fleet.toml or FLEET_CONFIG,
 init kwargs on top, K derived from the engine's slots and the chunk size, and a to_env()
 that rebuilds the same settings in a child process."""
 
