@@ -24,9 +24,11 @@ _RENEW = (
     "if ARGV[3] ~= '' then redis.call('hset', KEYS[2], ARGV[3], ARGV[4]) end "
     "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
 )
+# A watched lease also (re)registers its job: a broker that lost everything relearns the
+# job from the chunks still running, and the reapers' stall watch finds the rest again.
 _ACQUIRE = (
     "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
-    "if ARGV[3] ~= '' then redis.call('sadd', KEYS[2], ARGV[3]); "
+    "if ARGV[3] ~= '' then redis.call('sadd', KEYS[2], ARGV[3]); redis.call('sadd', KEYS[5], ARGV[5]); "
     "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[4]) end "
     "return 1"
 )
@@ -59,8 +61,8 @@ class Lease:
 
     def acquire(self) -> bool:
         """Take the lease; a watched one also enters the running set and stamps its start, atomically."""
-        ok = bool(self.r.eval(_ACQUIRE, 4, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
-                              self.owner, self.ttl_ms, self._member, now_ms()))
+        ok = bool(self.r.eval(_ACQUIRE, 5, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
+                              keys.jobs(), self.owner, self.ttl_ms, self._member, now_ms(), self.job))
         if ok:
             self.lost = False
         return ok

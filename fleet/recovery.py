@@ -19,7 +19,7 @@ from fleet import keys
 from fleet.chunkqueue import ChunkQueue
 from fleet.chunkstate import Quarantine, done_indexes, drop_checkpoints, failed_indexes, running_indexes
 from fleet.errors import WorkerLost
-from fleet.layout import result_key
+from fleet.layout import partials_prefix, result_key
 from fleet.retry import Action, History, RetryPolicy, next_attempt, record
 from fleet.settings import Settings
 from fleet.store import Store
@@ -126,8 +126,7 @@ class StallWatch:
         done = done_indexes(store, job)
         if len(done) == chunks:
             self.finished.add(job)
-            for index in done:  # job end: no checkpoint outlives its chunk's result
-                drop_checkpoints(store, job, index)
+            store.delete_prefix(partials_prefix(job))  # job end: every chunk has its result
             return []
         missing = set(range(chunks)) - done - failed_indexes(store, job)
         if not missing:

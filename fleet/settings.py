@@ -190,7 +190,9 @@ class Settings(BaseSettings):
 
     @property
     def heartbeat_s(self) -> float:
-        return max(0.2, self.lease_ttl_s / 4)
+        # At most 2 s: each renewal stamps the lease beat, which dates a lost worker's death
+        # for the crash evidence (crash_window_s) to that precision.
+        return max(0.2, min(self.lease_ttl_s / 4, 2.0))
 
     def to_env(self) -> dict[str, str]:
         """FLEET_* variables that rebuild these settings in a child process."""

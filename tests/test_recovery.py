@@ -325,10 +325,10 @@ def test_a_job_without_manifest_is_pruned_and_does_not_stop_the_others(r, store,
 
 
 def test_job_end_drops_every_checkpoint(r, store, app, settings):
-    from fleet.layout import partial_prefix
+    from fleet.layout import partial_prefix, partials_prefix
 
     for i in range(2):
         put_result(store, "j", i)
         store.put(partial_prefix("j", i) + "000001-w", b"x")
     StallWatch().check(r, store, app, settings, "j", 2)
-    assert list(store.list("j/partial/")) == []
+    assert list(store.list(partials_prefix("j"))) == []
