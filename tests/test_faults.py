@@ -299,3 +299,29 @@ def test_two_workers_same_chunk_one_result(tmp_path, redis_server, clean_env):
     keys_ = list(store.list(results_prefix("faults")))
     assert keys_ == ["faults/results/000000"]
     assert len(read_result(store, "faults", 0)[1]) == 8
+
+
+def test_worker_on_another_store_hands_chunks_back_and_never_quarantines(tmp_path, redis_server, clean_env):
+    # Given a job enqueued into one store, and a worker pointed at another store on the same broker
+    prompts = write_prompts(tmp_path / "p.jsonl", 16)
+    right, wrong = str(tmp_path / "store"), str(tmp_path / "other-store")
+    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": right, "FLEET_SIM__STEP_S": "0.0005",
+           "FLEET_RETRY_BACKOFF_S": "0.2", "FLEET_RETRY_BACKOFF_MAX_S": "1"}
+    assert run_fleet("enqueue", str(prompts), "--job", "faults", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    r, store = redis.Redis(port=redis_server.port), open_store(right)
+    try:
+        workers.start("lost", extra_env={"FLEET_STORE_URL": wrong})
+        # When it takes the job's chunks
+        wait_for(lambda: workers.logs().count("has no manifest in this worker's store") >= 8, 90,
+                 "the wrong-store worker to hand chunks back")
+        # Then it says so, leases nothing, spends no attempt, quarantines nothing in either store
+        assert not list(open_store(wrong).list("faults/")) and not list(store.list(failed_prefix("faults")))
+        assert not r.hvals(keys.attempts("faults")) and not r.smembers(keys.running())
+        # And a worker on the right store finishes the job alongside it
+        workers.start("right")
+        wait_for(lambda: len(list(store.list(results_prefix("faults")))) == 4, 90, "all results")
+    finally:
+        workers.stop()
+    assert "FLEET_STORE_URL" in workers.logs()
+    assert not list(store.list(failed_prefix("faults")))
