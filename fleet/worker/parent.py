@@ -4,6 +4,8 @@ by an orphan worker and its engine.
 Linux: PR_SET_PDEATHSIG delivers SIGKILL to the worker the moment its launcher dies, by
 whatever means (SIGKILL, OOM kill). Elsewhere a thread watches the parent pid instead.
 Chunks of the killed worker come back through their leases, as for any lost worker.
+The kernel sends it when the launcher *thread* that forked the worker ends, so the
+Supervisor spawns from its main thread only.
 """
 
 from __future__ import annotations
