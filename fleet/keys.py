@@ -79,3 +79,9 @@ def member(job: str, index: int) -> str:
 def parse_member(value: str) -> tuple[str, int]:
     job, _, index = value.rpartition("/")
     return job, int(index)
+
+
+def mismatched_workers() -> str:
+    """Hash worker name -> JSON {job, identity_hash, differences, at}: workers whose engine
+    settings differ from a job's (fleet.identity); `fleet status` lists them."""
+    return f"{PREFIX}:mismatched-workers"

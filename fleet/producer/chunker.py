@@ -17,6 +17,11 @@ class ChunkCounts:
     samples: int = 0
 
 
+def chunk_row(record: InputRecord) -> dict:
+    """A record as a chunk object holds it (the input digest covers exactly this)."""
+    return record.model_dump(mode="json", exclude_none=True)
+
+
 def write_chunks(
     store: Store, job: str, records: Iterable[InputRecord], chunk_size: int, default_n: int
 ) -> ChunkCounts:
@@ -29,7 +34,7 @@ def write_chunks(
         batch.clear()
 
     for record in records:
-        batch.append(record.model_dump(mode="json", exclude_none=True))
+        batch.append(chunk_row(record))
         counts.records += 1
         counts.samples += record.sample_count(default_n)
         if len(batch) >= chunk_size:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis
 from celery import Celery
@@ -16,9 +17,12 @@ from fleet import keys
 from fleet.broker import make_celery, redis_client, send_chunk
 from fleet.chunkstate import done_indexes, failed_indexes, queued_indexes, running_indexes
 from fleet.engines import job_config
+from fleet.identity import engine_identity, identity_hash
 from fleet.layout import failed_key, manifest_key
 from fleet.manifest import Manifest, check_compatible, config_hash, load_manifest
 from fleet.producer.chunker import write_chunks
+from fleet.producer.claim import JobIdentity, check_same_job, claim_job
+from fleet.producer.digest import InputDigest
 from fleet.producer.reader import read_records, validate
 from fleet.producer.source import local_input
 from fleet.recovery import requeue_expired
@@ -46,33 +50,57 @@ def store_for(settings: Settings) -> Store:
     )
 
 
-def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> tuple[Manifest, bool]:
-    """The job's manifest, creating chunks and manifest on first sight of the job."""
+def job_identity(settings: Settings, job: str, input_url: str, path: Path) -> JobIdentity:
+    """Validate the input and digest it in the same streaming pass; nothing is written."""
     config = job_config(settings)
+    engine = engine_identity(settings)
+    digest = InputDigest()
+    records = validate(path, on_record=digest.update)
+    return JobIdentity(
+        job=job, config=config, config_hash=config_hash(config), engine_identity=engine,
+        engine_identity_hash=identity_hash(engine), input_digest=digest.hexdigest(),
+        input=input_url, records=records,
+    )
+
+
+def write_job(settings: Settings, store: Store, path: Path, ident: JobIdentity) -> tuple[Manifest, bool]:
+    """Chunks, then the manifest last: a job exists only once all its chunks do.
+
+    Chunks are a pure function of the identity, so a joining or resuming enqueue rewrites
+    them byte for byte; of two manifests the first stays.
+    """
+    counts = write_chunks(store, ident.job, read_records(path), settings.chunk_size, settings.sampling.n)
+    manifest = Manifest(
+        job=ident.job, input=ident.input, chunk_size=settings.chunk_size, chunks=counts.chunks,
+        records=counts.records, samples=counts.samples, config=ident.config,
+        config_hash=ident.config_hash, engine_identity=ident.engine_identity,
+        engine_identity_hash=ident.engine_identity_hash, input_digest=ident.input_digest,
+    )
+    if store.put_if_absent(manifest_key(ident.job), manifest.to_bytes()):
+        return manifest, True
+    winner = load_manifest(store, ident.job)
+    assert winner is not None
+    check_same_job(winner, ident)
+    return winner, False
+
+
+def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> tuple[Manifest, bool]:
+    """The job's manifest, creating chunks and manifest on first sight of the job.
+
+    A job name already holding another configuration is refused before the input is
+    read; another input, once it is read; in both cases nothing is written.
+    """
     existing = load_manifest(store, job)
     if existing is not None:
-        check_compatible(existing, config)
-        return existing, False
+        check_compatible(existing, job_config(settings))
     with local_input(input_url) as path:
-        validate(path)
-        counts = write_chunks(store, job, read_records(path), settings.chunk_size, settings.sampling.n)
-    manifest = Manifest(
-        job=job,
-        input=input_url,
-        chunk_size=settings.chunk_size,
-        chunks=counts.chunks,
-        records=counts.records,
-        samples=counts.samples,
-        config=config,
-        config_hash=config_hash(config),
-    )
-    # The manifest goes last: a job exists only once all its chunks do.
-    if not store.put_if_absent(manifest_key(job), manifest.to_bytes()):
-        winner = load_manifest(store, job)
-        assert winner is not None
-        check_compatible(winner, config)
-        return winner, False
-    return manifest, True
+        ident = job_identity(settings, job, input_url, path)
+        if existing is not None:
+            check_same_job(existing, ident)
+            return existing, False
+        if not claim_job(store, ident):
+            log.info("job %s: joining an enqueue of the same input and configuration", job)
+        return write_job(settings, store, path, ident)
 
 
 def enqueue_missing(
