@@ -57,3 +57,7 @@ class ChunkSuperseded(FleetError):
 
 class BrokerMissing(FleetError):
     """A local redis-server was needed but is not installed."""
+
+
+class ExportMismatch(FleetError):
+    """An export's records disagree with the manifest (count, duplicate or order): not written."""

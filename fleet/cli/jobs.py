@@ -82,6 +82,7 @@ def enqueue(
     console.print(
         f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
         f"running {report.running}, already queued {report.queued}, failed {report.failed}"
+        + (f"; repaired {len(report.repaired)} stale queued marker(s)" if report.repaired else "")
     )
 
 

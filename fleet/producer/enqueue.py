@@ -25,11 +25,14 @@ from fleet.producer.claim import JobIdentity, check_same_job, claim_job
 from fleet.producer.digest import InputDigest
 from fleet.producer.reader import read_records, validate
 from fleet.producer.source import local_input
+from fleet.queuescan import stale_markers
 from fleet.recovery import requeue_expired
 from fleet.settings import Settings
 from fleet.store import Store, open_store
 
 log = logging.getLogger(__name__)
+#: a message taken this many lease TTLs ago whose chunk has no lease lost its worker
+LOST_AFTER_LEASES = 3
 
 
 @dataclass
@@ -42,6 +45,8 @@ class EnqueueReport:
     queued: int = 0
     failed: int = 0
     created: bool = False
+    #: chunks whose "queued" marker had no message behind it (cleared and enqueued again)
+    repaired: list[int] = field(default_factory=list)
 
 
 def store_for(settings: Settings) -> Store:
@@ -119,6 +124,8 @@ def enqueue_missing(
         failed = set()
     running = running_indexes(r, job)
     queued = queued_indexes(r, job)
+    report.repaired = repair_markers(r, settings, job, queued - done - failed - running)
+    queued -= set(report.repaired)
     r.sadd(keys.jobs(), job)
     for index in range(manifest.chunks):
         if index in done or index in failed or index in running or index in queued:
@@ -131,6 +138,16 @@ def enqueue_missing(
     report.running = len(running - done)
     report.queued = len(queued - done - running)
     return report
+
+
+def repair_markers(r: redis.Redis, settings: Settings, job: str, markers: set[int]) -> list[int]:
+    """Clear the "queued" markers no message backs any more, so those chunks are sent again."""
+    stale = stale_markers(r, settings.queue, job, markers, LOST_AFTER_LEASES * settings.lease_ttl_s)
+    if stale:
+        r.srem(keys.queued(job), *stale)
+        log.warning("job %s: %d queued marker(s) had no message (worker lost after taking it): "
+                    "re-enqueued %s", job, len(stale), sorted(stale))
+    return sorted(stale)
 
 
 def enqueue(settings: Settings, input_url: str, job: str, retry_failed: bool = False) -> EnqueueReport:
