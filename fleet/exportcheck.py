@@ -17,6 +17,8 @@ from fleet.errors import ExportMismatch
 from fleet.manifest import Manifest
 from fleet.producer.seen import SeenIds
 
+MAX_SHOWN = 5
+
 
 def unique_temp(out: Path) -> Path:
     """A temp name beside `out` (same filesystem, so the rename is atomic) that no
@@ -40,26 +42,36 @@ class ExportCheck:
         self.records = self.samples = 0
         self.last_pos = -1
         self.ids = SeenIds()
+        self.problems: list[str] = []
+        self.problem_count = 0
 
     def rows(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """`rows` unchanged, checked on the way through."""
+        """`rows` unchanged, checked on the way through; `commit` reports what is wrong."""
         for row in rows:
             self.samples += 1
             if row.get("sample", 0) == 0:
-                self.records += 1
-                if self.ids.add(str(row["id"]), self.records) is not None:
-                    raise ExportMismatch(f"job {self.job!r}: record id {row['id']!r} appears twice in the results")
-                pos = row.get("pos", self.last_pos + 1)
-                if pos <= self.last_pos:
-                    raise ExportMismatch(
-                        f"job {self.job!r}: record {row['id']!r} (input record {pos}) is out of input order"
-                    )
-                self.last_pos = pos
+                self._record(row)
             yield row
 
+    def _record(self, row: dict[str, Any]) -> None:
+        self.records += 1
+        if self.ids.add(str(row["id"]), self.records) is not None:
+            self._problem(f"record id {row['id']!r} appears twice")
+        pos = row.get("pos", self.last_pos + 1)
+        if pos <= self.last_pos:
+            self._problem(f"record {row['id']!r} (input record {pos}) is out of input order")
+        self.last_pos = max(pos, self.last_pos)
+
+    def _problem(self, text: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_SHOWN:
+            self.problems.append(text)
+
     def commit(self, tmp: Path, out: Path) -> None:
-        """Rename `tmp` onto `out` if the counts match the manifest; else remove it and raise."""
-        wrong = []
+        """Rename `tmp` onto `out` if the export matches the manifest; else remove it and raise."""
+        wrong = list(self.problems)
+        if self.problem_count > len(self.problems):
+            wrong.append(f"and {self.problem_count - len(self.problems)} more")
         if self.records != self.expect_records:
             wrong.append(f"{self.records} records, the manifest says {self.expect_records}")
         if self.expect_samples is not None and self.samples != self.expect_samples:
