@@ -154,3 +154,11 @@ def test_fleet_enqueue_refuses_a_surrogate_with_its_line(tmp_path: Path, redis_s
     assert "line 5: messages[0].content: lone surrogate \\udc80" in out.stderr
     assert "Traceback" not in out.stderr
     assert list(LocalStore(tmp_path / "store").list("")) == []
+
+
+def test_an_unreadable_claim_is_refused_without_a_traceback(tmp_path: Path, prompts: Path, clean_env):
+    store = LocalStore(tmp_path / "store")
+    store.put(claim_key(JOB), b'{"job": "job", "from": "a future fleet"}')
+    with pytest.raises(JobConflict, match="cannot read"):
+        prepare_job(Settings(chunk_size=4), store, str(prompts), JOB)
+    assert list(store.list("")) == [claim_key(JOB)]

@@ -140,3 +140,19 @@ def test_fleet_enqueue_reports_the_repair(settings, r, job, redis_server):
     out = run_fleet("enqueue", str(prompts), "--job", JOB, env=env)
     assert out.returncode == 0, out.stderr
     assert "enqueued 3" in out.stderr and "repaired 3 stale queued marker(s)" in out.stderr
+
+
+def test_other_jobs_and_foreign_entries_are_not_counted(settings, r, job):
+    app, store, manifest, _ = job
+    # Given the job's messages lost, while another job's message and a foreign entry wait
+    for name in keys.queue_lists(QUEUE):
+        r.delete(name)
+    from fleet.broker import send_chunk
+
+    send_chunk(app, QUEUE, "other-job", 1)
+    r.lpush(QUEUE, b"not json at all")
+    r.hset(keys.KOMBU_UNACKED, "tag-x", b'["no", "message"]')
+    # When enqueue runs, Then only this job's markers are judged, all stale
+    report = enqueue_missing(r, app, store, settings, manifest)
+    assert report.repaired == [0, 1, 2]
+    assert waiting_messages(r, QUEUE, "other-job").listed == {1}

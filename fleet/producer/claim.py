@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from fleet.errors import JobConflict
 from fleet.layout import claim_key
@@ -73,7 +73,13 @@ def claim_job(store: Store, new: JobIdentity) -> bool:
     equal claim; JobConflict if another identity holds it."""
     if store.put_if_absent(claim_key(new.job), new.to_bytes()):
         return True
-    held = JobIdentity.model_validate_json(store.get(claim_key(new.job)))
+    try:
+        held = JobIdentity.model_validate_json(store.get(claim_key(new.job)))
+    except ValidationError as e:  # written by another fleet version, or not by fleet at all
+        raise JobConflict(
+            f"job {new.job!r} holds a claim object ({claim_key(new.job)}) this fleet cannot read "
+            f"({e.error_count()} problem(s)); nothing was written. Use another --job name."
+        ) from None
     diff = differences(held, new)
     if diff:
         age = max(0.0, time.time() - held.claimed_at)
