@@ -17,11 +17,6 @@ class ChunkCounts:
     samples: int = 0
 
 
-def chunk_row(record: InputRecord) -> dict:
-    """A record as a chunk object holds it (the input digest covers exactly this)."""
-    return record.model_dump(mode="json", exclude_none=True)
-
-
 def write_chunks(
     store: Store, job: str, records: Iterable[InputRecord], chunk_size: int, default_n: int
 ) -> ChunkCounts:
@@ -34,7 +29,7 @@ def write_chunks(
         batch.clear()
 
     for record in records:
-        batch.append(chunk_row(record))
+        batch.append(record.model_dump(mode="json", exclude_none=True))
         counts.records += 1
         counts.samples += record.sample_count(default_n)
         if len(batch) >= chunk_size:

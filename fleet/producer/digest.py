@@ -23,7 +23,7 @@ class InputDigest:
         self._hash = hashlib.blake2b(digest_size=32)
 
     def update(self, record: InputRecord) -> None:
-        # exclude_none as chunk_row: a chunk holds exactly these fields
+        # exclude_none as write_chunks: a chunk holds exactly these fields
         self._hash.update(record.model_dump_json(exclude_none=True).encode() + b"\n")
 
     def hexdigest(self) -> str:
