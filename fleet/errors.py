@@ -90,3 +90,7 @@ class WorkerLost(FleetError):
 
 class BrokerMissing(FleetError):
     """A local redis-server was needed but is not installed."""
+
+
+class ExportMismatch(FleetError):
+    """An export's records disagree with the manifest (count, duplicate or order): not written."""

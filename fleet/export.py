@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 
 from fleet.chunkstate import done_indexes
 from fleet.errors import FleetError
+from fleet.exportcheck import ExportCheck, unique_temp
 from fleet.manifest import require_manifest
 from fleet.records import EXPORT_FIELDS
 from fleet.results import read_result
@@ -49,23 +50,24 @@ def export_job(
     fmt = fmt or ("parquet" if out.suffix == ".parquet" else "jsonl")
     indexes = [i for i in range(manifest.chunks) if i in done]
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = unique_temp(out)
+    check = ExportCheck(manifest, indexes)
     count = 0
     fields = [f for f in EXPORT_FIELDS if not (stable and f in VOLATILE_FIELDS)]
     if fmt == "parquet":
         schema = pa.schema([PARQUET_SCHEMA.field(f) for f in fields])
         with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
             for index in indexes:
-                rows = [{k: r.get(k) for k in fields} for r in read_result(store, job, index)[1]]
+                rows = [{k: r.get(k) for k in fields} for r in check.rows(read_result(store, job, index)[1])]
                 writer.write_table(pa.Table.from_pylist(rows, schema=schema))
                 count += len(rows)
     elif fmt == "jsonl":
         with open(tmp, "w", encoding="utf-8") as f:
             for index in indexes:
-                for r in read_result(store, job, index)[1]:
+                for r in check.rows(read_result(store, job, index)[1]):
                     f.write(json.dumps({k: r.get(k) for k in fields}, ensure_ascii=False) + "\n")
                     count += 1
     else:
         raise FleetError(f"unknown export format {fmt!r}: use jsonl or parquet")
-    tmp.replace(out)
+    check.commit(tmp, out)
     return count

@@ -97,3 +97,17 @@ def member(job: str, index: int) -> str:
 def parse_member(value: str) -> tuple[str, int]:
     job, _, index = value.rpartition("/")
     return job, int(index)
+
+
+def mismatched_workers() -> str:
+    """Hash worker name -> JSON {job, identity_hash, differences, at}: workers whose engine
+    settings differ from a job's (fleet.identity); `fleet status` lists them."""
+    return f"{PREFIX}:mismatched-workers"
+
+
+#: kombu's Redis transport (Channel.unacked_key / unacked_index_key, kombu 5.x): a hash
+#: delivery tag -> JSON [message, exchange, routing key] of messages a consumer took and
+#: has not acked, and a zset delivery tag -> time taken. kombu restores an entry to its
+#: queue only after the visibility timeout; `fleet enqueue` reads both to repair markers.
+KOMBU_UNACKED = "unacked"
+KOMBU_UNACKED_INDEX = "unacked_index"

@@ -1,8 +1,9 @@
 """Store layout (docs/architecture.md) and the codec of chunk and result objects.
 
-<job>/manifest.json, <job>/chunks/<index>, <job>/results/<index> (written once),
-<job>/partial/<index>/<seq>-<worker>, <job>/failed/<index>.json. Indexes are zero-padded
-to six digits. Chunks, results and checkpoints are zstd-compressed JSON lines.
+<job>/claim.json (written once, before any chunk), <job>/manifest.json, <job>/chunks/<index>,
+<job>/results/<index> (written once), <job>/partial/<index>/<seq>-<worker>,
+<job>/failed/<index>.json. Indexes are zero-padded to six digits. Chunks, results and
+checkpoints are zstd-compressed JSON lines.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def idx(index: int) -> str:
 
 def manifest_key(job: str) -> str:
     return f"{job}/manifest.json"
+
+
+def claim_key(job: str) -> str:
+    return f"{job}/claim.json"
 
 
 def chunk_key(job: str, index: int) -> str:

@@ -51,6 +51,11 @@ class Manifest(BaseModel):
     samples: int
     config: dict[str, Any]
     config_hash: str
+    #: what a worker's engine must match to run this job (fleet.identity), and its hash
+    engine_identity: dict[str, Any] | None = None
+    engine_identity_hash: str | None = None
+    #: blake2b of the canonical records (fleet.producer.digest): a changed input is refused
+    input_digest: str | None = None
     fleet_version: str = __version__
 
     def to_bytes(self) -> bytes:

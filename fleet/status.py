@@ -24,6 +24,7 @@ from fleet.chunkstate import (
 )
 from fleet.errors import StoreError
 from fleet.manifest import Manifest, require_manifest
+from fleet.mismatch import mismatched_workers
 from fleet.results import read_result
 from fleet.store import Store
 
@@ -57,6 +58,8 @@ class JobStatus:
     projected_cost_usd: float | None = None
     usd_per_m_tokens: float | None = None
     failed: list[dict[str, Any]] = field(default_factory=list)
+    #: workers whose engine settings differ from the job's: {worker, differences, at, ...}
+    mismatched_workers: list[dict[str, Any]] = field(default_factory=list)
     broker: bool = True
     done: bool = False
 
@@ -107,6 +110,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         try:
             st.chunks_running = len(running_indexes(r, job) - done)
             st.chunks_queued = len(queued_indexes(r, job) - done - failed)
+            st.mismatched_workers = mismatched_workers(r, job)
         except redis.RedisError:
             st.broker, r = False, None
     stats = [s for s in chunk_stats(store, r, job, done) if s]

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from fleet.cli.app import (
@@ -81,6 +82,7 @@ def enqueue(
     console.print(
         f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
         f"running {report.running}, already queued {report.queued}, failed {report.failed}"
+        + (f"; repaired {len(report.repaired)} stale queued marker(s)" if report.repaired else "")
     )
 
 
@@ -147,6 +149,9 @@ def status_table(st) -> Table:
         t.add_row(k, v)
     for f in st.failed:
         t.add_row(f"failed {f['index']}", f"{f['error_type']}: {f['error']} ({f['attempts']} attempts)")
+    for m in st.mismatched_workers:
+        differs = escape("; ".join(m["differences"]))  # rich markup would eat "[...]" in values
+        t.add_row(escape(f"mismatched {m['worker']}"), f"other engine settings, runs nothing: {differs}")
     return t
 
 

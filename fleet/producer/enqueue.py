@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import redis
 from celery import Celery
@@ -16,17 +17,23 @@ from fleet import keys
 from fleet.broker import make_celery, redis_client, send_chunk
 from fleet.chunkstate import done_indexes, failed_indexes, queued_indexes, running_indexes
 from fleet.engines import job_config
+from fleet.identity import engine_identity, identity_hash
 from fleet.layout import failed_key, manifest_key
 from fleet.manifest import Manifest, check_compatible, config_hash, load_manifest
 from fleet.producer.chunker import write_chunks
+from fleet.producer.claim import JobIdentity, check_same_job, claim_job
+from fleet.producer.digest import InputDigest
 from fleet.producer.reader import read_records, validate
 from fleet.producer.source import local_input
+from fleet.queuescan import stale_markers
 from fleet.recovery import requeue_expired
 from fleet.retry import forget, next_attempt
 from fleet.settings import Settings
 from fleet.store import Store, open_store
 
 log = logging.getLogger(__name__)
+#: a message taken this many lease TTLs ago whose chunk has no lease lost its worker
+LOST_AFTER_LEASES = 3
 
 
 @dataclass
@@ -39,6 +46,8 @@ class EnqueueReport:
     queued: int = 0
     failed: int = 0
     created: bool = False
+    #: chunks whose "queued" marker had no message behind it (cleared and enqueued again)
+    repaired: list[int] = field(default_factory=list)
 
 
 def store_for(settings: Settings) -> Store:
@@ -47,33 +56,57 @@ def store_for(settings: Settings) -> Store:
     )
 
 
-def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> tuple[Manifest, bool]:
-    """The job's manifest, creating chunks and manifest on first sight of the job."""
+def job_identity(settings: Settings, job: str, input_url: str, path: Path) -> JobIdentity:
+    """Validate the input and digest it in the same streaming pass; nothing is written."""
     config = job_config(settings)
+    engine = engine_identity(settings)
+    digest = InputDigest()
+    records = validate(path, on_record=digest.update)
+    return JobIdentity(
+        job=job, config=config, config_hash=config_hash(config), engine_identity=engine,
+        engine_identity_hash=identity_hash(engine), input_digest=digest.hexdigest(),
+        input=input_url, records=records,
+    )
+
+
+def write_job(settings: Settings, store: Store, path: Path, ident: JobIdentity) -> tuple[Manifest, bool]:
+    """Chunks, then the manifest last: a job exists only once all its chunks do.
+
+    Chunks are a pure function of the identity, so a joining or resuming enqueue rewrites
+    them byte for byte; of two manifests the first stays.
+    """
+    counts = write_chunks(store, ident.job, read_records(path), settings.chunk_size, settings.sampling.n)
+    manifest = Manifest(
+        job=ident.job, input=ident.input, chunk_size=settings.chunk_size, chunks=counts.chunks,
+        records=counts.records, samples=counts.samples, config=ident.config,
+        config_hash=ident.config_hash, engine_identity=ident.engine_identity,
+        engine_identity_hash=ident.engine_identity_hash, input_digest=ident.input_digest,
+    )
+    if store.put_if_absent(manifest_key(ident.job), manifest.to_bytes()):
+        return manifest, True
+    winner = load_manifest(store, ident.job)
+    assert winner is not None
+    check_same_job(winner, ident)
+    return winner, False
+
+
+def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> tuple[Manifest, bool]:
+    """The job's manifest, creating chunks and manifest on first sight of the job.
+
+    A job name already holding another configuration is refused before the input is
+    read; another input, once it is read; in both cases nothing is written.
+    """
     existing = load_manifest(store, job)
     if existing is not None:
-        check_compatible(existing, config)
-        return existing, False
+        check_compatible(existing, job_config(settings))
     with local_input(input_url) as path:
-        validate(path)
-        counts = write_chunks(store, job, read_records(path), settings.chunk_size, settings.sampling.n)
-    manifest = Manifest(
-        job=job,
-        input=input_url,
-        chunk_size=settings.chunk_size,
-        chunks=counts.chunks,
-        records=counts.records,
-        samples=counts.samples,
-        config=config,
-        config_hash=config_hash(config),
-    )
-    # The manifest goes last: a job exists only once all its chunks do.
-    if not store.put_if_absent(manifest_key(job), manifest.to_bytes()):
-        winner = load_manifest(store, job)
-        assert winner is not None
-        check_compatible(winner, config)
-        return winner, False
-    return manifest, True
+        ident = job_identity(settings, job, input_url, path)
+        if existing is not None:
+            check_same_job(existing, ident)
+            return existing, False
+        if not claim_job(store, ident):
+            log.info("job %s: joining an enqueue of the same input and configuration", job)
+        return write_job(settings, store, path, ident)
 
 
 def enqueue_missing(
@@ -92,6 +125,8 @@ def enqueue_missing(
         failed = set()
     running = running_indexes(r, job)
     queued = queued_indexes(r, job)
+    report.repaired = repair_markers(r, settings, job, queued - done - failed - running)
+    queued -= set(report.repaired)
     r.sadd(keys.jobs(), job)
     for index in range(manifest.chunks):
         if index in done or index in failed or index in running or index in queued:
@@ -104,6 +139,16 @@ def enqueue_missing(
     report.running = len(running - done)
     report.queued = len(queued - done - running)
     return report
+
+
+def repair_markers(r: redis.Redis, settings: Settings, job: str, markers: set[int]) -> list[int]:
+    """Clear the "queued" markers no message backs any more, so those chunks are sent again."""
+    stale = stale_markers(r, settings.queue, job, markers, LOST_AFTER_LEASES * settings.lease_ttl_s)
+    if stale:
+        r.srem(keys.queued(job), *stale)
+        log.warning("job %s: %d queued marker(s) had no message (worker lost after taking it): "
+                    "re-enqueued %s", job, len(stale), sorted(stale))
+    return sorted(stale)
 
 
 def enqueue(settings: Settings, input_url: str, job: str, retry_failed: bool = False) -> EnqueueReport:

@@ -9,7 +9,7 @@ thing kept across lines is an 8-byte digest and a line number per id, to find du
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,30 @@ def _decode(raw: bytes, line: int) -> dict[str, Any]:
         raise BadLine([f"not JSON: {e}"]) from e
     if not isinstance(obj, dict):
         raise BadLine([f"not a JSON object (got {_kind(obj)})"])
+    if "\\u" in text:  # raw bytes passed UTF-8 above: a lone surrogate can only be an escape
+        problems = list(_unencodable(obj, ""))
+        if problems:
+            raise BadLine(problems)
     return obj
+
+
+def _unencodable(value: Any, path: str) -> Iterator[str]:
+    """Strings JSON allows but UTF-8 cannot hold (lone surrogates such as "\\ud800"), by path."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            yield (f"{path or 'value'}: lone surrogate \\u{ord(value[e.start]):04x} at character "
+                   f"{e.start + 1} cannot be encoded as UTF-8")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            name = key if key.encode("utf-8", "surrogatepass").decode("utf-8", "replace") == key else ascii(key)
+            at = f"{path}.{name}" if path else name
+            yield from _unencodable(key, f"{at} (the key)")
+            yield from _unencodable(item, at)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _unencodable(item, f"{path}[{i}]")
 
 
 def _check_messages(value: Any, name: str, problems: list[str]) -> None:
@@ -220,10 +243,13 @@ def _parsed(path: Path) -> Iterator[tuple[int, InputRecord | BadLine]]:
             pos += 1
 
 
-def validate(path: Path, max_report: int = 100) -> int:
+def validate(
+    path: Path, max_report: int = 100, on_record: Callable[[InputRecord], None] | None = None
+) -> int:
     """Check every line; return the record count or raise InputError naming the bad lines.
 
-    Shows the first `max_report` problems and counts them all.
+    Shows the first `max_report` problems and counts them all. `on_record` sees each good
+    record in order (the producer digests the input in this same pass).
     """
     problems: list[str] = []
     bad = records = 0
@@ -234,6 +260,8 @@ def validate(path: Path, max_report: int = 100) -> int:
             problem = str(parsed)
         else:
             records += 1
+            if on_record is not None:
+                on_record(parsed)
             first = seen.add(parsed.id, line)
             if first is not None:
                 problem = f"duplicate id {parsed.id!r} (first on line {first})"
