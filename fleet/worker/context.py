@@ -7,8 +7,10 @@ own typed state object (held by the executor), never on the context or the run.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
@@ -20,22 +22,32 @@ from fleet.settings import Settings
 from fleet.store import Store
 
 
+#: seconds a worker trusts its copy of a job's manifest before reading it again
+MANIFEST_MAX_AGE_S = 30.0
+
+
 class ManifestCache:
     """Manifests by job; a missing one is not cached, so a job enqueued later is seen."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, max_age_s: float = MANIFEST_MAX_AGE_S):
         self.store = store
-        self._manifests: dict[str, Manifest] = {}
+        self.max_age_s = max_age_s
+        self._manifests: dict[str, tuple[float, Manifest]] = {}
         self._lock = threading.Lock()
 
     def get(self, job: str) -> Manifest | None:
+        """Re-read after `max_age_s`: a job deleted and enqueued again under its name (another
+        configuration hash) must not run with the old manifest for the worker's whole life."""
+        now = time.monotonic()
         with self._lock:
-            if job not in self._manifests:
+            cached = self._manifests.get(job)
+            if cached is None or now - cached[0] >= self.max_age_s:
                 found = load_manifest(self.store, job)
                 if found is None:
+                    self._manifests.pop(job, None)
                     return None
-                self._manifests[job] = found
-            return self._manifests[job]
+                self._manifests[job] = (now, found)
+            return self._manifests[job][1]
 
     def chunks(self, job: str) -> int | None:
         manifest = self.get(job)
@@ -55,6 +67,9 @@ class WorkerContext:
     queue: ChunkQueue
     policy: RetryPolicy
     manifests: ManifestCache
+    #: what this worker's engine is (fleet.identity): compared with each job's, stamped on checkpoints
+    identity: dict[str, Any] = field(default_factory=dict)
+    identity_hash: str = ""
     #: set when running chunks must be handed back (grace period over, or the engine died)
     stopping: threading.Event = field(default_factory=threading.Event)
     #: stops the process for its supervisor to restart it (the engine is gone)

@@ -19,6 +19,7 @@ from fleet import keys, metrics
 from fleet.broker import redis_client
 from fleet.chunkqueue import ChunkQueue
 from fleet.engines import build_engine
+from fleet.identity import engine_identity, identity_hash
 from fleet.leases import Heartbeat
 from fleet.producer.enqueue import store_for
 from fleet.recovery import StallWatch, watch_jobs
@@ -40,10 +41,12 @@ class Runtime:
         self.settings = settings
         self.name = name
         store, r = store_for(settings), redis_client(settings)
+        identity = engine_identity(settings)
         self.ctx = WorkerContext(
             settings=settings, store=store, redis=r, heartbeat=Heartbeat(settings.heartbeat_s), name=name,
             owner=f"{name}:{os.getpid()}", queue=ChunkQueue(app, settings.queue, r),
             policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store), restart=self.restart,
+            identity=identity, identity_hash=identity_hash(identity),
         )
         self.app = app
         self.engine = build_engine(settings)

@@ -15,6 +15,7 @@ import redis
 from fleet.broker import make_celery
 from fleet.chunkqueue import ChunkQueue
 from fleet.engines import build_engine
+from fleet.identity import engine_identity, identity_hash
 from fleet.leases import Heartbeat
 from fleet.producer.enqueue import prepare_job
 from fleet.retry import RetryPolicy
@@ -41,11 +42,15 @@ class Worker:
     task: ChunkTask
     restarts: list[str]
 
+    def __post_init__(self) -> None:
+        # One executor per stack for the worker's life, as the runtime holds them.
+        self.owner = Executor(owner_stack(self.ctx))
+        self.assister = Executor(assist_stack(self.ctx))
+
     def run(self, index: int, task: Callable[[ChunkRun, Callable[[], Outcome | None]], Outcome] | None = None,
             assist: bool = False, attempt: int = 1) -> tuple[ChunkRun, Outcome]:
         run = ChunkRun(job=JOB, index=index, attempt=attempt, worker=self.ctx.name, assist=assist)
-        stack = assist_stack(self.ctx) if assist else owner_stack(self.ctx)
-        return run, Executor(stack).execute(run, task or self.task)
+        return run, (self.assister if assist else self.owner).execute(run, task or self.task)
 
 
 @pytest.fixture
@@ -84,13 +89,15 @@ def host(settings: Settings) -> Iterator[EngineHost]:
 
 
 def make_worker(settings: Settings, store: LocalStore, r: redis.Redis, host: EngineHost, name: str) -> Worker:
+    """`settings` names the worker's own engine (its identity), which may differ from the job's."""
     restarts: list[str] = []
+    identity = engine_identity(settings)
     hb = Heartbeat(settings.heartbeat_s)
     hb.start()
     ctx = WorkerContext(settings=settings, store=store, redis=r, heartbeat=hb, name=name, owner=f"{name}:1",
                         queue=ChunkQueue(make_celery(settings), settings.queue, r),
                         policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store),
-                        restart=restarts.append)
+                        restart=restarts.append, identity=identity, identity_hash=identity_hash(identity))
     return Worker(ctx, ChunkTask(store, host), restarts)
 
 

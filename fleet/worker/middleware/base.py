@@ -50,7 +50,7 @@ class Order:
     CRASH = 25
     STOP = 30
     MANIFEST = 32
-    #: free slot for a gate that hands chunks back (e.g. a worker configuration check)
+    #: the worker's engine configuration against the job's (hands chunks back)
     GATE = 34
     LEASE = 40
     RESULT = 45

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from fleet import keys
 from fleet.errors import ChunkCorrupt, ObjectMissing
-from fleet.layout import decode_lines, encode_lines, partial_key, partial_prefix
+from fleet.checkpoints import decode_checkpoint, encode_checkpoint
+from fleet.layout import partial_key, partial_prefix
 from fleet.worker.chunk import ChunkRun, sample_key
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Outcome, result_exists
@@ -35,10 +36,15 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         store = self.ctx.store
         for key in store.list(partial_prefix(run.job, run.index)):
             try:
-                for row in decode_lines(store.get(key), key):
-                    run.finished.setdefault(sample_key(row["id"], row["sample"]), row)
+                rows = decode_checkpoint(store.get(key), key, self.ctx.identity_hash)
             except (ChunkCorrupt, ObjectMissing) as e:
                 log.warning("ignoring unreadable checkpoint %s: %s", key, e)
+                continue
+            if rows is None:
+                log.warning("ignoring checkpoint %s: made under another engine configuration", key)
+                continue
+            for row in rows:
+                run.finished.setdefault(sample_key(row["id"], row["sample"]), row)
         run.resumed = len(run.finished)
         if run.resumed:
             log.info("chunk %s resumes with %d checkpointed samples", run.name, run.resumed)
@@ -50,7 +56,7 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         if fresh:
             # Nanoseconds name it: unique across flushes, runs and restarts of a same-named worker.
             key = partial_key(run.job, run.index, time.time_ns(), run.worker)
-            self.ctx.store.put(key, encode_lines(fresh))
+            self.ctx.store.put(key, encode_checkpoint(fresh, self.ctx.identity_hash))
 
     def progress(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
         now, settings = time.monotonic(), self.ctx.settings
