@@ -21,7 +21,6 @@ from fleet.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store import Store
 
-
 #: seconds a worker trusts its copy of a job's manifest before reading it again
 MANIFEST_MAX_AGE_S = 30.0
 

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 
 from fleet import keys
-from fleet.errors import ChunkCorrupt, ObjectMissing
 from fleet.checkpoints import decode_checkpoint, encode_checkpoint
+from fleet.errors import ChunkCorrupt, ObjectMissing
 from fleet.layout import partial_key, partial_prefix
 from fleet.worker.chunk import ChunkRun, sample_key
 from fleet.worker.middleware.base import Middleware, Order
