@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet.capacity import weight_bytes as estimated_weight_bytes
 from fleet.errors import ConfigError
 from fleet.gpus import GpuSpec, gpu_spec
 
@@ -71,6 +72,7 @@ class Plan:
     usd_per_m_output_tokens: float
     roofline: Roofline | None
     estimate_vs_roofline: float | None  #: tok_s_per_gpu / roofline tok/s
+    capacity: dict[str, Any] | None = None  #: fleet.capacity.Capacity: SGLang's real batch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,6 +116,7 @@ def make_plan(
     prompt_tokens: float = 0.0,
     tok_s_per_gpu: float | None = None,
     model: ModelFacts | None = None,
+    capacity: dict[str, Any] | None = None,
 ) -> Plan:
     """The plan for `prompts` prompts on `gpus` GPUs of kind `gpu`.
 
@@ -154,6 +157,7 @@ def make_plan(
         usd_per_m_output_tokens=cost / (total_out / 1e6) if total_out else 0.0,
         roofline=roof,
         estimate_vs_roofline=tok_s_per_gpu / roof.tok_s if roof else None,
+        capacity=capacity,
     )
 
 
@@ -245,6 +249,8 @@ def model_facts_from_dir(model_dir: str | Path, **overrides: Any) -> ModelFacts:
         "state_bytes_per_request": recurrent_state_bytes(config),
     }
     weights = weight_bytes_in(path)
+    if not weights and _text_config(config).get("hidden_size"):
+        weights = estimated_weight_bytes(config)  # config.json alone: count the parameters
     if weights:
         facts["params_b"] = weights / bpp / 1e9
     facts.update({k: v for k, v in overrides.items() if v is not None})

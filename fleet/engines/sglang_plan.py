@@ -105,6 +105,19 @@ def plan_capacity(settings: Settings, gpu: str | None = None) -> Capacity | None
     return capacity(config, gpu_mib, serving(settings, config, gpu_mib))
 
 
+def job_capacity(
+    settings: Settings, gpu: str, context_tokens: float, *, mtp: bool | None = None, radix: str | None = None
+) -> Capacity | None:
+    """`plan_capacity` for a job whose requests hold `context_tokens` each, on a named GPU."""
+    update: dict[str, Any] = {"context_tokens": max(1, round(context_tokens))}
+    if mtp is not None:
+        update["mtp"] = mtp
+    if radix is not None:
+        update["radix_cache"] = radix
+    sglang = settings.sglang.model_copy(update=update)
+    return plan_capacity(settings.model_copy(update={"sglang": sglang}), gpu)
+
+
 def with_planned_running(settings: Settings, gpu: str | None = None) -> Settings:
     """Settings whose sglang.max_running_requests is the planned batch, so K and every worker
     agree on S before any engine starts; unchanged when it is set or cannot be planned."""
