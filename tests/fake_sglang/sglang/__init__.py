@@ -24,13 +24,17 @@ Same surface, and the same sharp edges, as the real thing (paths inside the 0.5.
 Kwargs starting with `fake_` steer it: `fake_step_s` (seconds per token), `fake_tokens`
 (natural output length), `fake_fail_start`, `fake_abort_over` (prompt length above which a
 request is aborted with HTTP 500), `fake_effective_running` (what the scheduler settles on).
-`crash(message)` makes every request from then on raise.
+`crash(message)` makes every request from then on raise. With FAKE_SGLANG_JOURNAL set, each
+engine start and each request appends a JSON line there, for tests that run real worker
+processes and cannot see `instances`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -57,6 +61,13 @@ EAGLE_ALIASES = {"EAGLE", "EAGLE3", "NEXTN"}
 
 #: every Engine built in this process, newest last
 instances: list[Engine] = []
+
+
+def journal(entry: dict[str, Any]) -> None:
+    path = os.environ.get("FAKE_SGLANG_JOURNAL")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
 
 
 class HTTPException(Exception):
@@ -138,7 +149,9 @@ class Engine:
         self.requests: list[dict[str, Any]] = []
         self.dead: BaseException | None = None
         self.shut_down = False
+        self.inside = 0  #: requests inside async_generate: running plus queued in the scheduler
         instances.append(self)
+        journal({"event": "start", "pid": os.getpid(), "kwargs": kwargs, "effective": self.effective})
 
     def get_server_info(self) -> dict[str, Any]:
         state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
@@ -166,13 +179,19 @@ class Engine:
         self.requests.append({"input_ids": list(input_ids), "sampling_params": params})
         began = time.monotonic()
         n = min(self.natural_tokens, params.get("max_new_tokens", 128))
-        async with self.slots:  # queued inside beyond the effective limit, as the scheduler does
-            self.running += 1
-            self.peak = max(self.peak, self.running)
-            try:
-                await asyncio.sleep(n * self.step_s)
-            finally:
-                self.running -= 1
+        self.inside += 1
+        journal({"event": "request", "pid": os.getpid(), "prompt": len(input_ids), "inside": self.inside,
+                 "reserved": self.tokenizer_manager.num_reserved_tokens, "sampling_params": params})  # fmt: skip
+        try:
+            async with self.slots:  # queued inside beyond the effective limit, as the scheduler does
+                self.running += 1
+                self.peak = max(self.peak, self.running)
+                try:
+                    await asyncio.sleep(n * self.step_s)
+                finally:
+                    self.running -= 1
+        finally:
+            self.inside -= 1
         if self.dead is not None:
             raise self.dead
         if self.abort_over is not None and len(input_ids) > self.abort_over:
