@@ -189,7 +189,8 @@ def fill_sampling(sampling: Sampling, defaults: dict[str, Any]) -> Sampling:
     """The request's sampling with unset fields taken from `model_facts(...)["sampling"]`."""
     from dataclasses import replace
 
-    missing = {k: defaults[k] for k in NEUTRAL if getattr(sampling, k) is None}
+    # .get: a manifest written before the penalties existed has none; unset means neutral.
+    missing = {k: defaults.get(k) for k in NEUTRAL if getattr(sampling, k) is None}
     if sampling.stop is None and defaults.get("stop"):
         missing["stop"] = tuple(defaults["stop"])
     return replace(sampling, **missing)

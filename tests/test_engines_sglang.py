@@ -445,3 +445,70 @@ def test_real_sglang_refuses_what_we_guard_against(real_server_args: type, tiny_
         validate(real_server_args, {**kwargs, "context_length": 10 * 2048})
     with pytest.raises(Exception, match="needs mamba state"):
         validate(real_server_args, {**kwargs, "mamba_radix_cache_strategy": "extra_buffer"})
+
+
+QWEN = Path(__file__).parent / "fixtures" / "qwen3_6_27b"
+
+
+def test_real_sglang_has_every_arg_and_param_the_stand_in_accepts(real_server_args: type) -> None:
+    import dataclasses
+    import inspect
+
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    fake = _fake_module()
+    real_fields = {f.name for f in dataclasses.fields(real_server_args)}
+    assert real_fields >= fake.SERVER_ARGS, fake.SERVER_ARGS - real_fields
+    real_params = set(inspect.signature(SamplingParams.__init__).parameters)
+    assert real_params >= fake.SAMPLING_PARAMS, fake.SAMPLING_PARAMS - real_params
+
+
+def test_real_sglang_refuses_top_k_zero_and_takes_what_fleet_sends(real_server_args: type) -> None:
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from fleet.engines.base import Sampling
+    from fleet.engines.sglang import sampling_params
+
+    sent = sampling_params(
+        Sampling(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.05, presence_penalty=1.5,
+                 frequency_penalty=-0.5),
+        64, [2], False,
+    )  # fmt: skip
+    SamplingParams(**sent).verify(1000)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(**{**sent, "top_k": 0}).verify(1000)
+
+
+def test_real_sglang_reads_back_what_the_engine_reads(real_server_args: type) -> None:
+    import inspect
+
+    from sglang.srt.managers.scheduler_components import internal_state
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    # awaited on fleet's loop: Engine.get_server_info would run_until_complete on a running loop
+    assert inspect.iscoroutinefunction(TokenizerManager.get_internal_state)
+    source = inspect.getsource(internal_state)
+    assert '"effective_max_running_requests_per_dp"' in source and '"token_capacity"' in source
+
+
+def test_real_sglang_refuses_the_hierarchical_cache_without_radix(real_server_args: type, tiny_model) -> None:
+    kwargs = engine_kwargs(sg_settings(tiny_model, mtp=False))
+    with pytest.raises(Exception, match="hierarchical-cache and disable-radix-cache"):
+        validate(real_server_args, {**kwargs, "enable_hierarchical_cache": True, "disable_radix_cache": True})
+
+
+def test_real_sglang_accepts_the_qwen36_kwargs_fleet_plans(real_server_args: type) -> None:
+    # Radix off (fleet's default for unique prompts): no mamba strategy to resolve, valid on a CPU
+    kwargs = engine_kwargs(sg_settings(QWEN, mtp=False), "h200")
+    assert kwargs["disable_radix_cache"] is True
+    validate(real_server_args, kwargs)
+
+
+def _fake_module() -> ModuleType:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fake_sglang_surface", FAKE / "sglang" / "__init__.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

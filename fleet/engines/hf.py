@@ -79,9 +79,10 @@ class RowSampler:
         scores = scores.float()
         if scores.shape[-1] > self.vocab:  # padded embedding rows are not tokens
             scores[:, self.vocab :] = float("-inf")
-        if self.prompt_width is None:
-            self.prompt_width = input_ids.shape[1]
-        scores = self._penalise(scores, input_ids[:, self.prompt_width :])
+        if input_ids is not None:
+            if self.prompt_width is None:
+                self.prompt_width = input_ids.shape[1]
+            scores = self._penalise(scores, input_ids[:, self.prompt_width :])
         choice = scores.argmax(-1)
         if not bool(self.greedy.all()):
             choice = torch.where(self.greedy, choice, self._sample(scores))
