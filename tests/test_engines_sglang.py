@@ -451,16 +451,19 @@ QWEN = Path(__file__).parent / "fixtures" / "qwen3_6_27b"
 
 
 def test_real_sglang_has_every_arg_and_param_the_stand_in_accepts(real_server_args: type) -> None:
-    import dataclasses
     import inspect
 
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     fake = _fake_module()
-    real_fields = {f.name for f in dataclasses.fields(real_server_args)}
+    real_fields = set(inspect.signature(real_server_args).parameters)
     assert real_fields >= fake.SERVER_ARGS, fake.SERVER_ARGS - real_fields
-    real_params = set(inspect.signature(SamplingParams.__init__).parameters)
-    assert real_params >= fake.SAMPLING_PARAMS, fake.SAMPLING_PARAMS - real_params
+    values = {"max_new_tokens": 8, "stop": ["x"], "stop_token_ids": [2], "temperature": 1.0, "top_p": 1.0,
+              "top_k": -1, "min_p": 0.0, "sampling_seed": 1, "ignore_eos": False, "skip_special_tokens": True,
+              "no_stop_trim": False, "n": 1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+              "frequency_penalty": 0.0}  # fmt: skip
+    assert set(values) == fake.SAMPLING_PARAMS
+    SamplingParams(**values).verify(1000)  # an unknown keyword would be a TypeError
 
 
 def test_real_sglang_refuses_top_k_zero_and_takes_what_fleet_sends(real_server_args: type) -> None:
@@ -482,13 +485,14 @@ def test_real_sglang_refuses_top_k_zero_and_takes_what_fleet_sends(real_server_a
 def test_real_sglang_reads_back_what_the_engine_reads(real_server_args: type) -> None:
     import inspect
 
-    from sglang.srt.managers.scheduler_components import internal_state
+    from sglang.srt.managers.scheduler_components import internal_state, memory_usage
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
     # awaited on fleet's loop: Engine.get_server_info would run_until_complete on a running loop
     assert inspect.iscoroutinefunction(TokenizerManager.get_internal_state)
     source = inspect.getsource(internal_state)
-    assert '"effective_max_running_requests_per_dp"' in source and '"token_capacity"' in source
+    assert 'state["effective_max_running_requests_per_dp"]' in source and 'state["memory_usage"]' in source
+    assert '"token_capacity"' in inspect.getsource(memory_usage)
 
 
 def test_real_sglang_refuses_the_hierarchical_cache_without_radix(real_server_args: type, tiny_model) -> None:
@@ -498,10 +502,17 @@ def test_real_sglang_refuses_the_hierarchical_cache_without_radix(real_server_ar
 
 
 def test_real_sglang_accepts_the_qwen36_kwargs_fleet_plans(real_server_args: type) -> None:
-    # Radix off (fleet's default for unique prompts): no mamba strategy to resolve, valid on a CPU
-    kwargs = engine_kwargs(sg_settings(QWEN, mtp=False), "h200")
-    assert kwargs["disable_radix_cache"] is True
-    validate(real_server_args, kwargs)
+    # Radix off (fleet's default for unique prompts), MTP off and on: valid even on a CPU
+    for mtp in (False, True):
+        kwargs = engine_kwargs(sg_settings(QWEN, mtp=mtp), "h200")
+        assert kwargs["disable_radix_cache"] is True and "mamba_radix_cache_strategy" not in kwargs
+        validate(real_server_args, kwargs)
+    # Radix on: SGLang resolves the strategy to extra_buffer itself (overlap scheduler), which
+    # needs GPU state snapshots; a CPU can only show that it gets that far and no further.
+    radix = engine_kwargs(sg_settings(QWEN, mtp=False, radix_cache="on"), "h200")
+    assert "mamba_radix_cache_strategy" not in radix and radix["mamba_full_memory_ratio"] == 0.9
+    with pytest.raises(AssertionError, match="extra_buffer requires platform support"):
+        validate(real_server_args, radix)
 
 
 def _fake_module() -> ModuleType:
