@@ -180,7 +180,7 @@ def weight_bytes(config: dict[str, Any], *, mtp: bool = False, weight_bytes_per_
 def sglang_mem_fraction(gpu_mib: float) -> float:
     """SGLang's own mem_fraction_static for tp=1 (memory_hook.handle_gpu_memory_settings),
     without `adjust_mem_fraction_for_vlm`: fleet never sends images, so the vision cut
-    (about 13% for a 27-layer 1152-wide tower) only shrinks the pools."""
+    (x0.91 for a 27-layer 1152-wide tower) only shrinks the pools."""
     big = gpu_mib >= 160 * 1024
     chunked_prefill, decode_bs = (16384, 512) if big else (8192, 256)
     reserved = 512 + chunked_prefill * 1.5 + 1024 / 8 + decode_bs * 2 + 256  # 256: prefill graphs
