@@ -230,6 +230,11 @@ def capacity(config: dict[str, Any], gpu_mib: float, serving: Serving) -> Capaci
         want = min(asked or state_slots // ratio, state_slots // ratio)
         state_bytes = (state_slots + 1) * slot + slot * (want + 1) * copies
     kv_tokens = int((rest - state_bytes) // cell)
+    if kv_tokens <= 0:  # SGLang fails to start here ("Not enough GPU memory for ... state cache")
+        raise ConfigError(
+            f"the state pool ({state_bytes / GIB:.1f} GiB for {want} requests) leaves no room for KV: "
+            "lower sglang.max_running_requests or leave it unset"
+        )
     running = max(0, min(want, kv_tokens // 2, state_slots // ratio if slot else want))
     kv_bound = int(kv_tokens // serving.context_tokens)
     return Capacity(

@@ -9,6 +9,7 @@ MTP layer) with a 27-layer 1,152-wide vision tower; hidden 5,120 and MLP 17,408 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,8 @@ def test_radix_off_fills_memory_with_one_slot_per_request_and_their_kv() -> None
 def test_an_asked_batch_is_kept_when_it_fits_and_refused_when_weights_leave_nothing() -> None:
     cap = capacity(CONFIG, H200, Serving(mtp=False, radix=False, max_running_requests=32))
     assert cap.max_running_requests == 32 and cap.state_slots == 32
+    with pytest.raises(ConfigError, match="lower sglang.max_running_requests"):
+        capacity(CONFIG, H200, Serving(mtp=True, radix=False, max_running_requests=256))
     with pytest.raises(ConfigError, match="leave no memory"):
         capacity(CONFIG, 40 * 1024, Serving(mem_fraction_static=0.8))
 
@@ -136,3 +139,25 @@ def test_plan_json_has_the_capacity_and_the_roofline_at_that_batch() -> None:
     assert on["wall_hours"] > data["wall_hours"]
     text = CliRunner().invoke(app, args).stdout
     assert "sglang capacity" in text and f"{cap['batch']} requests at once" in text
+
+
+def test_the_launcher_sizes_k_and_every_worker_from_the_planned_batch(tmp_path: Path, monkeypatch) -> None:
+    from fleet.worker.launcher import Supervisor, plan_workers
+
+    # Given a host whose nvidia-smi lists two H200s, and no max_running_requests set
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '0, NVIDIA H200, {H200} MiB\\n1, NVIDIA H200, {H200} MiB\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    settings = Settings(engine="sglang", model=str(QWEN), chunk_size=64)
+
+    # When the launcher plans the workers
+    supervisor = Supervisor(settings, plan_workers(settings, None, [0, 1]))
+
+    # Then S is the capacity model's batch for an H200, and K follows it, not the 256 default
+    planned = capacity(CONFIG, H200, Serving(mtp=True, radix=False, context_tokens=4096)).batch
+    assert supervisor.settings.sglang.max_running_requests == planned < 256
+    assert supervisor.concurrency == -(-16 * planned // 64)
+    assert supervisor.settings.to_env()["FLEET_SGLANG__MAX_RUNNING_REQUESTS"] == str(planned)
