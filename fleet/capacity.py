@@ -104,10 +104,13 @@ def mtp_layers(config: dict[str, Any]) -> int:
 
 
 def kv_bytes_per_token(config: dict[str, Any], *, mtp: bool = False, kv_bytes: int = 2) -> int:
-    """K and V of every full-attention layer (and of the MTP draft layers with MTP on)."""
+    """K and V of every full-attention layer (and of the MTP draft layers with MTP on);
+    MLA models cache one compressed latent per layer."""
     cfg = text_config(config)
     full, _ = full_and_linear_layers(cfg)
     layers = full + (mtp_layers(config) if mtp else 0)
+    if cfg.get("kv_lora_rank"):
+        return layers * (int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))) * kv_bytes
     kv_heads = int(cfg.get("num_key_value_heads") or cfg.get("num_attention_heads", 1))
     return 2 * layers * kv_heads * _head_dim(cfg) * kv_bytes
 
