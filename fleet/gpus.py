@@ -27,14 +27,17 @@ class GpuSpec:
     hbm_gb: float  #: device memory, GB (1e9 bytes)
     hbm_tb_s: float  #: memory bandwidth, TB/s (1e12 bytes/s)
     bf16_tflops: float  #: dense BF16 tensor throughput, TFLOP/s
+    memory_mib: int = 0  #: device memory as nvidia-smi reports it (what SGLang sizes pools from)
 
 
 #: The one table of GPU facts; `fleet plan --gpu` takes these keys.
 GPU_TABLE: dict[str, GpuSpec] = {
-    "b200": GpuSpec("NVIDIA B200", hbm_gb=192, hbm_tb_s=8.0, bf16_tflops=2250),
-    "h200": GpuSpec("NVIDIA H200", hbm_gb=141, hbm_tb_s=4.8, bf16_tflops=989),
-    "h100": GpuSpec("NVIDIA H100 SXM", hbm_gb=80, hbm_tb_s=3.35, bf16_tflops=989),
-    "rtx-pro-6000": GpuSpec("NVIDIA RTX PRO 6000 Blackwell", hbm_gb=96, hbm_tb_s=1.8, bf16_tflops=504),
+    "b200": GpuSpec("NVIDIA B200", hbm_gb=192, hbm_tb_s=8.0, bf16_tflops=2250, memory_mib=183359),
+    "h200": GpuSpec("NVIDIA H200", hbm_gb=141, hbm_tb_s=4.8, bf16_tflops=989, memory_mib=143771),
+    "h100": GpuSpec("NVIDIA H100 SXM", hbm_gb=80, hbm_tb_s=3.35, bf16_tflops=989, memory_mib=81559),
+    "rtx-pro-6000": GpuSpec(
+        "NVIDIA RTX PRO 6000 Blackwell", hbm_gb=96, hbm_tb_s=1.8, bf16_tflops=504, memory_mib=97887
+    ),
 }
 
 # nvidia-smi names, lower-cased, mapped to table keys; first match wins.
@@ -73,6 +76,14 @@ def gpu_spec(kind: str) -> GpuSpec:
 def kind_from_name(name: str) -> str | None:
     low = name.lower()
     return next((key for hint, key in _NAME_HINTS if hint in low), None)
+
+
+def gpu_memory_mib(kind: str | None = None) -> int | None:
+    """Memory of the named GPU kind, else of this host's smallest GPU; None when neither."""
+    if kind:
+        return gpu_spec(kind).memory_mib
+    gpus, _ = query_gpus()
+    return min(g.memory_mib for g in gpus) if gpus else None
 
 
 def pin_env(index: int) -> dict[str, str]:

@@ -20,7 +20,7 @@ SGLANG_SPEED_ONLY = frozenset({
     "max_running_requests", "mem_fraction_static", "chunked_prefill_size",
     "enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_write_policy",
     "log_level", "cuda_graph_max_bs", "disable_cuda_graph", "enable_metrics", "watchdog_timeout",
-    "engine_kwargs",
+    "engine_kwargs", "radix_cache", "shared_prefixes", "mamba_full_memory_ratio", "context_tokens",
 })
 
 

@@ -53,6 +53,7 @@ CHUNKS_DONE = Counter("fleet_chunks_done", "Chunks whose result this worker comm
 CHUNKS_FAILED = Counter("fleet_chunks_failed", "Chunk attempts that failed on this worker")
 RUNNING_CHUNKS = Gauge("fleet_running_chunks", "Chunks this worker runs now (at most K slots)")
 RUNNING_REQUESTS = Gauge("fleet_running_requests", "Requests in flight in this worker's engine")
+ENGINE_SLOTS = Gauge("fleet_engine_slots", "S: requests the engine really runs at once (SGLang's, read back)")
 ACCEPT_LENGTH = Gauge("fleet_spec_accept_length", "Mean tokens per speculative step over the last chunk")
 ACCEPT_LENGTH_CHUNKS = Histogram(
     "fleet_spec_accept_length_chunks",

@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fleet.capacity import kv_bytes_per_token, text_config
+from fleet.capacity import state_bytes_per_slot as recurrent_state_bytes
+from fleet.capacity import weight_bytes as estimated_weight_bytes
 from fleet.errors import ConfigError
 from fleet.gpus import GpuSpec, gpu_spec
 
@@ -71,6 +74,7 @@ class Plan:
     usd_per_m_output_tokens: float
     roofline: Roofline | None
     estimate_vs_roofline: float | None  #: tok_s_per_gpu / roofline tok/s
+    capacity: dict[str, Any] | None = None  #: fleet.capacity.Capacity: SGLang's real batch
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,6 +118,7 @@ def make_plan(
     prompt_tokens: float = 0.0,
     tok_s_per_gpu: float | None = None,
     model: ModelFacts | None = None,
+    capacity: dict[str, Any] | None = None,
 ) -> Plan:
     """The plan for `prompts` prompts on `gpus` GPUs of kind `gpu`.
 
@@ -154,66 +159,11 @@ def make_plan(
         usd_per_m_output_tokens=cost / (total_out / 1e6) if total_out else 0.0,
         roofline=roof,
         estimate_vs_roofline=tok_s_per_gpu / roof.tok_s if roof else None,
+        capacity=capacity,
     )
 
 
 # -- model facts from a model directory ----------------------------------------------------
-
-
-def _text_config(config: dict[str, Any]) -> dict[str, Any]:
-    # Multimodal checkpoints (Qwen3.5/3.6 among them) nest the language model's config.
-    return config.get("text_config") or config
-
-
-def _attention_layers(cfg: dict[str, Any]) -> tuple[int, int]:
-    """(full-attention layers, linear-attention layers); hybrids keep KV only in the first."""
-    layers = int(cfg.get("num_hidden_layers", 0))
-    if "layer_types" in cfg:
-        full = sum(1 for t in cfg["layer_types"] if "full" in str(t) or str(t) == "attention")
-        return full, len(cfg["layer_types"]) - full
-    if cfg.get("full_attention_interval"):
-        full = layers // int(cfg["full_attention_interval"])
-        return full, layers - full
-    return layers, 0
-
-
-def kv_bytes_per_token(config: dict[str, Any], kv_dtype_bytes: float = 2.0) -> float:
-    """KV cache bytes per token of context, from a Hugging Face config.json.
-
-    Hybrid models keep a KV cache only in their full-attention layers; MLA models cache
-    one compressed latent per layer.
-    """
-    cfg = _text_config(config)
-    layers, _ = _attention_layers(cfg)
-    if cfg.get("kv_lora_rank"):
-        per_layer = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
-        return layers * per_layer * kv_dtype_bytes
-    heads = int(cfg.get("num_attention_heads", 1))
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 0)) // max(heads, 1))
-    return 2 * layers * kv_heads * head_dim * kv_dtype_bytes
-
-
-def recurrent_state_bytes(
-    config: dict[str, Any], state_dtype_bytes: float = 4.0, conv_dtype_bytes: float = 2.0
-) -> float:
-    """Per-request state of Gated-DeltaNet (linear attention) layers, read every step.
-
-    Per layer: a value-heads x key-dim x value-dim matrix (FP32 in SGLang's mamba cache)
-    plus the short convolution's window. 0 for models without linear-attention layers.
-    """
-    cfg = _text_config(config)
-    _, linear = _attention_layers(cfg)
-    nv = int(cfg.get("linear_num_value_heads", 0))
-    if not linear or not nv:
-        return 0.0
-    nk = int(cfg.get("linear_num_key_heads", nv))
-    dk = int(cfg.get("linear_key_head_dim", 0))
-    dv = int(cfg.get("linear_value_head_dim", 0))
-    kernel = int(cfg.get("linear_conv_kernel_dim", 4))
-    ssm = nv * dk * dv * state_dtype_bytes
-    conv = (2 * nk * dk + nv * dv) * (kernel - 1) * conv_dtype_bytes
-    return linear * (ssm + conv)
 
 
 def weight_bytes_in(model_dir: Path) -> float:
@@ -245,6 +195,8 @@ def model_facts_from_dir(model_dir: str | Path, **overrides: Any) -> ModelFacts:
         "state_bytes_per_request": recurrent_state_bytes(config),
     }
     weights = weight_bytes_in(path)
+    if not weights and text_config(config).get("hidden_size"):
+        weights = estimated_weight_bytes(config)  # config.json alone: count the parameters
     if weights:
         facts["params_b"] = weights / bpp / 1e9
     facts.update({k: v for k, v in overrides.items() if v is not None})

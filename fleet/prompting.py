@@ -36,7 +36,10 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 #: Only what `model_facts` reads is fetched for a hub id: never the weights.
 HUB_PATTERNS = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken"]
 #: Values that make a sampler a no-op, used when neither settings nor the model set one.
-NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
+NEUTRAL = {
+    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+    "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+}  # fmt: skip
 
 
 # -- the model's files -----------------------------------------------------------------------
@@ -186,7 +189,8 @@ def fill_sampling(sampling: Sampling, defaults: dict[str, Any]) -> Sampling:
     """The request's sampling with unset fields taken from `model_facts(...)["sampling"]`."""
     from dataclasses import replace
 
-    missing = {k: defaults[k] for k in NEUTRAL if getattr(sampling, k) is None}
+    # .get: a manifest written before the penalties existed has none; unset means neutral.
+    missing = {k: defaults.get(k) for k in NEUTRAL if getattr(sampling, k) is None}
     if sampling.stop is None and defaults.get("stop"):
         missing["stop"] = tuple(defaults["stop"])
     return replace(sampling, **missing)

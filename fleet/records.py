@@ -25,6 +25,9 @@ class SamplingOverrides(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: StrictInt | None = None
     min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     max_tokens: StrictInt | None = Field(None, ge=1)
     n: StrictInt | None = Field(None, ge=1, le=128)
     seed: StrictInt | None = None

@@ -32,6 +32,8 @@ DEFAULT_VISIBILITY_TIMEOUT_S = 12 * 3600
 #: (and `fleet bench projection` at the reference shape) gives 0.81 busy at 8 and 0.97-0.99
 #: at 16, so the default is 16.
 IN_FLIGHT_FACTOR = 16
+#: S for sglang where neither the setting nor a known GPU sizes it.
+DEFAULT_SGLANG_RUNNING = 256
 EngineName = Literal["sim", "hf", "sglang"]
 
 
@@ -72,8 +74,29 @@ class SglangSettings(BaseModel):
     speculative_num_steps: int = Field(3, ge=1)
     speculative_eagle_topk: int = Field(1, ge=1)
     speculative_num_draft_tokens: int = Field(4, ge=1)
-    max_running_requests: int = Field(256, ge=1, description="always set: SGLang caps it at 48 with MTP")
-    mem_fraction_static: float | None = Field(None, gt=0, lt=1)
+    max_running_requests: int | None = Field(
+        None, ge=1,
+        description="requests the engine runs at once; unset: the most that fit this model on this GPU "
+        "(fleet.capacity), else 256 where no GPU is known. Always passed: SGLang caps it at 48 with MTP",
+    )
+    mem_fraction_static: float | None = Field(
+        None, gt=0, lt=1,
+        description="fraction of GPU memory for weights + KV + state; unset: SGLang's own headroom for "
+        "this GPU, passed explicitly so SGLang does not cut it for a vision tower fleet never feeds",
+    )
+    radix_cache: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="prefix cache. auto: off for hybrid (mamba-state) models unless prompts share prefixes "
+        "or n > 1, since with it on SGLang keeps 5 state slots per request instead of 1",
+    )
+    shared_prefixes: bool = Field(False, description="prompts share long prefixes (radix_cache auto turns it on)")
+    mamba_full_memory_ratio: float = Field(
+        0.9, gt=0, description="radix on: state pool / KV pool memory ratio (SGLang's default 0.9)"
+    )
+    context_tokens: int = Field(
+        4096, ge=1, description="tokens, prompt + output, one running request holds; sizes the batch"
+    )
+    log_level: str = Field("warning", description="SGLang's log level (its own default, error, hides its warnings)")
     context_length: int | None = Field(None, ge=1)
     chunked_prefill_size: int | None = Field(None)
     tp_size: int = Field(1, ge=1)
@@ -92,6 +115,9 @@ class SamplingSettings(BaseModel):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
+    repetition_penalty: float | None = Field(None, gt=0, le=2, description="1 = none (SGLang's range)")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="0 = none")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="0 = none")
     max_tokens: int = Field(2048, ge=1)
     n: int = Field(1, ge=1)
     stop: list[str] | None = None
@@ -177,7 +203,7 @@ class Settings(BaseSettings):
         return {
             "sim": self.sim.max_running,
             "hf": self.hf.max_batch,
-            "sglang": self.sglang.max_running_requests,
+            "sglang": self.sglang.max_running_requests or DEFAULT_SGLANG_RUNNING,
         }[self.engine]
 
     def resolved_slots(self, chunk_size: int | None = None) -> int:

@@ -78,8 +78,11 @@ for key, value in json.load(open(sys.argv[1])).items():
         print(flag, json.dumps(value) if isinstance(value, dict) else value, sep="\n")
 PY
 )
-sampling="$("$py" -c 'import json; from fleet.prompting import model_facts; from fleet.settings import Settings
-s = model_facts(Settings())["sampling"]; print(json.dumps({k: s[k] for k in ("temperature", "top_p", "top_k", "min_p")}))')"
+# The same mapping the engine uses (top_k 0 -> -1, which SGLang requires; the penalties).
+sampling="$("$py" -c 'import json; from fleet.prompting import model_facts, NEUTRAL; from fleet.settings import Settings
+from fleet.engines.base import Sampling; from fleet.engines.sglang import sampling_params
+s = model_facts(Settings())["sampling"]; p = sampling_params(Sampling(**{k: s[k] for k in NEUTRAL}), 1, [], False)
+print(json.dumps({k: v for k, v in p.items() if k not in ("max_new_tokens", "stop_token_ids")}))')"
 bench_module="sglang.benchmark.offline_throughput"  # sglang 0.5.23; older releases: sglang.bench_offline_throughput
 "$py" -c "import $bench_module" 2>/dev/null || bench_module="sglang.bench_offline_throughput"
 "$py" -m "$bench_module" "${server_flags[@]}" \

@@ -2,9 +2,9 @@
 # Create the heavy virtualenv with sglang==0.5.23 (CUDA torch, kernels: several GB).
 #
 # It is what the GPU hosts run, and where the SGLang contract test runs on a CPU:
-#   ops/sglang-venv.sh [VENV_DIR]          # default: .venv-sglang in the repo root
+#   ops/sglang-venv.sh [VENV_DIR]          # default: .venv-sglang in the repo root (CI: ~/.cache/fleet/sglang-venv)
 #   VENV_DIR/bin/python -m pytest tests/test_engines_sglang.py -q -k real_sglang
-# Not part of CI: CI tests the adapter against tests/fake_sglang.
+# .ci/run builds it (outside the checkout) and runs the contract tests with it.
 set -euo pipefail
 
 SGLANG_VERSION="0.5.23"

@@ -253,3 +253,23 @@ def test_row_sampler_applies_each_rows_own_settings() -> None:
     assert {p[5] for p in picks} == {0}
     again = RowSampler(rows, vocab=4, device="cpu")
     assert [again(None, scores.clone()).argmax(-1).tolist() for _ in range(200)] == picks
+
+
+def test_row_sampler_penalises_generated_tokens_as_sglang_does() -> None:
+    import torch
+
+    from fleet.engines.base import Sampling
+
+    rows = [
+        Sampling(temperature=0.0, repetition_penalty=2.0),  # 3.0 / 2 = 1.5 < 2.0: token 1 wins
+        Sampling(temperature=0.0, frequency_penalty=0.6),  # 3.0 - 2 x 0.6 = 1.8 < 2.0
+        Sampling(temperature=0.0, presence_penalty=0.6),  # 3.0 - 0.6 = 2.4 > 2.0: token 0 stays
+        Sampling(temperature=0.0),  # no penalty
+    ]
+    sampler = RowSampler(rows, vocab=4, device="cpu")
+    prompt = torch.tensor([[0, 0]] * 4)  # prompt tokens are never penalised
+    scores = torch.tensor([[3.0, 2.0, 1.0, 0.0]] * 4)
+    assert sampler(prompt, scores.clone()).argmax(-1).tolist() == [0, 0, 0, 0]
+
+    generated = torch.cat([prompt, torch.tensor([[0, 0]] * 4)], dim=1)  # token 0 twice since
+    assert sampler(generated, scores.clone()).argmax(-1).tolist() == [1, 1, 0, 0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -22,9 +23,11 @@ from typer.testing import CliRunner
 from fleet.engines import build_engine
 from fleet.engines.base import GenResult
 from fleet.engines.sglang import SglangEngine, engine_kwargs, is_hybrid
-from fleet.errors import EngineError, RecordError
+from fleet.errors import ConfigError, EngineError, RecordError
+from fleet.metrics import ENGINE_SLOTS
 from fleet.prompting import load_tokenizer, render_ids
 from fleet.settings import Settings
+from fleet.worker.enginehost import EngineHost, admission_limit
 from tests.modelkit import LoopThread, chat, loop_thread_fixture, raw, tiny_model_fixture  # noqa: F401
 
 FAKE = Path(__file__).parent / "fake_sglang"
@@ -73,15 +76,33 @@ def test_default_kwargs_are_bf16_mtp_and_an_explicit_running_limit(tiny_model: P
         "speculative_num_steps": 3,
         "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": 4,
+        "log_level": "warning",
     }
     assert "sglang" not in sys.modules
 
 
-def test_hybrid_models_with_mtp_get_the_extra_buffer(tmp_path: Path) -> None:
+def test_hybrid_models_run_without_the_radix_cache_unless_prompts_share_prefixes(tmp_path: Path) -> None:
     model = hybrid_model(tmp_path)
 
-    assert engine_kwargs(sg_settings(model))["mamba_radix_cache_strategy"] == "extra_buffer"
-    assert "mamba_radix_cache_strategy" not in engine_kwargs(sg_settings(model, mtp=False))
+    # Unique prompts, one sample each: radix off, 1 state slot per request instead of 5
+    kwargs = engine_kwargs(sg_settings(model))
+    assert kwargs["disable_radix_cache"] is True
+    assert "mamba_radix_cache_strategy" not in kwargs  # SGLang resolves it; fleet never forces it
+    # Shared prefixes, or n > 1: radix on, and the state pool's share of memory is explicit
+    shared = engine_kwargs(sg_settings(model, shared_prefixes=True))
+    assert "disable_radix_cache" not in shared and shared["mamba_full_memory_ratio"] == 0.9
+    n4 = Settings(engine="sglang", model=str(model), sampling={"n": 4})
+    assert "disable_radix_cache" not in engine_kwargs(n4)
+    assert "disable_radix_cache" not in engine_kwargs(sg_settings(model, radix_cache="on"))
+
+
+def test_hierarchical_cache_without_the_radix_cache_is_refused_at_start(tmp_path: Path) -> None:
+    model = hybrid_model(tmp_path)
+    with pytest.raises(ConfigError, match="enable_hierarchical_cache needs the radix cache"):
+        engine_kwargs(sg_settings(model, enable_hierarchical_cache=True))
+    assert engine_kwargs(sg_settings(model, enable_hierarchical_cache=True, radix_cache="on"))[
+        "enable_hierarchical_cache"
+    ]
 
 
 def test_hybrid_is_read_from_the_config() -> None:
@@ -211,6 +232,7 @@ def test_meta_info_and_sampling_are_mapped(fake_sglang, tiny_model: Path, loop_t
     assert sent["input_ids"] == prompt_ids
     assert sent["sampling_params"] == {
         "temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "max_new_tokens": 50,
+        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
         "stop_token_ids": engine.defaults["eos_token_ids"], "stop": ["END"],
     }  # fmt: skip
     assert isinstance(result, GenResult)
@@ -309,6 +331,90 @@ def test_shutdown_shuts_the_engine_down(fake_sglang, tiny_model: Path, loop_thre
         loop_thread.run(engine.generate(chat("late")))
 
 
+# -- the real engine's edges (each one read from sglang 0.5.23's source into the stand-in) ----------
+
+
+def test_fleets_log_lines_survive_sglangs_basicconfig(fake_sglang, tiny_model: Path, loop_thread, caplog) -> None:
+    # Given fleet's own handler on the root logger at INFO
+    root = logging.getLogger()
+    mine = logging.StreamHandler()
+    root.addHandler(mine)
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        # When the engine starts (the real one calls basicConfig(level=ERROR, force=True))
+        engine = started(loop_thread, sg_settings(tiny_model, mtp=False))
+        # Then fleet's handler and level are back, and SGLang was asked for warnings
+        assert mine in root.handlers and root.level == logging.INFO
+        assert fake_sglang.instances[0].kwargs["log_level"] == "warning"
+        assert engine.max_running == 256
+    finally:
+        root.removeHandler(mine)
+        root.setLevel(level)
+
+
+def test_the_effective_running_limit_is_read_back_and_warned(fake_sglang, tiny_model: Path, caplog) -> None:
+    # Given an engine whose scheduler settles on 12 of the 64 requests asked
+    settings = sg_settings(tiny_model, mtp=False, max_running_requests=64,
+                           engine_kwargs={"fake_effective_running": 12, "fake_step_s": 0.002})  # fmt: skip
+    host = EngineHost(build_engine(settings))
+    with caplog.at_level(logging.WARNING, logger="fleet.engines.sglang"):
+        host.start(timeout_s=60)
+    try:
+        # Then S, and the admission gate sized from it, follow the effective value
+        assert host.engine.max_running == 12
+        assert host.gate is not None and host.gate._value == admission_limit(12)
+        assert ENGINE_SLOTS._value.get() == 12  # the Prometheus gauge shows the real S
+        assert any("runs 12 requests at once, not the 64 asked" in r.message and "max_running_requests" in r.message
+                   for r in caplog.records)  # fmt: skip
+        # And what is submitted beyond it queues inside the engine, never running more than 12
+        futures = [host.submit(host.engine.generate(chat(f"e{i}", max_tokens=8))) for i in range(30)]
+        assert all(isinstance(f.result(30), GenResult) for f in futures)
+        assert fake_sglang.instances[0].peak == 12
+    finally:
+        host.stop()
+
+
+def test_with_mtp_the_reserved_draft_tokens_are_left_out_of_the_budget(fake_sglang, tiny_model, loop_thread) -> None:
+    # Given MTP (NEXTN: 3 steps x topk 1, 4 draft tokens -> 4 reserved) and a 64-token context
+    settings = sg_settings(tiny_model, context_length=64, engine_kwargs={"fake_step_s": 0})
+    engine = started(loop_thread, settings)
+    request = raw("near-limit", "word " * 10, max_tokens=1000)
+
+    # When a record asks for more than fits
+    result = loop_thread.run(engine.generate(request))
+
+    # Then it is clipped to context - prompt - reserved (SGLang would refuse one more), not failed
+    sent = fake_sglang.instances[0].requests[-1]
+    assert engine.reserved_tokens == 4
+    assert len(sent["input_ids"]) + 4 + sent["sampling_params"]["max_new_tokens"] == 64
+    assert result.finish_reason in ("stop", "length")
+
+
+def test_an_http_status_abort_fails_the_record_and_the_engine_lives_on(fake_sglang, tiny_model, loop_thread) -> None:
+    engine = started(loop_thread, sg_settings(tiny_model, mtp=False, engine_kwargs={"fake_abort_over": 20}))
+
+    aborted = loop_thread.submit(engine.generate(raw("big", "word " * 40))).exception(10)
+    after = loop_thread.run(engine.generate(raw("small", "hi", max_tokens=4)))
+
+    assert isinstance(aborted, RecordError) and "(500)" in str(aborted)
+    assert isinstance(after, GenResult)
+
+
+def test_penalties_reach_sglang_and_top_k_zero_never_does(fake_sglang, tiny_model: Path, loop_thread) -> None:
+    engine = started(loop_thread, sg_settings(tiny_model, mtp=False))
+    sampling = {"repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.25, "top_k": 0}
+    request = raw("p", "hello", max_tokens=4, **sampling)
+
+    loop_thread.run(engine.generate(request))
+
+    sent = fake_sglang.instances[0].requests[-1]["sampling_params"]
+    assert (sent["repetition_penalty"], sent["presence_penalty"], sent["frequency_penalty"]) == (1.1, 0.5, -0.25)
+    assert sent["top_k"] == -1
+    with pytest.raises(ValueError, match="top_k must be -1"):  # what the stand-in, like SGLang, does with 0
+        fake_sglang.verify_sampling({"top_k": 0})
+
+
 # -- the real sglang, where it is installed (ops/sglang-venv.sh) -------------------------------------
 
 
@@ -341,3 +447,81 @@ def test_real_sglang_refuses_what_we_guard_against(real_server_args: type, tiny_
         validate(real_server_args, {**kwargs, "context_length": 10 * 2048})
     with pytest.raises(Exception, match="needs mamba state"):
         validate(real_server_args, {**kwargs, "mamba_radix_cache_strategy": "extra_buffer"})
+
+
+QWEN = Path(__file__).parent / "fixtures" / "qwen3_6_27b"
+
+
+def test_real_sglang_has_every_arg_and_param_the_stand_in_accepts(real_server_args: type) -> None:
+    import inspect
+
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    fake = _fake_module()
+    real_fields = set(inspect.signature(real_server_args).parameters)
+    assert real_fields >= fake.SERVER_ARGS, fake.SERVER_ARGS - real_fields
+    values = {"max_new_tokens": 8, "stop": ["x"], "stop_token_ids": [2], "temperature": 1.0, "top_p": 1.0,
+              "top_k": -1, "min_p": 0.0, "sampling_seed": 1, "ignore_eos": False, "skip_special_tokens": True,
+              "no_stop_trim": False, "n": 1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+              "frequency_penalty": 0.0}  # fmt: skip
+    assert set(values) == fake.SAMPLING_PARAMS
+    SamplingParams(**values).verify(1000)  # an unknown keyword would be a TypeError
+
+
+def test_real_sglang_refuses_top_k_zero_and_takes_what_fleet_sends(real_server_args: type) -> None:
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from fleet.engines.base import Sampling
+    from fleet.engines.sglang import sampling_params
+
+    sent = sampling_params(
+        Sampling(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.05, presence_penalty=1.5,
+                 frequency_penalty=-0.5),
+        64, [2], False,
+    )  # fmt: skip
+    SamplingParams(**sent).verify(1000)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(**{**sent, "top_k": 0}).verify(1000)
+
+
+def test_real_sglang_reads_back_what_the_engine_reads(real_server_args: type) -> None:
+    import inspect
+
+    from sglang.srt.managers.scheduler_components import internal_state, memory_usage
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    # awaited on fleet's loop: Engine.get_server_info would run_until_complete on a running loop
+    assert inspect.iscoroutinefunction(TokenizerManager.get_internal_state)
+    source = inspect.getsource(internal_state)
+    assert 'state["effective_max_running_requests_per_dp"]' in source and 'state["memory_usage"]' in source
+    assert '"token_capacity"' in inspect.getsource(memory_usage)
+
+
+def test_real_sglang_refuses_the_hierarchical_cache_without_radix(real_server_args: type, tiny_model) -> None:
+    kwargs = engine_kwargs(sg_settings(tiny_model, mtp=False))
+    with pytest.raises(Exception, match="hierarchical-cache and disable-radix-cache"):
+        validate(real_server_args, {**kwargs, "enable_hierarchical_cache": True, "disable_radix_cache": True})
+
+
+def test_real_sglang_accepts_the_qwen36_kwargs_fleet_plans(real_server_args: type) -> None:
+    # Radix off (fleet's default for unique prompts), MTP off and on: valid even on a CPU
+    for mtp in (False, True):
+        kwargs = engine_kwargs(sg_settings(QWEN, mtp=mtp), "h200")
+        assert kwargs["disable_radix_cache"] is True and "mamba_radix_cache_strategy" not in kwargs
+        validate(real_server_args, kwargs)
+    # Radix on: SGLang resolves the strategy to extra_buffer itself (overlap scheduler), which
+    # needs GPU state snapshots; a CPU can only show that it gets that far and no further.
+    radix = engine_kwargs(sg_settings(QWEN, mtp=False, radix_cache="on"), "h200")
+    assert "mamba_radix_cache_strategy" not in radix and radix["mamba_full_memory_ratio"] == 0.9
+    with pytest.raises(AssertionError, match="extra_buffer requires platform support"):
+        validate(real_server_args, radix)
+
+
+def _fake_module() -> ModuleType:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fake_sglang_surface", FAKE / "sglang" / "__init__.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -142,6 +142,7 @@ def test_sampling_defaults_come_from_generation_config(tiny_model: Path) -> None
     tok = load_tokenizer(str(tiny_model))
     assert facts["sampling"] == {
         "temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
+        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
         "max_tokens": 2048, "n": 1, "stop": None,
         "eos_token_ids": sorted(tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])),
     }  # fmt: skip
@@ -180,6 +181,21 @@ def test_revision_follows_the_files_that_shape_output(tiny_model: Path, tmp_path
     (copy / "generation_config.json").write_text(json.dumps({**gen, "top_k": 40}))
     assert model_revision(copy) != model_revision(tiny_model)
     assert model_facts(settings_for(copy))["sampling"]["top_k"] == 40
+
+
+def test_penalties_come_from_generation_config_and_the_job(tiny_model: Path, tmp_path: Path) -> None:
+    # Given a model whose generation_config.json sets penalties (Qwen3.6 ships presence_penalty)
+    copy = Path(shutil.copytree(tiny_model, tmp_path / "pen"))
+    gen = json.loads((copy / "generation_config.json").read_text())
+    (copy / "generation_config.json").write_text(json.dumps({**gen, "repetition_penalty": 1.05,
+                                                             "presence_penalty": 1.5}))  # fmt: skip
+
+    sampling = model_facts(settings_for(copy, sampling={"frequency_penalty": 0.2}))["sampling"]
+
+    # Then the manifest's effective sampling carries all three
+    assert (sampling["repetition_penalty"], sampling["presence_penalty"], sampling["frequency_penalty"]) == (
+        1.05, 1.5, 0.2,
+    )  # fmt: skip
 
 
 def test_a_git_checkout_is_identified_by_its_commit(tiny_model: Path, tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 
 from fleet.bench.report import Figure, Section
 from fleet.engines.base import GenRequest, Sampling
+from fleet.engines.sglang_plan import with_planned_running
 from fleet.errors import ConfigError, FleetError
 from fleet.records import Message
 from fleet.settings import Settings, load_settings
@@ -68,7 +69,7 @@ async def run_side(settings: Settings, requests: int, max_tokens: int, warmup: i
     verify = sum(r.meta.get("spec_verify_ct") or 0 for r in results)
     return {
         "mtp": settings.sglang.mtp,
-        "batch": settings.sglang.max_running_requests,
+        "batch": engine.max_running,  # what SGLang really ran, read back after start
         "requests": requests,
         "tokens": tokens,
         "seconds": seconds,
@@ -81,7 +82,8 @@ async def run_side(settings: Settings, requests: int, max_tokens: int, warmup: i
 def side_main(mtp: bool, requests: int | None, max_tokens: int | None) -> dict[str, Any]:
     settings = load_settings(engine="sglang")
     settings.sglang.mtp = mtp
-    batch = settings.sglang.max_running_requests
+    settings = with_planned_running(settings)
+    batch = settings.engine_max_running
     n = requests or 2 * batch
     m = max_tokens or settings.sampling.max_tokens
     return asyncio.run(run_side(settings, n, m, warmup=min(batch, 32)))

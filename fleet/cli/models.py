@@ -27,12 +27,18 @@ def tiny_model(
 def engine_args(
     engine: EngineOpt = "sglang",
     model: ModelOpt = None,
+    gpu: Annotated[
+        str | None, typer.Option("--gpu", help="GPU kind (h100, h200, b200, ...); default: this host's GPU")
+    ] = None,
 ) -> None:
-    """Print, as JSON, the kwargs the worker would pass to sglang.Engine (sglang not needed)."""
+    """Print, as JSON, the kwargs the worker would pass to sglang.Engine (sglang not needed).
+
+    max_running_requests and mem_fraction_static come from the capacity model for that GPU.
+    """
     if engine != "sglang":
         fail(f"engine-args describes the sglang engine only, not {engine!r}")
     settings = settings_from(engine=engine, model=model)
     from fleet.engines.sglang import engine_kwargs
 
-    kwargs = run_guarded(engine_kwargs, settings)
+    kwargs = run_guarded(engine_kwargs, settings, gpu)
     typer.echo(json.dumps(kwargs, indent=2, sort_keys=True))

@@ -99,6 +99,16 @@ def render_plan(plan: Plan) -> Table:
         table.add_row("memory at batch", f"{roof.memory_needed_gb:,.1f} GB of {spec.hbm_gb:g} GB ({fits})")
         if plan.estimate_vs_roofline is not None:
             table.add_row("estimate vs roofline", f"{plan.estimate_vs_roofline:.0%} of the physical limit")
+    cap = plan.capacity
+    if cap is not None:
+        table.add_row(
+            "sglang capacity",
+            f"{cap['batch']} requests at once (SGLang's limit {cap['max_running_requests']}, KV room for "
+            f"{cap['kv_bound_requests']}); weights {cap['weights_gib']:.1f} GiB, KV {cap['kv_kib_per_token']:g} "
+            f"KiB/token, state {cap['state_mib_per_slot']:.1f} MiB/slot x {cap['state_slots_per_request']} per "
+            f"request, mem_fraction_static {cap['mem_fraction_static']}",
+        )
+        table.add_row("at that batch", f"{_hours(plan.wall_s)}, ${plan.cost_usd:,.2f}")
     return table
 
 
@@ -124,7 +134,10 @@ def plan(
     bytes_per_param: Annotated[
         float, typer.Option("--bytes-per-param", help="roofline: 2 for BF16, 1 for FP8")
     ] = DEFAULT_BYTES_PER_PARAM,
-    batch: Annotated[int, typer.Option("--batch", help="roofline: running requests per GPU")] = DEFAULT_BATCH,
+    batch: Annotated[
+        int | None,
+        typer.Option("--batch", help="roofline: running requests per GPU (default: the capacity model's, else 256)"),
+    ] = None,
     kv_bytes_per_token: Annotated[
         float | None,
         typer.Option("--kv-bytes-per-token", help="roofline: KV cache bytes per token"),
@@ -141,12 +154,30 @@ def plan(
         float,
         typer.Option("--accept-length", help="roofline: tokens per step with speculative decoding"),
     ] = 1.0,
+    mtp: Annotated[
+        bool | None, typer.Option("--mtp/--no-mtp", help="capacity: MTP speculative decoding (FLEET_SGLANG__MTP)")
+    ] = None,
+    radix: Annotated[
+        str | None, typer.Option("--radix", help="capacity: radix cache auto|on|off (FLEET_SGLANG__RADIX_CACHE)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
-    """Throughput, wall time and cost of a job on a fleet, next to the roofline."""
+    """Throughput, wall time and cost of a job on a fleet, next to the roofline.
+
+    With --model, the capacity model (fleet.capacity) says how many requests SGLang really
+    runs at once on that GPU, and the roofline is taken at that batch.
+    """
+    settings = settings_from(model=model)
     if usd_per_gpu_hour is None:
-        usd_per_gpu_hour = settings_from().usd_per_gpu_hour
+        usd_per_gpu_hour = settings.usd_per_gpu_hour
     try:
+        cap = None
+        if model:
+            from fleet.engines.sglang_plan import job_capacity
+
+            cap = job_capacity(settings, gpu, prompt_tokens + output_tokens, mtp=mtp, radix=radix)
+        if batch is None:
+            batch = cap.batch if cap is not None and cap.batch else DEFAULT_BATCH
         facts = _model_facts(
             model, params_b, bytes_per_param, batch, kv_bytes_per_token, context,
             state_mb_per_request, accept_length,
@@ -160,6 +191,7 @@ def plan(
             output_tokens=output_tokens,
             tok_s_per_gpu=tok_s_per_gpu,
             model=facts,
+            capacity=cap.to_dict() if cap is not None else None,
         )
     except FleetError as e:
         fail(str(e))

@@ -22,6 +22,9 @@ class Sampling:
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     max_tokens: int = 2048
     stop: tuple[str, ...] | None = None
     seed: int | None = None

@@ -63,6 +63,10 @@ class RowSampler:
         self.top_k = column("top_k").long()
         self.top_p = column("top_p").float()
         self.min_p = column("min_p").float()
+        self.repetition = column("repetition_penalty").float()
+        self.presence = column("presence_penalty").float()
+        self.frequency = column("frequency_penalty").float()
+        self.prompt_width: int | None = None  #: input width at the first step: the padded prompts
         self.greedy = self.temp <= 0
         self.generators = [
             torch.Generator(device=device).manual_seed(s.seed if s.seed is not None else 0)
@@ -75,11 +79,30 @@ class RowSampler:
         scores = scores.float()
         if scores.shape[-1] > self.vocab:  # padded embedding rows are not tokens
             scores[:, self.vocab :] = float("-inf")
+        if input_ids is not None:
+            if self.prompt_width is None:
+                self.prompt_width = input_ids.shape[1]
+            scores = self._penalise(scores, input_ids[:, self.prompt_width :])
         choice = scores.argmax(-1)
         if not bool(self.greedy.all()):
             choice = torch.where(self.greedy, choice, self._sample(scores))
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, choice[:, None], 0.0)
+
+    def _penalise(self, scores: Any, generated: Any) -> Any:
+        """SGLang's penalties over the tokens generated so far (its penaltylib counts outputs):
+        repetition divides a seen token's positive logit (multiplies a negative one);
+        frequency and presence subtract per occurrence and once."""
+        import torch
+
+        if generated.shape[1] == 0:
+            return scores
+        counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        seen = counts > 0
+        rep = self.repetition[:, None].expand_as(scores)
+        penalised = torch.where(scores > 0, scores / rep, scores * rep)
+        scores = torch.where(seen, penalised, scores)
+        return scores - self.frequency[:, None] * counts - self.presence[:, None] * seen.to(scores.dtype)
 
     def _sample(self, scores: Any) -> Any:
         import torch

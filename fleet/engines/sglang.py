@@ -13,15 +13,25 @@ and detokenising in SGLang's own process keeps that work off the worker's loop.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from fleet.capacity import sglang_mem_fraction
 from fleet.engines.base import GenRequest, GenResult, Sampling
 from fleet.engines.model import ModelEngine
+from fleet.engines.sglang_plan import (
+    check_choices,
+    is_hybrid,
+    local_config,
+    radix_on,
+    with_planned_running,
+)
 from fleet.errors import EngineError, RecordError
+from fleet.gpus import gpu_memory_mib
 from fleet.prompting import (
     Prompt,
     check_length,
@@ -31,24 +41,10 @@ from fleet.prompting import (
     require_model,
     split_reasoning,
 )
-from fleet.settings import Settings
+from fleet.settings import DEFAULT_SGLANG_RUNNING, Settings, SglangSettings
 
 log = logging.getLogger(__name__)
 
-#: Architectures SGLang serves with a mamba (linear-attention) state, from sglang 0.5.23's
-#: `_MAMBA_RADIX_CACHE_ARCHS`; `extra_buffer` is refused for any other model.
-HYBRID_ARCHITECTURES = frozenset(
-    {
-        "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-        "KimiLinearForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM",
-        "JetNemotronForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
-        "BailingMoeV2_5ForCausalLM",
-    }
-)  # fmt: skip
-#: Layer kinds that carry recurrent state in hybrid configs (`layer_types`); this also covers
-#: architectures that are hybrid only in some configs (GraniteMoeHybrid).
-STATEFUL_LAYERS = frozenset({"linear_attention", "mamba", "gated_deltanet"})
 FINISH_TYPES = {"stop": "stop", "length": "length"}
 #: (record field, meta_info key): what SGLang reports per request that lands in the record.
 META_FIELDS = (
@@ -59,29 +55,32 @@ META_FIELDS = (
 )
 
 
-def is_hybrid(config: dict[str, Any]) -> bool:
-    """Whether a model's config.json describes a model with mamba / linear-attention state."""
-    for section in (config, config.get("text_config") or {}):
-        if set(section.get("architectures") or ()) & HYBRID_ARCHITECTURES:
-            return True
-        if set(section.get("layer_types") or ()) & STATEFUL_LAYERS:
-            return True
-    return False
+def engine_kwargs(settings: Settings, gpu: str | None = None) -> dict[str, Any]:
+    """The exact kwargs the worker passes to `sglang.Engine` on `gpu` (default: this host's).
 
-
-def engine_kwargs(settings: Settings) -> dict[str, Any]:
-    """The exact kwargs the worker passes to `sglang.Engine` (docs/architecture.md, SGLang facts)."""
+    mem_fraction_static and max_running_requests are always explicit (fleet.capacity), and
+    the mamba radix strategy is left to SGLang, which resolves it (extra_buffer under the
+    overlap scheduler) where the platform supports it.
+    """
     model = require_model(settings)
+    config = local_config(model)
+    check_choices(settings, config)
+    settings = with_planned_running(settings, gpu)
     s = settings.sglang
     local = Path(model).expanduser()
+    gpu_mib = gpu_memory_mib(gpu)
     kw: dict[str, Any] = {
         # engine-args on a laptop may name a directory that exists only on the GPU host
         "model_path": str(local.resolve()) if local.is_dir() else model,
         "dtype": s.dtype,
         "tp_size": s.tp_size,
         # With speculation on and this unset, SGLang silently caps it at 48.
-        "max_running_requests": s.max_running_requests,
+        "max_running_requests": s.max_running_requests or DEFAULT_SGLANG_RUNNING,
+        "log_level": s.log_level,
     }
+    mfs = s.mem_fraction_static or (sglang_mem_fraction(gpu_mib) if gpu_mib else None)
+    if mfs is not None:  # explicit: unset, SGLang cuts it for the vision tower (memory_hook.py)
+        kw["mem_fraction_static"] = mfs
     if s.mtp:
         kw.update(
             speculative_algorithm="NEXTN",
@@ -89,9 +88,11 @@ def engine_kwargs(settings: Settings) -> dict[str, Any]:
             speculative_eagle_topk=s.speculative_eagle_topk,
             speculative_num_draft_tokens=s.speculative_num_draft_tokens,
         )
-        if is_hybrid(local_config(model)):
-            kw["mamba_radix_cache_strategy"] = "extra_buffer"
-    for name in ("mem_fraction_static", "context_length", "chunked_prefill_size"):
+    if not radix_on(settings, config):
+        kw["disable_radix_cache"] = True
+    elif is_hybrid(config):
+        kw["mamba_full_memory_ratio"] = s.mamba_full_memory_ratio
+    for name in ("context_length", "chunked_prefill_size"):
         if getattr(s, name) is not None:
             kw[name] = getattr(s, name)
     if s.enable_hierarchical_cache:
@@ -105,25 +106,6 @@ def engine_kwargs(settings: Settings) -> dict[str, Any]:
     return kw
 
 
-def local_config(model: str) -> dict[str, Any]:
-    """config.json from the model directory or the local hub cache; {} if neither has it.
-
-    Never downloads: engine-args must answer on a machine without the model or a network.
-    """
-    path: Path | str | None = Path(model).expanduser() / "config.json"
-    if not Path(path).is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            path = try_to_load_from_cache(model, "config.json")
-        except Exception:  # not a valid repo id either
-            path = None
-    if not isinstance(path, (str, Path)) or not Path(path).is_file():
-        log.warning("no config.json for %r: assuming a model without mamba state", model)
-        return {}
-    return json.loads(Path(path).read_text())
-
-
 def sampling_params(s: Sampling, max_new: int, eos_ids: list[int], seeded: bool) -> dict[str, Any]:
     """SGLang sampling params, every value explicit: the Engine path ignores generation_config."""
     params: dict[str, Any] = {
@@ -131,6 +113,9 @@ def sampling_params(s: Sampling, max_new: int, eos_ids: list[int], seeded: bool)
         "top_p": s.top_p,
         "top_k": s.top_k if s.top_k and s.top_k > 0 else -1,
         "min_p": s.min_p,
+        "repetition_penalty": 1.0 if s.repetition_penalty is None else s.repetition_penalty,
+        "presence_penalty": s.presence_penalty or 0.0,
+        "frequency_penalty": s.frequency_penalty or 0.0,
         "max_new_tokens": max_new,
         "stop_token_ids": eos_ids,
     }
@@ -139,6 +124,32 @@ def sampling_params(s: Sampling, max_new: int, eos_ids: list[int], seeded: bool)
     if seeded and s.seed is not None:
         params["sampling_seed"] = s.seed  # honoured only with enable_deterministic_inference
     return params
+
+
+def reserved_tokens(s: SglangSettings) -> int:
+    """managers/utils.py compute_num_reserved_tokens: EAGLE-family drafts (NEXTN is an alias)
+    hold max(topk x steps, draft tokens) output slots, counted against every prompt."""
+    if not s.mtp:
+        return 0
+    return max(s.speculative_eagle_topk * s.speculative_num_steps, s.speculative_num_draft_tokens)
+
+
+@contextmanager
+def kept_logging() -> Iterator[None]:
+    """Restore the root logger's handlers and level after SGLang's configure_logger
+    (sglang/srt/utils/common.py) replaced them with basicConfig(force=True)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+        for h in handlers:
+            if h not in root.handlers:
+                root.addHandler(h)
+        root.setLevel(level)
 
 
 def finish_reason(meta: dict[str, Any]) -> str:
@@ -160,12 +171,18 @@ class SglangEngine(ModelEngine):
         self._engine: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead: EngineError | None = None
+        #: what the engine really runs, read back after start (None until then)
+        self.effective_running: int | None = None
+        self.kv_tokens: int | None = None
+        #: prompt slots SGLang's tokenizer manager adds for EAGLE/NEXTN draft tokens
+        self.reserved_tokens = reserved_tokens(self.settings.sglang)
         #: one thread: the tokenizer is only ever used from it once the engine runs
         self._render = ThreadPoolExecutor(1, thread_name_prefix="fleet-render")
 
     @property
     def max_running(self) -> int:
-        return self.settings.sglang.max_running_requests
+        """S: SGLang's effective max_running_requests once started, else what fleet asks."""
+        return self.effective_running or self.kwargs["max_running_requests"]
 
     async def start(self) -> None:
         """Build the engine on this (the worker's) loop; blocks it while the weights load."""
@@ -175,16 +192,44 @@ class SglangEngine(ModelEngine):
             import sglang
         except ImportError as e:
             raise EngineError(f"engine 'sglang' needs the sglang package: {e}") from e
-        try:
-            self._engine = sglang.Engine(**self.kwargs)
-        except Exception as e:
-            raise EngineError(f"sglang.Engine failed to start: {type(e).__name__}: {e}") from e
+        with kept_logging():  # Engine() calls logging.basicConfig(force=True): fleet's lines go
+            try:
+                self._engine = sglang.Engine(**self.kwargs)
+            except Exception as e:
+                raise EngineError(f"sglang.Engine failed to start: {type(e).__name__}: {e}") from e
+        await self._read_back()
         manager = getattr(self._engine, "tokenizer_manager", None)
         self.context = (
             getattr(manager, "context_len", None)
             or self.settings.sglang.context_length
             or context_length_of(self.model_path)
         )
+
+    async def _read_back(self) -> None:
+        """What the scheduler settled on: it lowers max_running_requests to what its KV and
+        state pools hold, at a level fleet hides. Awaited on this loop: Engine.get_server_info
+        would run_until_complete on it, which a running loop refuses."""
+        states = await self._engine.tokenizer_manager.get_internal_state()
+        state = (states or [{}])[0]
+        running = state.get("effective_max_running_requests_per_dp")
+        self.kv_tokens = (state.get("memory_usage") or {}).get("token_capacity")
+        asked = self.kwargs["max_running_requests"]
+        if running is None:
+            log.warning("sglang reports no effective_max_running_requests_per_dp: assuming %d", asked)
+            return
+        self.effective_running = int(running)
+        if self.effective_running < asked:
+            log.warning(
+                "sglang runs %d requests at once, not the %d asked (KV tokens %s): lower "
+                "sglang.max_running_requests to %d, or free memory (sglang.radix_cache=off, "
+                "sglang.mtp=false, sglang.mem_fraction_static); see `fleet plan --model`",
+                self.effective_running,
+                asked,
+                self.kv_tokens,
+                self.effective_running,
+            )
+        else:
+            log.info("sglang runs %d requests at once (KV tokens %s)", self.effective_running, self.kv_tokens)
 
     async def generate(self, request: GenRequest) -> GenResult:
         if self._dead is not None:
@@ -195,7 +240,8 @@ class SglangEngine(ModelEngine):
             raise EngineError("sglang engine called from a loop other than the one it started on")
         # Templating is pure Python: off the loop, which also carries SGLang's own output path.
         prompt = await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
-        max_new = check_length(request, len(prompt.ids), self.context)
+        budget = None if self.context is None else self.context - self.reserved_tokens
+        max_new = check_length(request, len(prompt.ids), budget)
         sampling = fill_sampling(request.sampling, self.defaults)
         eos_ids = self.defaults["eos_token_ids"]
         params = sampling_params(sampling, max_new, eos_ids, self.settings.sglang.deterministic)
@@ -207,7 +253,9 @@ class SglangEngine(ModelEngine):
             return await self._engine.async_generate(input_ids=prompt_ids, sampling_params=params)
         except ValueError as e:  # request validation in SGLang's tokenizer manager
             raise RecordError(f"sglang rejected record {request.record_id!r}: {e}") from e
-        except Exception as e:  # anything else means the engine itself is gone
+        except Exception as e:
+            if isinstance(getattr(e, "status_code", None), int):  # fastapi.HTTPException: an abort
+                raise RecordError(f"sglang aborted record {request.record_id!r} ({e.status_code}): {e}") from e
             self._dead = EngineError(f"sglang engine failed: {type(e).__name__}: {e}")
             raise self._dead from e
 

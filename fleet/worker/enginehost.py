@@ -14,6 +14,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from fleet.engines.base import Engine
+from fleet.metrics import ENGINE_SLOTS
 
 T = TypeVar("T")
 
@@ -45,7 +46,9 @@ class EngineHost:
 
     async def _start(self) -> None:
         await self.engine.start()
+        # After start: SGLang may run fewer requests than were asked (read back by the engine).
         self.gate = asyncio.Semaphore(admission_limit(self.engine.max_running))
+        ENGINE_SLOTS.set(self.engine.max_running)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

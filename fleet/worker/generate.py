@@ -15,7 +15,10 @@ from fleet.errors import RecordError
 from fleet.records import InputRecord, OutputRecord
 from fleet.worker.chunk import ChunkRun, sample_key
 
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "stop")
+_SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "max_tokens", "stop",
+)  # fmt: skip
 
 
 def effective_sampling(defaults: dict[str, Any], record: InputRecord, seed: int) -> Sampling:

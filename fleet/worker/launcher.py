@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleet.engines.sglang_plan import with_planned_running
 from fleet.gpus import pin_env
 from fleet.settings import Settings
 from fleet.worker.parent import LAUNCHER_PID_ENV
@@ -76,7 +77,8 @@ class _Child:
 class Supervisor:
     def __init__(self, settings: Settings, specs: list[WorkerSpec], log_dir: Path | None = None,
                  concurrency: int | None = None, restart: bool = True):
-        self.settings = settings
+        # S (hence K) from what the engine can really run on this host's GPUs (fleet.capacity).
+        self.settings = settings = with_planned_running(settings)
         self.children = [_Child(s) for s in specs]
         self.log_dir = log_dir
         self.concurrency = concurrency or settings.resolved_slots()

@@ -1,20 +1,40 @@
 """A stand-in `sglang` with sglang 0.5.23's embedded-engine contract, for tests without a GPU.
 
-Same surface as the real thing: `Engine(**server_args)` built on the caller's event loop
-(it binds to the running loop, like the real receive loop), `await
-engine.async_generate(input_ids=..., sampling_params=...)` returning `text`, `output_ids`
-and `meta_info`, `engine.tokenizer_manager.context_len`, and `engine.shutdown()`.
-Unknown server args or sampling params raise TypeError, a prompt over the context raises
-ValueError, as in SGLang. Continuous batching is a `max_running_requests` semaphore.
+Same surface, and the same sharp edges, as the real thing (paths inside the 0.5.23 wheel):
+- `Engine(**server_args)` binds to the running loop; unknown server args raise TypeError;
+  `log_level` defaults to "error" and `configure_logger` (sglang/srt/utils/common.py) calls
+  `logging.basicConfig(level, force=True)`, wiping the host's handlers
+  (sglang/srt/entrypoints/engine.py Engine.__init__);
+- hierarchical cache with the radix cache disabled is a ValueError
+  (sglang/srt/arg_groups/kv_cache_hook.py);
+- the scheduler runs at most its *effective* max_running_requests, which it may set below
+  the one asked (kv_cache_configurator.py resolve_max_num_reqs); the rest queue inside;
+  `await tokenizer_manager.get_internal_state()` reports it as
+  `effective_max_running_requests_per_dp` (scheduler_components/internal_state.py), and
+  `get_server_info()` runs `loop.run_until_complete`, so it fails on a running loop;
+- with EAGLE/NEXTN the tokenizer manager adds `num_reserved_tokens` to every prompt and
+  refuses prompt + reserved >= context or prompt + reserved + max_new > context with
+  ValueError (managers/tokenizer_manager.py `_validate_one_request`, managers/utils.py
+  compute_num_reserved_tokens);
+- sampling params are checked as SamplingParams.verify does (sampling/sampling_params.py):
+  top_k 0 and out-of-range penalties are ValueError; unknown ones TypeError;
+- a non-stream abort with an HTTP status >= 400 other than 400 raises
+  `fastapi.HTTPException` (tokenizer_manager.py `_handle_abort_finish_reason`).
 
 Kwargs starting with `fake_` steer it: `fake_step_s` (seconds per token), `fake_tokens`
 (natural output length), `fake_fail_start`, `fake_abort_over` (prompt length above which a
-request is aborted). `crash(message)` makes every request from then on raise.
+request is aborted with HTTP 500), `fake_effective_running` (what the scheduler settles on).
+`crash(message)` makes every request from then on raise. With FAKE_SGLANG_JOURNAL set, each
+engine start and each request appends a JSON line there, for tests that run real worker
+processes and cannot see `instances`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
 import threading
 import time
 from typing import Any
@@ -28,21 +48,77 @@ SERVER_ARGS = frozenset({
     "mamba_radix_cache_strategy", "mem_fraction_static", "context_length", "chunked_prefill_size",
     "enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_write_policy",
     "enable_deterministic_inference", "log_level", "random_seed", "skip_tokenizer_init",
+    "disable_radix_cache", "mamba_full_memory_ratio",
 })
 #: SamplingParams fields (sglang/srt/sampling/sampling_params.py) that fleet may send.
 SAMPLING_PARAMS = frozenset({
     "max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
     "sampling_seed", "ignore_eos", "skip_special_tokens", "no_stop_trim", "n",
+    "repetition_penalty", "presence_penalty", "frequency_penalty",
 })
 EOS = 2
+EAGLE_ALIASES = {"EAGLE", "EAGLE3", "NEXTN"}
 
 #: every Engine built in this process, newest last
 instances: list[Engine] = []
 
 
+def journal(entry: dict[str, Any]) -> None:
+    path = os.environ.get("FAKE_SGLANG_JOURNAL")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+class HTTPException(Exception):
+    """fastapi.HTTPException's shape: a status code and a detail."""
+
+    def __init__(self, status_code: int, detail: str):
+        super().__init__(detail)
+        self.status_code, self.detail = status_code, detail
+
+
+def verify_sampling(params: dict[str, Any]) -> None:
+    top_k = params.get("top_k", -1)
+    if top_k < 1 and top_k != -1:
+        raise ValueError(f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if not -2.0 <= params.get(name, 0.0) <= 2.0:
+            raise ValueError(f"{name} must be in [-2, 2], got {params[name]}.")
+    if not 0.0 < params.get("repetition_penalty", 1.0) <= 2.0:
+        raise ValueError(f"repetition_penalty must be in (0, 2], got {params['repetition_penalty']}.")
+
+
 class TokenizerManager:
-    def __init__(self, context_len: int):
+    def __init__(self, context_len: int, reserved: int, engine: Engine):
         self.context_len = context_len
+        self.num_reserved_tokens = reserved
+        self._engine = engine
+
+    async def get_internal_state(self) -> list[dict[str, Any]]:
+        e = self._engine
+        return [{"effective_max_running_requests_per_dp": e.effective, "memory_usage": {"token_capacity": 100_000}}]
+
+    def validate(self, input_ids: list[int], params: dict[str, Any]) -> None:
+        context, n = self.context_len, len(input_ids) + self.num_reserved_tokens
+        if n >= context:
+            raise ValueError(f"The input ({n} tokens) is longer than the model's context length ({context} tokens).")
+        max_new = params.get("max_new_tokens")
+        if max_new is not None and max_new + n > context:
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of {context} tokens. "
+                f"You requested a total of {max_new + n} tokens: {n} tokens from the input messages and "
+                f"{max_new} tokens for the completion."
+            )
+
+
+def reserved_tokens(kwargs: dict[str, Any]) -> int:
+    if str(kwargs.get("speculative_algorithm", "")).upper() not in EAGLE_ALIASES:
+        return 0
+    return max(
+        kwargs.get("speculative_eagle_topk", 1) * kwargs.get("speculative_num_steps", 1),
+        kwargs.get("speculative_num_draft_tokens", 1),
+    )
 
 
 class Engine:
@@ -51,6 +127,12 @@ class Engine:
         unknown = set(kwargs) - SERVER_ARGS
         if unknown:
             raise TypeError(f"ServerArgs.__init__() got unexpected keyword arguments {sorted(unknown)}")
+        if kwargs.get("enable_hierarchical_cache") and kwargs.get("disable_radix_cache"):
+            raise ValueError(
+                "The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive"
+            )
+        level = kwargs.get("log_level", "error")
+        logging.basicConfig(level=getattr(logging, level.upper()), format="[sglang] %(message)s", force=True)
         if fake.get("fake_fail_start"):
             raise RuntimeError("Initialization failed. scheduler died: CUDA out of memory")
         self.kwargs = kwargs
@@ -59,13 +141,21 @@ class Engine:
         self.step_s = float(fake.get("fake_step_s", 0.001))
         self.natural_tokens = int(fake.get("fake_tokens", 16))
         self.abort_over = fake.get("fake_abort_over")
-        self.tokenizer_manager = TokenizerManager(kwargs.get("context_length") or 2048)
-        self.slots = asyncio.Semaphore(kwargs["max_running_requests"])
+        asked = kwargs["max_running_requests"]
+        self.effective = min(asked, int(fake.get("fake_effective_running", asked)))
+        self.tokenizer_manager = TokenizerManager(kwargs.get("context_length") or 2048, reserved_tokens(kwargs), self)
+        self.slots = asyncio.Semaphore(self.effective)
         self.running = self.peak = self.calls = 0
         self.requests: list[dict[str, Any]] = []
         self.dead: BaseException | None = None
         self.shut_down = False
+        self.inside = 0  #: requests inside async_generate: running plus queued in the scheduler
         instances.append(self)
+        journal({"event": "start", "pid": os.getpid(), "kwargs": kwargs, "effective": self.effective})
+
+    def get_server_info(self) -> dict[str, Any]:
+        state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
+        return {"max_total_num_tokens": 100_000, "internal_states": state}
 
     async def async_generate(
         self,
@@ -81,34 +171,36 @@ class Engine:
         if unknown:
             raise TypeError(f"SamplingParams.__init__() got unexpected keyword arguments {sorted(unknown)}")
         assert prompt is None and input_ids, "fleet sends token ids, never text"
-        context = self.tokenizer_manager.context_len
-        if len(input_ids) >= context:
-            raise ValueError(
-                f"The input ({len(input_ids)} tokens) is longer than the model's context length ({context} tokens)."
-            )
+        self.tokenizer_manager.validate(input_ids, params)
+        verify_sampling(params)
         if self.dead is not None:
             raise self.dead
         self.calls += 1
         self.requests.append({"input_ids": list(input_ids), "sampling_params": params})
         began = time.monotonic()
         n = min(self.natural_tokens, params.get("max_new_tokens", 128))
-        async with self.slots:
-            self.running += 1
-            self.peak = max(self.peak, self.running)
-            try:
-                await asyncio.sleep(n * self.step_s)
-            finally:
-                self.running -= 1
+        self.inside += 1
+        journal({"event": "request", "pid": os.getpid(), "prompt": len(input_ids), "inside": self.inside,
+                 "reserved": self.tokenizer_manager.num_reserved_tokens, "sampling_params": params})  # fmt: skip
+        try:
+            async with self.slots:  # queued inside beyond the effective limit, as the scheduler does
+                self.running += 1
+                self.peak = max(self.peak, self.running)
+                try:
+                    await asyncio.sleep(n * self.step_s)
+                finally:
+                    self.running -= 1
+        finally:
+            self.inside -= 1
         if self.dead is not None:
             raise self.dead
+        if self.abort_over is not None and len(input_ids) > self.abort_over:
+            raise HTTPException(500, "Out of memory even after retracting all requests (fake abort)")
         return self._output(input_ids, params, n, time.monotonic() - began)
 
     def _output(self, input_ids: list[int], params: dict[str, Any], n: int, latency: float) -> dict[str, Any]:
-        if self.abort_over is not None and len(input_ids) > self.abort_over:
-            finish: dict[str, Any] = {"type": "abort", "message": "fake abort", "status_code": 400}
-            n = 0
-        elif n >= params.get("max_new_tokens", 128):
-            finish = {"type": "length", "length": n}
+        if n >= params.get("max_new_tokens", 128):
+            finish: dict[str, Any] = {"type": "length", "length": n}
         else:
             finish = {"type": "stop", "matched": EOS}
         ids = [(sum(input_ids) + i) % 1000 + 10 for i in range(n)]

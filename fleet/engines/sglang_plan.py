@@ -1,0 +1,131 @@
+"""The SGLang choices fleet makes before the engine starts: radix cache, memory, batch.
+
+Pure (never imports sglang): the launcher sizes K from it before any worker starts, and
+`fleet engine-args` shows it on a laptop. The engine reads back what SGLang really runs
+after start (fleet.engines.sglang); this is the plan that read-back is checked against.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from fleet.capacity import Capacity, Serving, capacity, sglang_mem_fraction
+from fleet.errors import ConfigError
+from fleet.gpus import gpu_memory_mib
+from fleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: Architectures SGLang serves with a mamba (linear-attention) state, from sglang 0.5.23's
+#: `_MAMBA_RADIX_CACHE_ARCHS`; `extra_buffer` is refused for any other model.
+HYBRID_ARCHITECTURES = frozenset(
+    {
+        "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+        "KimiLinearForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM",
+        "JetNemotronForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
+        "BailingMoeV2_5ForCausalLM",
+    }
+)  # fmt: skip
+#: Layer kinds that carry recurrent state in hybrid configs (`layer_types`); this also covers
+#: architectures that are hybrid only in some configs (GraniteMoeHybrid).
+STATEFUL_LAYERS = frozenset({"linear_attention", "mamba", "gated_deltanet"})
+
+
+def is_hybrid(config: dict[str, Any]) -> bool:
+    """Whether a model's config.json describes a model with mamba / linear-attention state."""
+    for section in (config, config.get("text_config") or {}):
+        if set(section.get("architectures") or ()) & HYBRID_ARCHITECTURES:
+            return True
+        if set(section.get("layer_types") or ()) & STATEFUL_LAYERS:
+            return True
+    return False
+
+
+def local_config(model: str) -> dict[str, Any]:
+    """config.json from the model directory or the local hub cache; {} if neither has it.
+
+    Never downloads: engine-args must answer on a machine without the model or a network.
+    """
+    path: Path | str | None = Path(model).expanduser() / "config.json"
+    if not Path(path).is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            path = try_to_load_from_cache(model, "config.json")
+        except Exception:  # not a valid repo id either
+            path = None
+    if not isinstance(path, (str, Path)) or not Path(path).is_file():
+        log.warning("no config.json for %r: assuming a model without mamba state", model)
+        return {}
+    return json.loads(Path(path).read_text())
+
+
+def radix_on(settings: Settings, config: dict[str, Any]) -> bool:
+    """auto: keep SGLang's prefix cache except where it costs a hybrid model 5x the state."""
+    s = settings.sglang
+    if s.radix_cache != "auto":
+        return s.radix_cache == "on"
+    return not is_hybrid(config) or s.shared_prefixes or settings.sampling.n > 1
+
+
+def check_choices(settings: Settings, config: dict[str, Any]) -> None:
+    """Refuse at start what SGLang refuses (arg_groups/kv_cache_hook.py)."""
+    if settings.sglang.enable_hierarchical_cache and not radix_on(settings, config):
+        raise ConfigError(
+            "sglang.enable_hierarchical_cache needs the radix cache, which is off "
+            f"(sglang.radix_cache={settings.sglang.radix_cache!r}): set sglang.radix_cache=on "
+            "or turn the hierarchical cache off"
+        )
+
+
+def serving(settings: Settings, config: dict[str, Any], gpu_mib: float | None) -> Serving:
+    s = settings.sglang
+    mfs = s.mem_fraction_static or (sglang_mem_fraction(gpu_mib) if gpu_mib else None)
+    return Serving(
+        mtp=s.mtp,
+        radix=radix_on(settings, config),
+        mem_fraction_static=mfs,
+        mamba_full_memory_ratio=s.mamba_full_memory_ratio,
+        draft_tokens=s.speculative_num_draft_tokens,
+        max_running_requests=s.max_running_requests,
+        context_tokens=float(s.context_tokens),
+    )
+
+
+def plan_capacity(settings: Settings, gpu: str | None = None) -> Capacity | None:
+    """The batch this model gets on the named GPU (else this host's); None if either is unknown."""
+    config = local_config(settings.model or "")
+    gpu_mib = gpu_memory_mib(gpu)
+    if not gpu_mib or not config.get("text_config", config).get("hidden_size"):
+        return None
+    return capacity(config, gpu_mib, serving(settings, config, gpu_mib))
+
+
+def job_capacity(
+    settings: Settings, gpu: str, context_tokens: float, *, mtp: bool | None = None, radix: str | None = None
+) -> Capacity | None:
+    """`plan_capacity` for a job whose requests hold `context_tokens` each, on a named GPU."""
+    update: dict[str, Any] = {"context_tokens": max(1, round(context_tokens))}
+    if mtp is not None:
+        update["mtp"] = mtp
+    if radix is not None:
+        update["radix_cache"] = radix
+    sglang = settings.sglang.model_copy(update=update)
+    return plan_capacity(settings.model_copy(update={"sglang": sglang}), gpu)
+
+
+def with_planned_running(settings: Settings, gpu: str | None = None) -> Settings:
+    """Settings whose sglang.max_running_requests is the planned batch, so K and every worker
+    agree on S before any engine starts; unchanged when it is set or cannot be planned."""
+    if settings.engine != "sglang" or settings.sglang.max_running_requests or not settings.model:
+        return settings
+    cap = plan_capacity(settings, gpu)
+    if cap is None:
+        return settings
+    return settings.model_copy(
+        update={"sglang": settings.sglang.model_copy(update={"max_running_requests": max(1, cap.batch)})}
+    )

@@ -1,0 +1,163 @@
+"""The capacity model against figures worked by hand from a Qwen3.6-27B-shaped config.json.
+
+The fixture is the text config the issue gives (64 layers, every 4th full attention, 24/4
+heads of 256, GDN 16 key / 48 value heads of 128, conv 4, fp32 state, vocab 248,320, one
+MTP layer) with a 27-layer 1,152-wide vision tower; hidden 5,120 and MLP 17,408 are the
+27B's. Every expected number below is arithmetic written out, not read from the code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fleet.capacity import (
+    GIB,
+    MIB,
+    Serving,
+    capacity,
+    kv_bytes_per_token,
+    sglang_mem_fraction,
+    state_bytes_per_slot,
+    weight_bytes,
+)
+from fleet.engines.sglang import engine_kwargs
+from fleet.errors import ConfigError
+from fleet.gpus import gpu_spec
+from fleet.settings import Settings
+
+QWEN = Path(__file__).parent / "fixtures" / "qwen3_6_27b"
+CONFIG = json.loads((QWEN / "config.json").read_text())
+H200 = gpu_spec("h200").memory_mib
+
+
+def test_a_state_slot_is_48_gdn_layers_of_fp32_state_and_a_bf16_conv_window() -> None:
+    ssm = 48 * 128 * 128 * 4  # value heads x key dim x value dim, fp32
+    conv = (2 * 16 * 128 + 48 * 128) * 3 * 2  # conv over q, k, v; kernel - 1 steps; bf16
+    assert state_bytes_per_slot(CONFIG) == 48 * (ssm + conv)
+    assert state_bytes_per_slot(CONFIG) / MIB == pytest.approx(146.8, abs=0.05)
+
+
+def test_kv_is_kept_by_the_16_full_attention_layers_only() -> None:
+    assert kv_bytes_per_token(CONFIG) == 2 * 16 * 4 * 256 * 2 == 64 * 1024
+    assert kv_bytes_per_token(CONFIG, mtp=True) == 2 * 17 * 4 * 256 * 2  # the MTP layer's own KV
+
+
+def test_weights_count_text_layers_embeddings_vision_tower_and_mtp() -> None:
+    h, v = 5120, 248_320
+    attn = h * 24 * 256 * 2 + 2 * h * 4 * 256 + 24 * 256 * h  # gated q, k, v, o
+    gdn = h * (2 * 2048 + 2 * 6144 + 2 * 48) + (2 * 2048 + 6144) * 4 + 6144 * h
+    mlp = 3 * h * 17408
+    vision = 27 * (4 * 1152**2 + 2 * 1152 * 4304) + 4608 * 4608 + 4608 * 5120
+    text = 2 * v * h + 16 * (attn + mlp) + 48 * (gdn + mlp)
+    assert weight_bytes(CONFIG) == 2 * (text + vision)
+    assert weight_bytes(CONFIG, mtp=True) - weight_bytes(CONFIG) == 2 * (attn + mlp + 2 * h * h)
+    assert 27e9 < weight_bytes(CONFIG) / 2 < 28e9  # a "27B" with its vision tower
+
+
+def test_radix_on_costs_5_state_slots_per_request_and_caps_the_batch_on_an_h200() -> None:
+    # mem_fraction_static 0.905 of (143,771 - 1,024) MiB, less weights and the 100 MiB VLM cache
+    rest = (H200 - 1024) * MIB * 0.905 - weight_bytes(CONFIG) - 100 * MIB
+    slot = state_bytes_per_slot(CONFIG)
+    pool = rest * 0.9 / 1.9  # mamba_full_memory_ratio 0.9: r / (1 + r) of the rest
+    slots = int((pool - slot) // slot)
+
+    cap = capacity(CONFIG, H200, Serving(mtp=False, radix=True, mem_fraction_static=0.905, context_tokens=2818))
+
+    assert cap.state_slots == slots
+    assert cap.state_slots_per_request == 5  # 3 + 2 extra_buffer tracking slots (overlap)
+    assert cap.max_running_requests == slots // 5 == 49
+    # With MTP: 4 draft tokens' intermediate states per request on top, joint solve
+    mtp = capacity(CONFIG, H200, Serving(mtp=True, radix=True, mem_fraction_static=0.905, context_tokens=2818))
+    rest_mtp = (H200 - 1024) * MIB * 0.905 - weight_bytes(CONFIG, mtp=True) - 100 * MIB
+    pool_mtp = rest_mtp * 0.9 / 1.9
+    assert mtp.state_slots == int((pool_mtp - slot * 5) // (slot * (1 + 4 / 5)))
+    assert mtp.max_running_requests == mtp.state_slots // 5
+    assert 20 <= mtp.max_running_requests <= 40  # the issue's estimate by hand
+
+
+def test_radix_off_fills_memory_with_one_slot_per_request_and_their_kv() -> None:
+    cap = capacity(CONFIG, H200, Serving(mtp=False, radix=False, mem_fraction_static=0.905, context_tokens=2818))
+    rest = (H200 - 1024) * MIB * 0.905 - weight_bytes(CONFIG) - 100 * MIB
+    slot, per_req_kv = state_bytes_per_slot(CONFIG), 64 * 1024 * 2818
+
+    assert cap.state_slots_per_request == 1
+    assert cap.max_running_requests == int((rest - slot) // (slot + per_req_kv))
+    assert cap.batch == min(cap.max_running_requests, cap.kv_bound_requests)
+    assert cap.batch > 4 * capacity(CONFIG, H200, Serving(mtp=False, radix=True, context_tokens=2818)).batch
+    assert cap.weights_gib == pytest.approx(weight_bytes(CONFIG) / GIB)
+
+
+def test_an_asked_batch_is_kept_when_it_fits_and_refused_when_weights_leave_nothing() -> None:
+    cap = capacity(CONFIG, H200, Serving(mtp=False, radix=False, max_running_requests=32))
+    assert cap.max_running_requests == 32 and cap.state_slots == 32
+    with pytest.raises(ConfigError, match="lower sglang.max_running_requests"):
+        capacity(CONFIG, H200, Serving(mtp=True, radix=False, max_running_requests=256))
+    with pytest.raises(ConfigError, match="leave no memory"):
+        capacity(CONFIG, 40 * 1024, Serving(mem_fraction_static=0.8))
+
+
+def test_sglangs_own_headroom_without_its_vlm_cut() -> None:
+    # 512 + 8192 x 1.5 + 128 + 256 x 2 + 256 = 13,696 MiB reserved on an H200
+    assert sglang_mem_fraction(H200) == round((H200 - 13_696) / H200, 3) == 0.905
+    # B200: 16k chunked prefill and 512 decode graphs
+    b200 = gpu_spec("b200").memory_mib
+    assert sglang_mem_fraction(b200) == round((b200 - (512 + 16384 * 1.5 + 128 + 1024 + 256)) / b200, 3)
+
+
+def test_engine_args_for_a_named_gpu_use_the_capacity_model() -> None:
+    settings = Settings(engine="sglang", model=str(QWEN))
+    kwargs = engine_kwargs(settings, "h200")
+    cap = capacity(CONFIG, H200, Serving(mtp=True, radix=False, context_tokens=4096))
+
+    assert kwargs["max_running_requests"] == cap.batch
+    assert kwargs["mem_fraction_static"] == 0.905
+    assert kwargs["disable_radix_cache"] is True
+
+
+def test_plan_json_has_the_capacity_and_the_roofline_at_that_batch() -> None:
+    from fleet.cli import app
+
+    args = ["plan", "--model", str(QWEN), "--gpu", "b200", "--gpus", "6", "--prompts", "902087",
+            "--output-tokens", "1818", "--prompt-tokens", "1000", "--usd-per-gpu-hour", "5.49", "--no-mtp"]  # fmt: skip
+    res = CliRunner().invoke(app, [*args, "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    cap = data["capacity"]
+    for key in ("weights_gib", "kv_kib_per_token", "state_mib_per_slot", "state_slots_per_request"):
+        assert cap[key] > 0
+    assert cap["kv_kib_per_token"] == 64 and cap["state_slots_per_request"] == 1
+    want = capacity(CONFIG, gpu_spec("b200").memory_mib, Serving(mtp=False, radix=False, context_tokens=2818))
+    assert cap["max_running_requests"] == want.max_running_requests
+    # Radix on: a fifth of the batch, so the roofline (and the bill) grows
+    on = json.loads(CliRunner().invoke(app, [*args, "--radix", "on", "--json"]).stdout)
+    assert on["capacity"]["state_slots_per_request"] == 5
+    assert on["wall_hours"] > data["wall_hours"]
+    text = CliRunner().invoke(app, args).stdout
+    assert "sglang capacity" in text and f"{cap['batch']} requests at once" in text
+
+
+def test_the_launcher_sizes_k_and_every_worker_from_the_planned_batch(tmp_path: Path, monkeypatch) -> None:
+    from fleet.worker.launcher import Supervisor, plan_workers
+
+    # Given a host whose nvidia-smi lists two H200s, and no max_running_requests set
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '0, NVIDIA H200, {H200} MiB\\n1, NVIDIA H200, {H200} MiB\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    settings = Settings(engine="sglang", model=str(QWEN), chunk_size=64)
+
+    # When the launcher plans the workers
+    supervisor = Supervisor(settings, plan_workers(settings, None, [0, 1]))
+
+    # Then S is the capacity model's batch for an H200, and K follows it, not the 256 default
+    planned = capacity(CONFIG, H200, Serving(mtp=True, radix=False, context_tokens=4096)).batch
+    assert supervisor.settings.sglang.max_running_requests == planned < 256
+    assert supervisor.concurrency == -(-16 * planned // 64)
+    assert supervisor.settings.to_env()["FLEET_SGLANG__MAX_RUNNING_REQUESTS"] == str(planned)
