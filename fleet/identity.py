@@ -57,8 +57,20 @@ def engine_identity(settings: Settings) -> dict[str, Any]:
     return identity
 
 
+def _canonical(value: Any) -> Any:
+    """256 and 256.0 are one setting: pydantic keeps an unvalidated int default where a worker,
+    handed the same value through its environment, parses a float."""
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def identity_hash(identity: dict[str, Any]) -> str:
-    return config_hash(identity)
+    return config_hash(_canonical(identity))
 
 
 def config_mismatch(settings_or_identity: Settings | dict[str, Any], manifest: Manifest) -> list[str] | None:

@@ -165,3 +165,14 @@ def test_status_lists_mismatched_workers(r, tmp_path: Path, redis_server, clean_
     assert table.returncode == 0, table.stderr
     shown = table.stdout + table.stderr  # rich writes the table to stderr
     assert "mismatched gpu1@b" in shown and "sim.sigma: 0.8 -> 0.1" in shown
+
+
+def test_an_int_default_and_the_same_value_parsed_from_the_environment_are_one_identity():
+    # Given the producer's default (an unvalidated int) and a worker's env-parsed float of the same value
+    from fleet.identity import identity_hash
+
+    produced = {"engine": "sim", "sim": {"mean_output_tokens": 256, "sigma": 0.8}}
+    parsed = {"engine": "sim", "sim": {"mean_output_tokens": 256.0, "sigma": 0.8}}
+    # Then they hash alike, and a real difference still differs
+    assert identity_hash(produced) == identity_hash(parsed)
+    assert identity_hash(produced) != identity_hash({"engine": "sim", "sim": {"mean_output_tokens": 257, "sigma": 0.8}})
