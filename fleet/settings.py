@@ -43,6 +43,9 @@ class SimSettings(BaseModel):
     prefill_s: float = Field(0.0, ge=0, description="seconds of prefill per request")
     mean_output_tokens: float = Field(256, gt=0, description="mean output length, tokens")
     sigma: float = Field(0.8, ge=0, description="log-normal spread of output length")
+    vocab_size: int | None = Field(
+        None, ge=1, description="token ids, for checking pre-tokenized input; unset: not checked"
+    )
     fail_ids: list[str] = Field(
         default_factory=list, description="record ids the engine rejects (fault tests)"
     )
@@ -92,7 +95,10 @@ class SamplingSettings(BaseModel):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    max_tokens: int = Field(2048, ge=1)
+    max_tokens: int | None = Field(
+        None, ge=1,
+        description="output tokens per sample; unset: the model's recommended length (fleet.outputlen)",
+    )
     n: int = Field(1, ge=1)
     stop: list[str] | None = None
 

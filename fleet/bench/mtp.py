@@ -27,6 +27,7 @@ from typing import Any
 from fleet.bench.report import Figure, Section
 from fleet.engines.base import GenRequest, Sampling
 from fleet.errors import ConfigError, FleetError
+from fleet.outputlen import FALLBACK_MAX_TOKENS
 from fleet.records import Message
 from fleet.settings import Settings, load_settings
 
@@ -83,7 +84,7 @@ def side_main(mtp: bool, requests: int | None, max_tokens: int | None) -> dict[s
     settings.sglang.mtp = mtp
     batch = settings.sglang.max_running_requests
     n = requests or 2 * batch
-    m = max_tokens or settings.sampling.max_tokens
+    m = max_tokens or settings.sampling.max_tokens or FALLBACK_MAX_TOKENS
     return asyncio.run(run_side(settings, n, m, warmup=min(batch, 32)))
 
 

@@ -80,7 +80,8 @@ def enqueue(
     report = run_guarded(do_enqueue, settings, input, job, retry_failed)
     console.print(
         f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
-        f"running {report.running}, already queued {report.queued}, failed {report.failed}"
+        f"running {report.running}, already queued {report.queued}, failed {report.failed}; "
+        f"max_tokens {report.max_tokens} ({report.max_tokens_from or 'as stored'})"
     )
 
 
@@ -134,6 +135,7 @@ def status_table(st) -> Table:
                    f"{st.chunks_queued} queued, {st.chunks_failed} failed"),
         ("records", f"{st.records_done}/{st.records_total} ({st.samples_done}/{st.samples_total} samples, "
                     f"{st.record_errors} record errors)"),
+        ("truncated", f"{st.records_truncated} at max tokens ({st.records_truncated_in_thinking} inside the thinking)"),
         ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out"),
         ("rate", f"{st.tok_s:,.1f} output tok/s, ETA {eta}"),
         ("cost", f"${st.cost_usd:,.2f} spent" + (f", ${st.projected_cost_usd:,.2f} projected"

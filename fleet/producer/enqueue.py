@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from celery import Celery
@@ -15,7 +16,7 @@ from celery import Celery
 from fleet import keys
 from fleet.broker import make_celery, redis_client, send_chunk
 from fleet.chunkstate import done_indexes, failed_indexes, queued_indexes, running_indexes
-from fleet.engines import job_config
+from fleet.engines import input_vocab, job_config
 from fleet.layout import failed_key, manifest_key
 from fleet.manifest import Manifest, check_compatible, config_hash, load_manifest
 from fleet.producer.chunker import write_chunks
@@ -38,6 +39,9 @@ class EnqueueReport:
     queued: int = 0
     failed: int = 0
     created: bool = False
+    #: the max_tokens in effect for the job, and where it came from (fleet.outputlen)
+    max_tokens: int | None = None
+    max_tokens_from: str | None = None
 
 
 def store_for(settings: Settings) -> Store:
@@ -54,7 +58,7 @@ def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> t
         check_compatible(existing, config)
         return existing, False
     with local_input(input_url) as path:
-        validate(path)
+        validate(path, vocab=input_vocab(settings))
         counts = write_chunks(store, job, read_records(path), settings.chunk_size, settings.sampling.n)
     manifest = Manifest(
         job=job,
@@ -75,13 +79,18 @@ def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> t
     return manifest, True
 
 
+def max_tokens_of(manifest: Manifest) -> dict[str, Any]:
+    config = manifest.config
+    return {"max_tokens": config["sampling"].get("max_tokens"), "max_tokens_from": config.get("max_tokens_from")}
+
+
 def enqueue_missing(
     r: redis.Redis, app: Celery, store: Store, settings: Settings, manifest: Manifest,
     retry_failed: bool = False,
 ) -> EnqueueReport:
     job = manifest.job
     requeue_expired(r, store, app, settings)
-    report = EnqueueReport(job=job, chunks=manifest.chunks)
+    report = EnqueueReport(job=job, chunks=manifest.chunks, **max_tokens_of(manifest))
     done = done_indexes(store, job)
     failed = failed_indexes(store, job)
     if retry_failed and failed:

@@ -13,7 +13,7 @@ from fleet.broker import PRIORITY_RECOVERY, send_chunk
 from fleet.errors import ChunkCorrupt, ChunkReleased, ChunkSuperseded, FleetError
 from fleet.layout import chunk_key, decode_lines, result_key
 from fleet.records import InputRecord
-from fleet.results import encode_result
+from fleet.results import chunk_stats, encode_result
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.generate import generate_chunk
 from fleet.worker.hooks import ChunkHook, Hooks, Skip
@@ -63,10 +63,7 @@ def commit(rt: Runtime, run: ChunkRun) -> None:
         "job": run.job,
         "chunk": run.index,
         "records": len(run.records),
-        "samples": len(rows),
-        "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
-        "completion_tokens": sum(r["completion_tokens"] for r in rows),
-        "errors": sum(1 for r in rows if r["finish_reason"] == "error"),
+        **chunk_stats(rows),
         "resumed": run.resumed,
         "seconds": round(time.time() - run.started, 3),
         "assist": run.assist,
