@@ -84,4 +84,5 @@ class OutputRecord(BaseModel):
     pos: int = Field(0, description="place in the input, for ordering; not exported")
 
 
-EXPORT_FIELDS = [name for name in OutputRecord.model_fields if name != "pos"]
+#: fleet's own export columns; `extra` is spread at top level (JSONL) or one JSON column (Parquet)
+EXPORT_FIELDS = [name for name in OutputRecord.model_fields if name not in ("pos", "extra")]

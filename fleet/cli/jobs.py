@@ -155,16 +155,23 @@ def status_table(st) -> Table:
 @app.command()
 def export(
     job: JobOpt,
-    out: Annotated[Path, typer.Option("--out", "-o", help=".jsonl or .parquet")],
-    fmt: Annotated[str | None, typer.Option("--format", help="jsonl or parquet (default by suffix)")] = None,
+    out: Annotated[str, typer.Option("--out", "-o", help="local path or s3://bucket/key")],
+    fmt: Annotated[str | None, typer.Option(
+        "--format", help="jsonl, parquet, specforge, tokens or openai (default by suffix: parquet or jsonl)")] = None,
     partial: Annotated[bool, typer.Option("--partial", help="export what is done so far")] = False,
     stable: Annotated[bool, typer.Option("--stable", help="omit worker and latency, for byte comparison")] = False,
+    only_finished: Annotated[bool, typer.Option(
+        "--only-finished", help="keep only samples that stopped on their own (drop max-tokens cuts and errors)")] = False,
     store_url: StoreOpt = None,
 ) -> None:
     """Results in input order."""
     from fleet.export import export_job
+    from fleet.exporters import Skipped
     from fleet.producer.enqueue import store_for
 
     settings = settings_from(store_url=store_url)
-    n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable)
+    skipped = Skipped()
+    n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable, only_finished, skipped)
     console.print(f"wrote {n} records to {out}")
+    for reason, count in skipped.reasons.items():
+        console.print(f"skipped {count}: {reason}")
