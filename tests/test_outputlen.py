@@ -24,7 +24,8 @@ def model_dir(tmp_path: Path, config: dict, gen: dict | None = None) -> Path:
         # Qwen3.6-27B: a VL config whose text model is qwen3_5, generation_config without a length
         ({"model_type": "qwen3_5", "text_config": {"model_type": "qwen3_5_text", "max_position_embeddings": 262144}},
          {"temperature": 0.6, "top_k": 20}, (32768, "recommended thinking length for qwen3_5")),
-        ({"model_type": "qwen3_moe", "max_position_embeddings": 40960}, {}, (32768, "recommended thinking length for qwen3_moe")),
+        ({"model_type": "qwen3_moe", "max_position_embeddings": 40960}, {},
+         (32768, "recommended thinking length for qwen3_moe")),
         ({"model_type": "llama", "max_position_embeddings": 8192}, {"max_new_tokens": 1000},
          (1000, "generation_config.json max_new_tokens")),
         ({"model_type": "qwen3"}, {"max_new_tokens": 4096}, (4096, "generation_config.json max_new_tokens")),

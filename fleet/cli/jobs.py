@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -161,7 +160,7 @@ def export(
     partial: Annotated[bool, typer.Option("--partial", help="export what is done so far")] = False,
     stable: Annotated[bool, typer.Option("--stable", help="omit worker and latency, for byte comparison")] = False,
     only_finished: Annotated[bool, typer.Option(
-        "--only-finished", help="keep only samples that stopped on their own (drop max-tokens cuts and errors)")] = False,
+        "--only-finished", help="only samples that stopped on their own (no max-tokens cuts, no errors)")] = False,
     store_url: StoreOpt = None,
 ) -> None:
     """Results in input order."""
