@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.engines import build_engine
-from fleet.engines.base import GenResult
+from fleet.engines.base import GenResult, prompt_digest
 from fleet.engines.sglang import SglangEngine, engine_kwargs, is_hybrid
 from fleet.errors import EngineError, RecordError
 from fleet.prompting import load_tokenizer, render_ids
@@ -341,3 +341,19 @@ def test_real_sglang_refuses_what_we_guard_against(real_server_args: type, tiny_
         validate(real_server_args, {**kwargs, "context_length": 10 * 2048})
     with pytest.raises(Exception, match="needs mamba state"):
         validate(real_server_args, {**kwargs, "mamba_radix_cache_strategy": "extra_buffer"})
+
+
+def test_pre_tokenized_ids_are_sent_as_given(fake_sglang, tiny_model: Path, loop_thread: LoopThread) -> None:
+    # Given a pre-tokenized request whose ids are not any template's rendering
+    engine = started(loop_thread, sg_settings(tiny_model, mtp=False))
+    request = raw("p", max_tokens=4)
+    request.prompt, request.input_ids = None, [5, 900, 17, 3]
+    # When it is generated
+    result = loop_thread.run(engine.generate(request))
+    # Then SGLang got exactly those ids, and the record counts and fingerprints them
+    assert fake_sglang.instances[0].requests[-1]["input_ids"] == [5, 900, 17, 3]
+    assert result.prompt_tokens == 4 and result.meta["prompt_digest"] == prompt_digest([5, 900, 17, 3])
+    # And an id past the model's vocabulary fails this record alone, as SGLang refuses it
+    request.input_ids = [5, 10**6]
+    with pytest.raises(RecordError, match="vocab size"):
+        loop_thread.run(engine.generate(request))

@@ -5,7 +5,8 @@ Same surface as the real thing: `Engine(**server_args)` built on the caller's ev
 engine.async_generate(input_ids=..., sampling_params=...)` returning `text`, `output_ids`
 and `meta_info`, `engine.tokenizer_manager.context_len`, and `engine.shutdown()`.
 Unknown server args or sampling params raise TypeError, a prompt over the context raises
-ValueError, as in SGLang. Continuous batching is a `max_running_requests` semaphore.
+ValueError, as in SGLang, and so does an input id past config.json's vocab_size.
+Continuous batching is a `max_running_requests` semaphore.
 
 Kwargs starting with `fake_` steer it: `fake_step_s` (seconds per token), `fake_tokens`
 (natural output length), `fake_fail_start`, `fake_abort_over` (prompt length above which a
@@ -15,8 +16,10 @@ request is aborted). `crash(message)` makes every request from then on raise.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 __version__ = "0.5.23+fake"
@@ -67,6 +70,11 @@ class Engine:
         self.shut_down = False
         instances.append(self)
 
+    def vocab_size(self) -> int | None:
+        """config.json's vocab_size (the embedding rows), which SGLang checks input ids against."""
+        path = Path(str(self.kwargs.get("model_path", ""))) / "config.json"
+        return json.loads(path.read_text()).get("vocab_size") if path.is_file() else None
+
     async def async_generate(
         self,
         prompt: Any = None,
@@ -86,6 +94,9 @@ class Engine:
             raise ValueError(
                 f"The input ({len(input_ids)} tokens) is longer than the model's context length ({context} tokens)."
             )
+        vocab = self.vocab_size()
+        if vocab is not None and any(i >= vocab for i in input_ids):  # TokenizerManager._validate_input_ids_in_vocab
+            raise ValueError(f"The input_ids {input_ids} contains values greater than the vocab size ({vocab}).")
         if self.dead is not None:
             raise self.dead
         self.calls += 1
