@@ -82,6 +82,8 @@ def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean
     run = run_fleet("run", str(prompts), "--job", "mix", "--engine", "hf", "--model", str(tiny_model),
                     "--chunk-size", "3", "--max-tokens", "12", env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+    manifest = json.loads((tmp_path / "data" / "store" / "mix" / "manifest.json").read_text())
+    assert (manifest["config"]["sampling"]["max_tokens"], manifest["config"]["max_tokens_from"]) == (12, "job setting")
     export(env, "jsonl", tmp_path / "all.jsonl")
     records = {r["id"]: r for r in read_jsonl(tmp_path / "all.jsonl")}
     ids = [x.get("id", x.get("custom_id")) for x in lines]

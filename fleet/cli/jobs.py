@@ -79,9 +79,9 @@ def enqueue(
     report = run_guarded(do_enqueue, settings, input, job, retry_failed)
     console.print(
         f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
-        f"running {report.running}, already queued {report.queued}, failed {report.failed}; "
-        f"max_tokens {report.max_tokens} ({report.max_tokens_from or 'as stored'})"
+        f"running {report.running}, already queued {report.queued}, failed {report.failed}"
     )
+    console.print(f"max_tokens {report.max_tokens} ({report.max_tokens_from or 'as stored'})")
 
 
 @app.command()
