@@ -103,13 +103,15 @@ def test_specforge_skips_what_it_cannot_hold_and_counts_it(store, tmp_path):
 
 
 def test_tokens_from_given_ids_and_refusals(store, tmp_path):
-    # Given a pre-tokenized record on the sim engine
-    tok = rec(0, input_ids=[5, 6], extra={"source": "s3"})
-    build(store, [tok], [out(tok)])
+    # Given a pre-tokenized record on the sim engine, and a failed one
+    tok, failed = rec(0, input_ids=[5, 6], extra={"source": "s3"}), rec(1, input_ids=[1])
+    build(store, [tok, failed], [out(tok), out(failed, 0, "error", error="x", output_ids=None)])
+    skipped = Skipped()
     # Then its token row is the given ids, then the output ids, masked over the output
-    export_job(store, JOB, tmp_path / "t.jsonl", fmt="tokens")
+    assert export_job(store, JOB, tmp_path / "t.jsonl", fmt="tokens", skipped=skipped) == 1
     assert lines(tmp_path / "t.jsonl") == [{"id": "r0", "input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 1],
                                             "source": "s3"}]
+    assert skipped.reasons == {"error records": 1}
     # And ids that are not what the engine saw (digest differs) fail the export, leaving no file
     build(store, [tok], [out(tok, prompt_digest="0" * 16)])
     with pytest.raises(FleetError, match="differ from those the engine saw"):

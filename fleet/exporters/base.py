@@ -7,6 +7,7 @@ order, so memory is bounded by a chunk whatever the job's size.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -63,6 +64,40 @@ class Writer:
 
     def close(self) -> None:
         """Flush and close the output file."""
+
+
+class JsonLinesWriter(Writer):
+    """A format of one JSON object per line; `line` maps a row to its object, or None to skip it."""
+
+    #: json.dumps separators; token rows are compact, text rows keep the readable default
+    separators: ClassVar[tuple[str, str] | None] = None
+    #: training formats have nothing to train on in a failed record: skipped and counted
+    skip_errors: ClassVar[bool] = False
+
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
+        super().__init__(path, manifest, stable, skipped)
+        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def line(self, row: ExportRow) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def write(self, rows: list[ExportRow]) -> int:
+        written = 0
+        for row in rows:
+            if self.skip_errors and row.out["finish_reason"] == "error":
+                self.skipped.add("error records")
+                continue
+            obj = self.line(row)
+            if obj is not None:
+                self.put(obj)
+                written += 1
+        return written
+
+    def put(self, obj: dict[str, Any]) -> None:
+        self.file.write(json.dumps(obj, ensure_ascii=False, separators=self.separators) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
 
 
 @contextmanager

@@ -5,11 +5,10 @@ Input passthrough fields (metadata, source...) follow the record's own fields at
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from fleet.exporters.base import ExportRow, Skipped, Writer
+from fleet.exporters.base import ExportRow, JsonLinesWriter, Skipped
 from fleet.manifest import Manifest
 from fleet.records import EXPORT_FIELDS
 
@@ -25,16 +24,10 @@ def flat_record(row: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return {**{k: row.get(k) for k in fields}, **(row.get("extra") or {})}
 
 
-class JsonlWriter(Writer):
+class JsonlWriter(JsonLinesWriter):
     def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
         super().__init__(path, manifest, stable, skipped)
         self.fields = export_fields(stable)
-        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
-    def write(self, rows: list[ExportRow]) -> int:
-        for row in rows:
-            self.file.write(json.dumps(flat_record(row.out, self.fields), ensure_ascii=False) + "\n")
-        return len(rows)
-
-    def close(self) -> None:
-        self.file.close()
+    def line(self, row: ExportRow) -> dict[str, Any]:
+        return flat_record(row.out, self.fields)

@@ -15,12 +15,11 @@ out of choices. Ids are derived from the job and record, so two exports are iden
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fleet.exporters.base import ExportRow, Skipped, Writer
+from fleet.exporters.base import ExportRow, JsonLinesWriter, Skipped
 from fleet.manifest import Manifest
 
 ERROR_CODE = "record_error"
@@ -37,13 +36,12 @@ def choice(out: dict[str, Any], index: int, chat: bool) -> dict[str, Any]:
     return {"index": index, "message": message, "logprobs": None, "finish_reason": out["finish_reason"]}
 
 
-class OpenAIBatchWriter(Writer):
+class OpenAIBatchWriter(JsonLinesWriter):
     needs_inputs = True
 
     def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
         super().__init__(path, manifest, stable, skipped)
         self.created = int(datetime.fromisoformat(manifest.created).timestamp())
-        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def write(self, rows: list[ExportRow]) -> int:
         written, group = 0, []
@@ -63,7 +61,7 @@ class OpenAIBatchWriter(Writer):
             line |= {"response": None, "error": {"code": ERROR_CODE, "message": first.out.get("error") or ""}}
         else:
             line |= {"response": self.response(good, custom_id), "error": None}
-        self.file.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self.put(line)
         return 1
 
     def response(self, good: list[ExportRow], custom_id: str) -> dict[str, Any]:
@@ -80,6 +78,3 @@ class OpenAIBatchWriter(Writer):
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
         }
         return {"status_code": 200, "request_id": _rid("req_", self.manifest.job, custom_id), "body": body}
-
-    def close(self) -> None:
-        self.file.close()

@@ -20,12 +20,9 @@ than one.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from fleet.exporters.base import ExportRow, Skipped, Writer
-from fleet.manifest import Manifest
+from fleet.exporters.base import ExportRow, JsonLinesWriter
 from fleet.prompting import THINK_CLOSE, THINK_OPEN
 
 
@@ -40,28 +37,13 @@ def has_marker(text: str | None) -> bool:
     return bool(text) and (THINK_OPEN in text or THINK_CLOSE in text)  # type: ignore[operator]
 
 
-class SpecForgeWriter(Writer):
+class SpecForgeWriter(JsonLinesWriter):
     needs_inputs = True
-
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        super().__init__(path, manifest, stable, skipped)
-        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-
-    def write(self, rows: list[ExportRow]) -> int:
-        written = 0
-        for row in rows:
-            line = self.line(row)
-            if line is not None:
-                self.file.write(json.dumps(line, ensure_ascii=False) + "\n")
-                written += 1
-        return written
+    skip_errors = True
 
     def line(self, row: ExportRow) -> dict[str, Any] | None:
         out, record = row.out, row.record
         assert record is not None
-        if out["finish_reason"] == "error":
-            self.skipped.add("error records")
-            return None
         if not record.messages:
             self.skipped.add("records without messages (raw prompt or input_ids): use --format tokens")
             return None
@@ -73,6 +55,3 @@ class SpecForgeWriter(Writer):
         if out.get("sample"):
             line["sample"] = out["sample"]
         return {**line, **(out.get("extra") or {})}
-
-    def close(self) -> None:
-        self.file.close()

@@ -23,7 +23,7 @@ from typing import Any
 
 from fleet.engines.base import GenRequest, Sampling, prompt_digest
 from fleet.errors import FleetError
-from fleet.exporters.base import ExportRow, Skipped, Writer
+from fleet.exporters.base import ExportRow, JsonLinesWriter, Skipped
 from fleet.manifest import Manifest
 from fleet.records import InputRecord
 
@@ -88,29 +88,18 @@ def job_tokenizer(manifest: Manifest) -> Any:
     return tokenizer
 
 
-class TokensWriter(Writer):
+class TokensWriter(JsonLinesWriter):
     needs_inputs = True
+    skip_errors = True
+    separators = (",", ":")
 
     def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
         super().__init__(path, manifest, stable, skipped)
         self.prompts = PromptIds(manifest)
-        self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-
-    def write(self, rows: list[ExportRow]) -> int:
-        written = 0
-        for row in rows:
-            line = self.line(row)
-            if line is not None:
-                self.file.write(json.dumps(line, separators=(",", ":")) + "\n")
-                written += 1
-        return written
 
     def line(self, row: ExportRow) -> dict[str, Any] | None:
         out, record = row.out, row.record
         assert record is not None
-        if out["finish_reason"] == "error":
-            self.skipped.add("error records")
-            return None
         output = out.get("output_ids")
         if output is None:
             raise FleetError(
@@ -124,6 +113,3 @@ class TokensWriter(Writer):
         if out.get("sample"):
             line["sample"] = out["sample"]
         return {**line, **(out.get("extra") or {})}
-
-    def close(self) -> None:
-        self.file.close()
