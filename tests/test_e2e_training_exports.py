@@ -68,7 +68,7 @@ def expected_prompt_ids(tokenizer, line: dict) -> list[int]:
 def export(env: dict, fmt: str, out: Path, *extra: str) -> str:
     res = run_fleet("export", "--job", "mix", "--format", fmt, "--out", str(out), *extra, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout
+    return " ".join(res.stderr.split())
 
 
 def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean_env):
@@ -93,7 +93,8 @@ def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean
     assert records["tok"]["metadata"] == {"origin": "s3"} and "metadata" not in records["batch"]
 
     # specforge: input messages plus one assistant turn matching the record, no think markers
-    specforge = {r["id"]: r for r in read_jsonl_out(env, "specforge", tmp_path / "sf.jsonl")}
+    said = "skipped 3: records without messages (raw prompt or input_ids): use --format tokens"
+    specforge = {r["id"]: r for r in read_jsonl_out(env, "specforge", tmp_path / "sf.jsonl", said=said)}
     assert list(specforge) == [i for i, x in zip(ids, lines, strict=True) if prompt_messages(x) is not None]
     for rid, row in specforge.items():
         line, rec = lines[ids.index(rid)], records[rid]
@@ -138,6 +139,6 @@ def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean
     assert finished == [i for i in ids if i not in cut]
 
 
-def read_jsonl_out(env: dict, fmt: str, out: Path, *extra: str) -> list[dict]:
-    export(env, fmt, out, *extra)
+def read_jsonl_out(env: dict, fmt: str, out: Path, *extra: str, said: str = "") -> list[dict]:
+    assert said in export(env, fmt, out, *extra)
     return read_jsonl(out)

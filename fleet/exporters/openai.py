@@ -9,7 +9,8 @@ vLLM and SGLang reasoning parsers return it) for message records, and a `text_co
 (choices[].text) for raw prompts and input ids, as /v1/completions answers them. A record's
 n samples are one line with n choices, as the API returns them. A record whose samples all
 failed is `response: null` with an `error` object; failed samples among good ones are left
-out of choices. Ids are derived from the job and record, so two exports are identical.
+out of choices. Ids are derived from the job and record, so two exports are identical. The line shape
+is fixed, so passthrough input fields are not added to it.
 """
 
 from __future__ import annotations

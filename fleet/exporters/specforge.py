@@ -14,8 +14,8 @@ Records without messages (a raw prompt or pre-tokenized ids) have no conversatio
 extend, and a file mixing SpecForge's pre-formatted `{"id", "text"}` rows with
 conversation rows cannot be loaded (`is_preformatted` is per dataset), so they are
 skipped and counted; `--format tokens` covers every record. Error rows are skipped too.
-Passthrough input fields follow at top level; `sample` is added when a record has more
-than one.
+Passthrough input fields follow at top level; `sample` is added to every sample after
+a record's first.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ chat template, which is deterministic. The rebuild is proven, not trusted: each 
 carries a digest of the ids the engine saw (`prompt_digest`), and a mismatch (other
 tokenizer files, another transformers version) fails the export instead of writing a
 subtly different prompt (the SpecForge#296 class of mismatch). The chat template's hash
-must also equal the manifest's.
+must also equal the manifest's. Error rows are skipped and counted; passthrough input
+fields follow at top level, and `sample` is added to every sample after a record's first.
 """
 
 from __future__ import annotations
