@@ -142,3 +142,19 @@ def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean
 def read_jsonl_out(env: dict, fmt: str, out: Path, *extra: str, said: str = "") -> list[dict]:
     assert said in export(env, fmt, out, *extra)
     return read_jsonl(out)
+
+
+def test_enqueue_refuses_ids_outside_the_models_vocabulary(tmp_path: Path, tiny_model: Path, redis_server,
+                                                            clean_env):
+    # Given a pre-tokenized line whose last id is one past the tiny model's tokens
+    vocab = len(load_tokenizer(str(tiny_model)))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(f'{{"id": "ok", "input_ids": [1, {vocab - 1}]}}\n{{"id": "bad", "input_ids": [3, {vocab}]}}\n')
+    # When it is enqueued for the hf engine
+    res = run_fleet("enqueue", str(prompts), "--job", "v", "--engine", "hf", "--model", str(tiny_model),
+                    "--store-url", str(tmp_path / "store"), env={"FLEET_BROKER_URL": redis_server.url})
+    # Then nothing is written and the error names the line and the id
+    assert res.returncode != 0
+    said = f"line 2: input_ids[1]: token id {vocab} is outside the model's vocabulary of {vocab}"
+    assert said in " ".join(res.stderr.split())
+    assert not (tmp_path / "store" / "v").exists()
