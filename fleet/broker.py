@@ -31,7 +31,7 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
     app = Celery("fleet", broker=url, set_as_current=False)
     transport: dict[str, Any] = {
         # Redis emulates acks: a message unacked longer than this goes to another worker,
-        # so it must exceed any chunk's run time (DESIGN.md, Celery facts).
+        # so it must exceed any chunk's run time (docs/architecture.md, Celery facts).
         "visibility_timeout": settings.visibility_timeout_s,
         "health_check_interval": 10,
         "priority_steps": list(keys.PRIORITY_STEPS),

@@ -81,7 +81,7 @@ def check_broker(settings: Settings) -> Check:
 
 
 def _broker_config_notes(client: Any) -> list[str]:
-    """Persistence and eviction facts; '!' marks one that loses work (DESIGN.md, Redis)."""
+    """Persistence and eviction facts; '!' marks one that loses work (docs/architecture.md, Redis)."""
     try:
         policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
         aof = client.config_get("appendonly").get("appendonly")
@@ -236,7 +236,7 @@ def check_engine_args(settings: Settings) -> Check:
 
 
 def validate_server_args(server_args_cls: Callable[..., Any], kwargs: dict[str, Any]) -> None:
-    """SGLang's own checks (DESIGN.md: ServerArgs, resolve_once, check_server_args); on a
+    """SGLang's own checks (docs/architecture.md: ServerArgs, resolve_once, check_server_args); on a
     host without a GPU they run with device="cpu", which validates in seconds."""
     args = dict(kwargs)
     if "device" not in args and not query_gpus()[0]:

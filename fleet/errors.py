@@ -1,10 +1,30 @@
-"""The error tree. A class decides recovery; code never matches message text."""
+"""The error tree. A class decides recovery; code never matches message text.
+
+Each class states whose fault it is (`fault`); fleet.retry reads only that.
+"""
 
 from __future__ import annotations
+
+from enum import Enum
+from typing import ClassVar
+
+
+class Fault(Enum):
+    #: the chunk itself fails: spend an attempt
+    CHUNK = "chunk"
+    #: retrying cannot help (the chunk object is broken): quarantine now
+    HOPELESS = "hopeless"
+    #: the process running it died (engine death, worker loss): blamed only on evidence
+    CRASH = "crash"
+    #: store, broker or network: never the chunk's fault; requeue with backoff
+    INFRA = "infra"
 
 
 class FleetError(Exception):
     """Root of every error fleet raises on purpose."""
+
+    #: an unknown failure is the chunk's until shown otherwise
+    fault: ClassVar[Fault] = Fault.CHUNK
 
 
 class ConfigError(FleetError):
@@ -30,13 +50,26 @@ class InputError(FleetError):
 class StoreError(FleetError):
     """The store failed after botocore's own retries; the chunk attempt fails, nothing is lost."""
 
+    fault = Fault.INFRA
+
 
 class ObjectMissing(StoreError):
-    """A key that should exist does not."""
+    """A key that should exist does not (a chunk object lost under its manifest: hopeless)."""
+
+    fault = Fault.HOPELESS
+
+
+class ManifestMissing(ObjectMissing):
+    """This worker's store has no manifest for the job (another store shares the broker):
+    the chunk goes back for a worker of the right store, never to quarantine."""
+
+    fault = Fault.INFRA
 
 
 class ChunkCorrupt(FleetError):
     """A chunk object cannot be decoded: retrying will not help, quarantine it."""
+
+    fault = Fault.HOPELESS
 
 
 class RecordError(FleetError):
@@ -46,13 +79,13 @@ class RecordError(FleetError):
 class EngineError(FleetError):
     """The engine is gone or broken: release the chunk, requeue it, let the supervisor restart."""
 
-
-class ChunkReleased(FleetError):
-    """The worker is stopping: finished records were checkpointed and the chunk handed back."""
+    fault = Fault.CRASH
 
 
-class ChunkSuperseded(FleetError):
-    """Another worker committed this chunk first (end-of-job assist): drop this copy."""
+class WorkerLost(FleetError):
+    """A chunk's lease expired with no result: its worker died (SIGKILL, OOM, host loss)."""
+
+    fault = Fault.CRASH
 
 
 class BrokerMissing(FleetError):

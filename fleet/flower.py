@@ -3,7 +3,7 @@
 Flower talks to the broker with its app's transport options. Started on its own
 (`celery flower --broker=...`) it would use kombu's default visibility_timeout of one
 hour, and its inspect calls would then hand every chunk running longer than that to a
-second worker (DESIGN.md, Celery facts). Building its app with `make_celery(settings)`
+second worker (docs/architecture.md, Celery facts). Building its app with `make_celery(settings)`
 keeps the options identical to the workers'.
 """
 

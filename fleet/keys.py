@@ -33,8 +33,31 @@ def queued(job: str) -> str:
 
 
 def attempts(job: str) -> str:
-    """Hash index -> attempts started; a chunk failing this often is quarantined."""
+    """Hash index -> attempts spent on the chunk's own failures (fleet.retry); at the
+    budget it is quarantined. Infra errors and worker loss spend none."""
     return f"{PREFIX}:{job}:attempts"
+
+
+def crashes(job: str) -> str:
+    """Hash index -> consecutive worker losses or engine deaths the chunk is suspected of
+    (the process died within the crash window of starting it); its own, larger budget."""
+    return f"{PREFIX}:{job}:crashes"
+
+
+def retries(job: str) -> str:
+    """Hash index -> requeues for faults not the chunk's (infra); sets the backoff."""
+    return f"{PREFIX}:{job}:retries"
+
+
+def lease_started() -> str:
+    """Hash "job/index" -> ms epoch the current lease was taken; with lease_beat, how long
+    a lost worker ran the chunk (the evidence fleet.retry blames a crash on)."""
+    return f"{PREFIX}:lease-started"
+
+
+def lease_beat() -> str:
+    """Hash "job/index" -> ms epoch of the lease's last renewal (its holder was alive then)."""
+    return f"{PREFIX}:lease-beat"
 
 
 def requeue_guard(job: str, index: int) -> str:
@@ -60,11 +83,6 @@ def stall_guard(job: str) -> str:
 def chunk_stats(job: str) -> str:
     """Hash index -> result stats JSON; a cache of the result headers for `fleet status`."""
     return f"{PREFIX}:{job}:stats"
-
-
-def workers() -> str:
-    """Hash worker name -> heartbeat JSON (rate, running chunks) for `fleet status`."""
-    return f"{PREFIX}:workers"
 
 
 def jobs() -> str:

@@ -1,4 +1,4 @@
-"""Store layout (DESIGN.md) and the codec of chunk and result objects.
+"""Store layout (docs/architecture.md) and the codec of chunk and result objects.
 
 <job>/manifest.json, <job>/chunks/<index>, <job>/results/<index> (written once),
 <job>/partial/<index>/<seq>-<worker>, <job>/failed/<index>.json. Indexes are zero-padded
@@ -39,8 +39,12 @@ def result_key(job: str, index: int) -> str:
     return f"{job}/results/{idx(index)}"
 
 
+def partials_prefix(job: str) -> str:
+    return f"{job}/partial/"
+
+
 def partial_prefix(job: str, index: int) -> str:
-    return f"{job}/partial/{idx(index)}/"
+    return f"{partials_prefix(job)}{idx(index)}/"
 
 
 def partial_key(job: str, index: int, seq: int, worker: str) -> str:

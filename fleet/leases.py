@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import redis
 
@@ -16,16 +17,32 @@ from fleet import keys
 
 log = logging.getLogger(__name__)
 
+# Renewal also stamps the chunk's beat: after the holder dies, the reaper reads how long
+# it ran the chunk (beat - started), the evidence fleet.retry blames a crash on.
 _RENEW = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    "if ARGV[3] ~= '' then redis.call('hset', KEYS[2], ARGV[3], ARGV[4]) end "
     "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+)
+# A watched lease also (re)registers its job: a broker that lost everything relearns the
+# job from the chunks still running, and the reapers' stall watch finds the rest again.
+_ACQUIRE = (
+    "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
+    "if ARGV[3] ~= '' then redis.call('sadd', KEYS[2], ARGV[3]); redis.call('sadd', KEYS[5], ARGV[5]); "
+    "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[4]) end "
+    "return 1"
 )
 # Only the owner releases, and only then does the chunk leave the running set: a stale
 # worker must not hide a chunk whose new owner may still die.
 _RELEASE = (
     "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); "
+    "if ARGV[2] ~= '' then redis.call('hdel', KEYS[3], ARGV[2]); redis.call('hdel', KEYS[4], ARGV[2]) end "
     "return redis.call('srem', KEYS[2], ARGV[2]) else return 0 end"
 )
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class Lease:
@@ -35,25 +52,32 @@ class Lease:
         #: only the chunk lease puts the chunk in the running set the reaper watches
         self.watched = key is None
         self.ttl_ms = max(1, int(ttl_s * 1000))
+        #: set by a failed renewal; the lease middleware retakes the lease or cancels the run
         self.lost = False
 
+    @property
+    def _member(self) -> str:
+        return keys.member(self.job, self.index) if self.watched else ""
+
     def acquire(self) -> bool:
-        if not self.r.set(self.key, self.owner, nx=True, px=self.ttl_ms):
-            return False
-        if self.watched:
-            self.r.sadd(keys.running(), keys.member(self.job, self.index))
-        return True
+        """Take the lease; a watched one also enters the running set and stamps its start, atomically."""
+        ok = bool(self.r.eval(_ACQUIRE, 5, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
+                              keys.jobs(), self.owner, self.ttl_ms, self._member, now_ms(), self.job))
+        if ok:
+            self.lost = False
+        return ok
 
     def renew(self) -> bool:
-        ok = bool(self.r.eval(_RENEW, 1, self.key, self.owner, self.ttl_ms))
+        ok = bool(self.r.eval(_RENEW, 2, self.key, keys.lease_beat(), self.owner, self.ttl_ms,
+                              self._member, now_ms()))
         if not ok and not self.lost:
             self.lost = True
             log.warning("lease on %s/%d lost (expired or taken over)", self.job, self.index)
         return ok
 
     def release(self) -> None:
-        member = keys.member(self.job, self.index) if self.watched else ""
-        self.r.eval(_RELEASE, 2, self.key, keys.running(), self.owner, member)
+        self.r.eval(_RELEASE, 4, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
+                    self.owner, self._member)
 
 
 def holder(r: redis.Redis, job: str, index: int) -> str | None:

@@ -1,6 +1,6 @@
 """Prometheus metrics of a worker process, and the HTTP endpoint that serves them.
 
-The metric objects are module-level so the worker's hooks update them directly; each
+The metric objects are module-level so the worker's middleware updates them directly; each
 worker process serves its own registry on its own port (settings.metrics_port plus the
 worker's number), so no label names the worker: Prometheus' `instance` does.
 
@@ -18,7 +18,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
 
-#: Chunks run for minutes to hours (DESIGN.md: a chunk ends with its longest completion).
+#: Chunks run for minutes to hours (docs/architecture.md: a chunk ends with its longest completion).
 CHUNK_SECONDS_BUCKETS = (5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, float("inf"))
 #: Tokens committed per speculative step: 1 (nothing accepted) up to draft tokens + 1.
 ACCEPT_LENGTH_BUCKETS = (

@@ -3,7 +3,7 @@
 Token ids, not text, go to the engine: the chat template is applied here once with the
 model's tokenizer, so prompt token counts are exact and SGLang, transformers and the
 manifest all see the same prompt. The effective sampling defaults come from the model's
-`generation_config.json` because SGLang's Engine path does not apply it (DESIGN.md).
+`generation_config.json` because SGLang's Engine path does not apply it (docs/architecture.md).
 """
 
 from __future__ import annotations

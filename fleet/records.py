@@ -1,4 +1,4 @@
-"""Record schemas: the input forms of DESIGN.md normalised to one shape, and the output record."""
+"""Record schemas: the input forms of docs/architecture.md normalised to one shape, and the output record."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class InputRecord(BaseModel):
 
 
 class OutputRecord(BaseModel):
-    """One generated sample. Field names are the export contract (DESIGN.md, Records)."""
+    """One generated sample. Field names are the export contract (docs/architecture.md, Records)."""
 
     model_config = ConfigDict(extra="ignore")
 

@@ -2,28 +2,57 @@
 
 Run by every worker's periodic check, by `fleet enqueue` and by `fleet run`, so a
 SIGKILLed worker's chunk runs elsewhere within about TTL + the check interval, whatever
-Celery's visibility timeout is. A chunk that keeps losing its worker is quarantined.
+Celery's visibility timeout is. What a lost worker means for the chunk is fleet.retry's
+decision (a worker loss is the chunk's fault only on evidence).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 
 import redis
 from celery import Celery
 
 from fleet import keys
-from fleet.broker import PRIORITY_RECOVERY, send_chunk
-from fleet.chunkstate import Quarantine, attempts, done_indexes, failed_indexes, running_indexes
-from fleet.layout import result_key
+from fleet.chunkqueue import ChunkQueue
+from fleet.chunkstate import Quarantine, done_indexes, drop_checkpoints, failed_indexes, running_indexes
+from fleet.errors import WorkerLost
+from fleet.layout import partials_prefix, result_key
+from fleet.retry import Action, History, RetryPolicy, next_attempt, record
 from fleet.settings import Settings
 from fleet.store import Store
 
 log = logging.getLogger(__name__)
 
+# Leave the running set only while no lease exists, in one step: a worker that took the
+# lease since the scan keeps its chunk watched, and no duplicate message is sent for it.
+# Also pops the lease clock, the evidence of how long the lost worker ran the chunk.
+_FORGET_IF_UNLEASED = (
+    "if redis.call('exists', KEYS[1]) == 1 then return false end "
+    "if redis.call('srem', KEYS[2], ARGV[1]) == 0 then return false end "
+    "local s = redis.call('hget', KEYS[3], ARGV[1]); local b = redis.call('hget', KEYS[4], ARGV[1]); "
+    "redis.call('hdel', KEYS[3], ARGV[1]); redis.call('hdel', KEYS[4], ARGV[1]); "
+    "return {s or '', b or ''}"
+)
+
+
+def forget_unleased(r: redis.Redis, job: str, index: int) -> float | None:
+    """Remove a lease-less chunk from the running set; None if it has a lease (or is gone),
+    else the seconds its lost worker had run it (inf when unknown)."""
+    member = keys.member(job, index)
+    got = r.eval(_FORGET_IF_UNLEASED, 4, keys.lease(job, index), keys.running(), keys.lease_started(),
+                 keys.lease_beat(), member)
+    if not got:
+        return None
+    started, beat = (v.decode() if isinstance(v, bytes) else v for v in got)
+    return (int(beat) - int(started)) / 1000 if started and beat else math.inf
+
 
 def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings) -> list[str]:
-    """Requeue (or quarantine) every chunk in the running set whose lease is gone."""
+    """Requeue (or, on evidence, quarantine) every chunk in the running set whose lease is gone."""
+    queue, policy = ChunkQueue(app, settings.queue, r), RetryPolicy.from_settings(settings)
     touched = []
     for raw in r.smembers(keys.running()):
         member = raw.decode()
@@ -31,27 +60,48 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
         if r.exists(keys.lease(job, index)):
             continue
         if store.exists(result_key(job, index)):
-            r.srem(keys.running(), member)
+            if forget_unleased(r, job, index) is not None:
+                drop_checkpoints(store, job, index)
             continue
         guard_s = max(5, int(settings.lease_ttl_s))
         if not r.set(keys.requeue_guard(job, index), "1", nx=True, ex=guard_s):
             continue
-        tried = attempts(r, job, index)
-        if tried >= settings.max_attempts:
-            Quarantine(
-                index=index,
-                error=f"worker lost {tried} time(s): lease expired with no result",
-                error_type="WorkerLost",
-                attempts=tried,
-            ).write(store, job)
-            log.error("chunk %s quarantined after %d lost workers", member, tried)
+        ran_s = forget_unleased(r, job, index)
+        if ran_s is None:
+            continue  # a new owner took it since the scan
+        decision = policy.decide(WorkerLost(f"lease of {member} expired with no result"),
+                                 History.load(r, job, index, ran_s=ran_s))
+        record(r, job, index, decision)
+        if decision.action is Action.QUARANTINE:
+            Quarantine(index=index, error=f"worker lost: {decision.why}", error_type="WorkerLost",
+                       attempts=decision.count).write(store, job)
+            log.error("chunk %s quarantined: %s", member, decision.why)
         else:
-            send_chunk(app, settings.queue, job, index, tried + 1, PRIORITY_RECOVERY)
-            r.sadd(keys.queued(job), index)
-            log.warning("chunk %s lease expired without result: requeued (attempt %d)", member, tried + 1)
-        r.srem(keys.running(), member)
+            queue.requeue(job, index, next_attempt(r, job, index))
+            log.warning("chunk %s lease expired without result: requeued (%s)", member, decision.why)
         touched.append(member)
     return touched
+
+
+def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, stall: StallWatch,
+               chunks_of: Callable[[str], int | None]) -> None:
+    """One recovery round over every job of the broker. A job fails alone: its error is
+    logged and the others are still checked; a job with no manifest in this store leaves
+    the job set (an old job whose prefix was deleted, or another store's)."""
+    requeue_expired(r, store, app, settings)
+    for raw in r.smembers(keys.jobs()):
+        job = raw.decode()
+        if job in stall.finished:
+            continue
+        try:
+            chunks = chunks_of(job)
+            if chunks is None:
+                r.srem(keys.jobs(), job)
+                log.warning("job %s has no manifest in %s: dropped from the job set", job, store.url)
+                continue
+            stall.check(r, store, app, settings, job, chunks)
+        except Exception as e:  # one broken job must not stop recovery of the others
+            log.warning("recovery check of job %s failed: %s", job, e)
 
 
 class StallWatch:
@@ -76,6 +126,7 @@ class StallWatch:
         done = done_indexes(store, job)
         if len(done) == chunks:
             self.finished.add(job)
+            store.delete_prefix(partials_prefix(job))  # job end: every chunk has its result
             return []
         missing = set(range(chunks)) - done - failed_indexes(store, job)
         if not missing:
@@ -86,8 +137,8 @@ class StallWatch:
         self.idle_checks[job] = 0
         if not r.set(keys.stall_guard(job), "1", nx=True, ex=max(5, int(settings.reaper_interval_s * 3))):
             return []
+        queue = ChunkQueue(app, settings.queue, r)
         for index in sorted(missing):
-            send_chunk(app, settings.queue, job, index, attempts(r, job, index) + 1, PRIORITY_RECOVERY)
-            r.sadd(keys.queued(job), index)
+            queue.requeue(job, index, next_attempt(r, job, index))
         log.warning("job %s stalled with %d chunks missing and none queued: re-enqueued", job, len(missing))
         return sorted(missing)

@@ -28,7 +28,7 @@ DEFAULT_DATA_DIR = Path("fleet-data")
 DEFAULT_CHUNK_SIZE = 256
 DEFAULT_LEASE_TTL_S = 60.0
 DEFAULT_VISIBILITY_TIMEOUT_S = 12 * 3600
-#: K x C / S, the requests a worker keeps in flight per engine slot. DESIGN.md's table
+#: K x C / S, the requests a worker keeps in flight per engine slot. The occupancy table
 #: (and `fleet bench projection` at the reference shape) gives 0.81 busy at 8 and 0.97-0.99
 #: at 16, so the default is 16.
 IN_FLIGHT_FACTOR = 16
@@ -68,7 +68,7 @@ class HfSettings(BaseModel):
 
 
 class SglangSettings(BaseModel):
-    """Kwargs for the embedded `sglang.Engine` (DESIGN.md, SGLang facts)."""
+    """Kwargs for the embedded `sglang.Engine` (docs/architecture.md, SGLang facts)."""
 
     dtype: str = Field("bfloat16", description="weights and activations dtype")
     mtp: bool = Field(True, description="multi-token-prediction speculative decoding (NEXTN)")
@@ -131,6 +131,14 @@ class Settings(BaseSettings):
     reaper_interval_s: float = Field(10.0, gt=0, description="seconds between expired-lease scans")
     visibility_timeout_s: int = Field(DEFAULT_VISIBILITY_TIMEOUT_S, gt=0, description="longer than any chunk runs")
     max_attempts: int = Field(3, ge=1, description="failed attempts before a chunk is quarantined")
+    max_crashes: int = Field(
+        5, ge=1, description="consecutive worker losses or engine deaths a chunk is suspected of before quarantine"
+    )
+    crash_window_s: float = Field(
+        10.0, ge=0, description="seconds: a process dying this soon after starting a chunk is evidence against it"
+    )
+    retry_backoff_s: float = Field(1.0, ge=0, description="seconds before the first requeue after an infra error")
+    retry_backoff_max_s: float = Field(30.0, ge=0, description="seconds: cap of the doubling infra-error backoff")
     grace_s: float = Field(30.0, ge=0, description="on SIGTERM, seconds running chunks may finish")
     checkpoint_interval_s: float = Field(30.0, gt=0, description="seconds between partial-chunk flushes")
 
@@ -179,7 +187,8 @@ class Settings(BaseSettings):
         }[self.engine]
 
     def resolved_slots(self, chunk_size: int | None = None) -> int:
-        """K: explicit, else ceil(8 x S / C) bounded by max_slots (DESIGN.md, engine full)."""
+        """K: explicit, else ceil(in_flight_factor x S / C) bounded by max_slots
+        (docs/architecture.md, "Keeping the engine full")."""
         if self.slots:
             return self.slots
         c = chunk_size or self.chunk_size
@@ -187,7 +196,9 @@ class Settings(BaseSettings):
 
     @property
     def heartbeat_s(self) -> float:
-        return max(0.2, self.lease_ttl_s / 4)
+        # At most 2 s: each renewal stamps the lease beat, which dates a lost worker's death
+        # for the crash evidence (crash_window_s) to that precision.
+        return max(0.2, min(self.lease_ttl_s / 4, 2.0))
 
     def to_env(self) -> dict[str, str]:
         """FLEET_* variables that rebuild these settings in a child process."""

@@ -1,7 +1,7 @@
 """Job progress from the store (done, failed) and Redis (running, queued, cached stats).
 
 Never asks Flower or the workers: inspect calls with other transport options would
-shorten the visibility timeout (DESIGN.md, Celery facts).
+shorten the visibility timeout (docs/architecture.md, Celery facts).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`fleet export` (DESIGN.md, Records): results in input order, as JSONL or Parquet, with
+"""`fleet export` (docs/architecture.md, Records): results in input order, as JSONL or Parquet, with
 exactly the exported fields; an unfinished job is refused, naming missing chunks, unless
 --partial."""
 

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from fleet import keys
-from fleet.layout import partial_prefix, result_key, results_prefix
+from fleet.layout import failed_prefix, partial_prefix, result_key, results_prefix
 from fleet.localredis import LocalRedis
 from fleet.results import read_result
 from fleet.store import open_store
@@ -134,10 +134,15 @@ def test_kill_dash_nine_workers(tmp_path, redis_server, reference, clean_env):
         wait_for(lambda: len(list(store.list(results_prefix("faults")))) == 100, 120, "all results")
     finally:
         workers.stop()
-    # Then every chunk recovered within TTL + 30 s, and the export equals the clean run's
-    print(f"\nrecovery after kill -9 (s): {[round(x, 1) for x in recoveries]}")
+    # Then every chunk recovered within TTL + 30 s, no attempt was spent on a lost worker,
+    # nothing was quarantined, and the export equals the clean run's
+    spent = sum(int(v) for v in r.hvals(keys.attempts("faults")))
+    suspected = len(r.hvals(keys.crashes("faults")))
+    print(f"\nrecovery after kill -9 (s): {[round(x, 1) for x in recoveries]}; "
+          f"attempts spent: {spent}; chunks once suspected of a crash: {suspected}")
     assert recoveries, "no kill landed on a running chunk"
     assert max(recoveries) < 3 + 30
+    assert spent == 0 and not list(store.list(failed_prefix("faults")))
     assert "killed by SIGKILL" in workers.logs()
     assert_exact(env, tmp_path, ref)
 
@@ -228,7 +233,7 @@ def test_sigterm_hands_chunk_back_from_checkpoint(tmp_path, redis_server, clean_
     assert stats["resumed"] > 0 and stats["worker"].endswith("hostB")
     assert len(rows) == 16 and a.returncode == 0
     assert not list(store.list(partial_prefix("faults", 0)))
-    assert "handed back on shutdown" in workers.logs()
+    assert "handed back: on shutdown" in workers.logs()
 
 
 def test_failing_chunk_is_quarantined_and_job_finishes(tmp_path, clean_env):
@@ -283,12 +288,40 @@ def test_two_workers_same_chunk_one_result(tmp_path, redis_server, clean_env):
 
         send_chunk(make_celery(Settings(broker_url=redis_server.url)), "fleet", "faults", 0, 2)
         workers.start("hostB")
-        # When both finish it
-        wait_for(lambda: "dropped this copy" in workers.logs() or "already has a result" in workers.logs(),
-                 90, "the second copy to finish")
+        # When both handle it: hostA retakes its free lease (then hostB's copy skips), or hostB
+        # took it first (then hostA's run is cancelled at once), or the copy lost the commit race
+        handled = ("dropped this copy", "already has a result", "held by", "run cancelled")
+        wait_for(lambda: store.exists(result_key("faults", 0)) and any(h in workers.logs() for h in handled),
+                 90, "the second copy to be handled")
     finally:
         workers.stop()
     # Then there is one result object, with one record per prompt
     keys_ = list(store.list(results_prefix("faults")))
     assert keys_ == ["faults/results/000000"]
     assert len(read_result(store, "faults", 0)[1]) == 8
+
+
+def test_worker_on_another_store_hands_chunks_back_and_never_quarantines(tmp_path, redis_server, clean_env):
+    # Given a job enqueued into one store, and a worker pointed at another store on the same broker
+    prompts = write_prompts(tmp_path / "p.jsonl", 16)
+    right, wrong = str(tmp_path / "store"), str(tmp_path / "other-store")
+    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": right, "FLEET_SIM__STEP_S": "0.0005",
+           "FLEET_RETRY_BACKOFF_S": "0.2", "FLEET_RETRY_BACKOFF_MAX_S": "1"}
+    assert run_fleet("enqueue", str(prompts), "--job", "faults", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    r, store = redis.Redis(port=redis_server.port), open_store(right)
+    try:
+        workers.start("lost", extra_env={"FLEET_STORE_URL": wrong})
+        # When it takes the job's chunks
+        wait_for(lambda: workers.logs().count("has no manifest in this worker's store") >= 8, 90,
+                 "the wrong-store worker to hand chunks back")
+        # Then it says so, leases nothing, spends no attempt, quarantines nothing in either store
+        assert not list(open_store(wrong).list("faults/")) and not list(store.list(failed_prefix("faults")))
+        assert not r.hvals(keys.attempts("faults")) and not r.smembers(keys.running())
+        # And a worker on the right store finishes the job alongside it
+        workers.start("right")
+        wait_for(lambda: len(list(store.list(results_prefix("faults")))) == 4, 90, "all results")
+    finally:
+        workers.stop()
+    assert "FLEET_STORE_URL" in workers.logs()
+    assert not list(store.list(failed_prefix("faults")))

@@ -114,7 +114,7 @@ def test_engine_failure_restarts_the_worker_and_never_commits_a_partial_chunk(tm
     store_url = str(tmp_path / "store")
     env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url,
            "FLEET_CHUNK_SIZE": "4", "FLEET_SIM__STEP_S": "0.0005", "FLEET_SIM__ENGINE_ERROR_CHUNKS": "[1]",
-           "FLEET_MAX_ATTEMPTS": "2", "FLEET_GRACE_S": "1"}
+           "FLEET_MAX_ATTEMPTS": "2", "FLEET_MAX_CRASHES": "2", "FLEET_GRACE_S": "1"}
     prompts = write_prompts(tmp_path / "p.jsonl", 16)
     assert run_fleet("enqueue", str(prompts), "--job", "dies", env=env).returncode == 0
     workers = Workers(env, tmp_path / "logs")
@@ -126,9 +126,39 @@ def test_engine_failure_restarts_the_worker_and_never_commits_a_partial_chunk(tm
                  and len(list(store.list(results_prefix("dies")))) == 3, 90, "3 results, chunk 1 quarantined")
     finally:
         workers.stop()
-    # Then the worker went down with its engine and was restarted, and chunk 1 has no result
+    # Then the worker went down with its engine and was restarted, and chunk 1 has no result;
+    # it was quarantined on its crash budget (its engine died within seconds of starting it each time)
     logs = workers.logs()
     assert "engine failed" in logs and "restarting in" in logs
     failure = json.loads(store.get("dies/failed/000001.json"))
     assert failure["error_type"] == "EngineError" and failure["attempts"] == 2
     assert not store.exists("dies/results/000001")
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie waiting for a reaper (a killed launcher reaps nothing)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def test_a_killed_launcher_takes_its_workers(tmp_path, redis_server, clean_env):
+    # Given a `fleet worker` launcher with two running worker processes
+    env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "s")}
+    workers = Workers(env, tmp_path / "logs")
+    launcher = workers.start("host", workers=2)
+    try:
+        wait_for(lambda: workers.logs().count("ready") >= 2, 90, "two workers ready")
+        children = [int(p) for t in Path(f"/proc/{launcher.pid}/task").iterdir()
+                    for p in (t / "children").read_text().split()]
+        assert len(children) == 2 and all(alive(p) for p in children)
+        # When the launcher is killed outright
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=10)
+        # Then no worker process remains
+        gone = wait_for(lambda: not any(alive(p) for p in children), 10, "workers to die with their launcher")
+        print(f"\nworkers gone {gone:.2f}s after their launcher's SIGKILL")
+    finally:
+        workers.stop()

@@ -1,4 +1,4 @@
-"""Store layout and codecs (DESIGN.md, Shape): the keys tools rely on, zstd JSON lines that
+"""Store layout and codecs (docs/architecture.md, Store layout): the keys tools rely on, zstd JSON lines that
 round-trip or fail as ChunkCorrupt, and result objects (header + records in input order)."""
 
 from __future__ import annotations

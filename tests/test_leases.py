@@ -1,4 +1,4 @@
-"""Leases (DESIGN.md, Celery facts) on a real redis-server: SET NX PX per running chunk, renew
+"""Leases (docs/architecture.md, Celery facts) on a real redis-server: SET NX PX per running chunk, renew
 and release by the owner only, expiry after the TTL, a heartbeat that keeps a lease alive.
 Also the local redis-server that `fleet run` and these tests start (fleet.localredis)."""
 
@@ -282,3 +282,16 @@ def test_free_port_is_bindable():
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_a_watched_lease_registers_its_job_again_after_a_broker_wipe(r):
+    # Given a broker that lost its job set
+    r.flushall()
+    # When a worker (re)takes a chunk lease, Then the job is known again, with the lease clock
+    assert Lease(r, "j", 2, "A", ttl_s=30).acquire()
+    assert r.smembers(keys.jobs()) == {b"j"}
+    assert r.hget(keys.lease_started(), "j/2") == r.hget(keys.lease_beat(), "j/2") is not None
+    # while an assist lease registers nothing
+    r.flushall()
+    assert Lease(r, "j", 2, "A", ttl_s=30, key=keys.assist("j", 2)).acquire()
+    assert r.smembers(keys.jobs()) == set()

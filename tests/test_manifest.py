@@ -1,4 +1,4 @@
-"""The job manifest (DESIGN.md, Shape): a stable hash of what shapes the output, and a refusal
+"""The job manifest (docs/architecture.md, Store layout): a stable hash of what shapes the output, and a refusal
 that names every differing setting when a job name is reused with another configuration."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker metrics served over HTTP by prometheus-client, updated by the worker's hooks."""
+"""Worker metrics served over HTTP by prometheus-client, updated by the worker's middleware."""
 
 from __future__ import annotations
 

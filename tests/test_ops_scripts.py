@@ -140,7 +140,7 @@ def test_compose_config_where_a_client_exists(name: str, tmp_path: Path) -> None
 
 
 def test_redis_conf_in_a_real_server() -> None:
-    # Given ops/redis.conf in a real redis-server, Then the DESIGN.md rules are in force.
+    # Given ops/redis.conf in a real redis-server, Then the docs/architecture.md rules are in force.
     with RedisProc(conf=ROOT / "ops" / "redis.conf", password="pw") as server:
         client = server.client()
         assert client.config_get("appendonly")["appendonly"] == "yes"

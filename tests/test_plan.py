@@ -1,4 +1,4 @@
-"""The planner: the worked example of DESIGN.md and the roofline's physics."""
+"""The planner: the worked example of docs/architecture.md and the roofline's physics."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ WORKED = [
 
 
 def test_worked_example_numbers() -> None:
-    # Given the reference job on 6 x B200, When planned, Then the DESIGN.md figures come out.
+    # Given the reference job on 6 x B200, When planned, Then the docs/architecture.md figures come out.
     p = make_plan(
         gpus=6, gpu="b200", usd_per_gpu_hour=5.49, prompts=902087, output_tokens=1818,
         tok_s_per_gpu=3000,

@@ -1,4 +1,4 @@
-"""Input reading and validation (DESIGN.md, Records): the three forms, every malformed
+"""Input reading and validation (docs/architecture.md, Records): the three forms, every malformed
 case with its line and field, duplicate ids, s3:// input through a real S3 endpoint,
 and flat memory on a large input."""
 

@@ -1,6 +1,7 @@
-"""Fast recovery (DESIGN.md, Celery facts) on a real redis-server with a real Celery producer:
-an expired lease without a result is requeued once with a grown attempt, a chunk with a result
-is only forgotten, a chunk out of attempts is quarantined, and StallWatch re-enqueues missing
+"""Fast recovery (docs/architecture.md, Recovery) on a real redis-server with a real Celery producer:
+an expired lease without a result is requeued once, spending no attempt; a chunk with a result
+is only forgotten; only a chunk whose workers die within seconds of starting it is quarantined,
+on its own budget; and StallWatch re-enqueues missing
 chunks only after two idle checks in a row."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fleet.broker import TASK_NAME, make_celery
 from fleet.chunkstate import Quarantine, read_failures
 from fleet.layout import failed_key, result_key
 from fleet.leases import Lease
-from fleet.recovery import StallWatch, requeue_expired
+from fleet.recovery import StallWatch, requeue_expired, watch_jobs
 from fleet.results import encode_result
 from fleet.settings import Settings
 from fleet.store.local import LocalStore
@@ -110,7 +111,7 @@ def test_two_reapers_seeing_the_same_expiry_send_one_message(r, store, app, sett
     assert len(queued_messages(r)) == 1
 
 
-def test_attempt_grows_with_each_lost_worker(r, store, app, settings):
+def test_message_attempt_counts_the_attempts_spent(r, store, app, settings):
     expired_lease(r, "j", 5, attempts_started=2)
     requeue_expired(r, store, app, settings)
     assert queued_messages(r) == [{"job": "j", "index": 5, "attempt": 3}]
@@ -140,21 +141,71 @@ def test_expired_lease_with_result_is_only_forgotten(r, store, app, settings):
     assert r.smembers(keys.queued("j")) == set()
 
 
-def test_chunk_out_of_attempts_is_quarantined(r, store, app, settings):
-    # Given a chunk whose third (= max_attempts) worker died too
+def long_run(r: redis.Redis, job: str, index: int, seconds: float) -> None:
+    """Backdate the lease clock: the lost worker had run the chunk this long."""
+    member = keys.member(job, index)
+    beat = int(r.hget(keys.lease_beat(), member))
+    r.hset(keys.lease_started(), member, beat - int(seconds * 1000))
+
+
+def test_worker_loss_after_a_long_run_spends_nothing(r, store, app, settings):
+    # Given a chunk out of attempts whose worker died a minute into running it
     expired_lease(r, "j", 7, attempts_started=settings.max_attempts)
+    r.hset(keys.crashes("j"), 7, 2)
+    long_run(r, "j", 7, 60)
     # When the reaper runs
-    touched = requeue_expired(r, store, app, settings)
-    # Then it is written to failed/ with the cause, not requeued
-    assert touched == ["j/7"]
-    assert queued_messages(r) == []
-    assert running(r) == set()
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    # Then it is requeued, not quarantined; no attempt spent; the crash suspicion is cleared
+    assert queued_messages(r) == [{"job": "j", "index": 7, "attempt": settings.max_attempts + 1}]
+    assert read_failures(store, "j") == []
+    assert int(r.hget(keys.attempts("j"), 7)) == settings.max_attempts
+    assert r.hget(keys.crashes("j"), 7) is None
+    assert r.hget(keys.lease_started(), "j/7") is None and r.hget(keys.lease_beat(), "j/7") is None
+
+
+def test_chunk_killing_its_workers_within_seconds_is_quarantined_on_its_own_budget(r, store, app, settings):
+    # Given a chunk whose workers die right after starting it
+    sent = 0
+    for n in range(1, settings.max_crashes + 1):
+        expired_lease(r, "j", 7, attempts_started=0)
+        r.delete(keys.requeue_guard("j", 7))
+        # When the reaper runs after each loss
+        assert requeue_expired(r, store, app, settings) == ["j/7"]
+        sent = len(queued_messages(r))
+        if n < settings.max_crashes:
+            # Then each is a suspicion, counted, and the chunk goes back (more than max_attempts of them)
+            assert int(r.hget(keys.crashes("j"), 7)) == n and sent == n
+    # and the last one quarantines it as a worker-killer, without spending attempts
+    assert settings.max_crashes > settings.max_attempts
+    assert sent == settings.max_crashes - 1
     [failure] = read_failures(store, "j")
-    assert failure["index"] == 7 and failure["job"] == "j"
-    assert failure["error_type"] == "WorkerLost"
-    assert failure["attempts"] == 3
-    assert "lease expired" in failure["error"]
-    assert store.exists(failed_key("j", 7))
+    assert failure["error_type"] == "WorkerLost" and failure["attempts"] == settings.max_crashes
+    assert "within" in failure["error"]
+    assert r.hget(keys.attempts("j"), 7) == b"0"
+
+
+def test_reaper_never_drops_a_new_owner(r, store, app, settings):
+    # Given an expired chunk that a new owner leases between the reaper's scan and its removal
+    from fleet.recovery import forget_unleased
+
+    expired_lease(r, "j", 3, attempts_started=0)
+    assert Lease(r, "j", 3, "gpu1@new:2", ttl_s=30).acquire()
+    # When the reaper's one-step removal runs
+    # Then it refuses: the chunk stays watched under its new owner, and nothing is sent
+    assert forget_unleased(r, "j", 3) is None
+    assert running(r) == {"j/3"}
+    assert requeue_expired(r, store, app, settings) == []
+    assert queued_messages(r) == []
+
+
+def test_expired_lease_with_result_drops_leftover_checkpoints(r, store, app, settings):
+    from fleet.layout import partial_prefix
+
+    expired_lease(r, "j", 4, attempts_started=0)
+    store.put(partial_prefix("j", 4) + "000001-w", b"x")
+    put_result(store, "j", 4)
+    requeue_expired(r, store, app, settings)
+    assert list(store.list(partial_prefix("j", 4))) == []
 
 
 def test_jobs_are_kept_apart(r, store, app, settings):
@@ -248,3 +299,36 @@ def test_stallwatch_counts_jobs_separately(r, store, app, settings):
     assert watch.check(r, store, app, settings, "j", 4) == []
     assert watch.check(r, store, app, settings, "other", 1) == []
     assert watch.check(r, store, app, settings, "j", 4) == [2, 3]
+
+
+# -- watch_jobs --------------------------------------------------------------------------
+
+
+def test_a_job_without_manifest_is_pruned_and_does_not_stop_the_others(r, store, app, settings):
+    # Given three jobs in the broker's job set: one with no manifest in this store, one whose
+    # check raises, and one stalled with chunks missing
+    r.sadd(keys.jobs(), "gone", "broken", "j")
+    put_result(store, "j", 0)
+
+    def chunks_of(job: str) -> int | None:
+        if job == "broken":
+            raise RuntimeError("store hiccup")
+        return {"gone": None, "j": 3}[job]
+
+    stall = StallWatch()
+    # When two recovery rounds run
+    for _ in range(2):
+        watch_jobs(r, store, app, settings, stall, chunks_of)
+    # Then the job without manifest left the set, the broken one stays, and j was re-enqueued
+    assert {m.decode() for m in r.smembers(keys.jobs())} == {"broken", "j"}
+    assert sorted(m["index"] for m in queued_messages(r)) == [1, 2]
+
+
+def test_job_end_drops_every_checkpoint(r, store, app, settings):
+    from fleet.layout import partial_prefix, partials_prefix
+
+    for i in range(2):
+        put_result(store, "j", i)
+        store.put(partial_prefix("j", i) + "000001-w", b"x")
+    StallWatch().check(r, store, app, settings, "j", 2)
+    assert list(store.list(partials_prefix("j"))) == []

@@ -1,4 +1,4 @@
-"""Settings (DESIGN.md, Settings): FLEET_ env with nested `__`, fleet.toml or FLEET_CONFIG,
+"""Settings (docs/architecture.md, Settings): FLEET_ env with nested `__`, fleet.toml or FLEET_CONFIG,
 init kwargs on top, K derived from the engine's slots and the chunk size, and a to_env()
 that rebuilds the same settings in a child process."""
 
@@ -187,8 +187,9 @@ def test_engine_max_running_follows_engine(engine, kwargs, expected_s):
     assert s.resolved_slots() == min(32, -(-16 * expected_s // 64))
 
 
-def test_heartbeat_is_a_quarter_of_the_ttl_with_a_floor():
-    assert Settings(lease_ttl_s=60).heartbeat_s == 15
+def test_heartbeat_is_a_quarter_of_the_ttl_between_a_floor_and_a_ceiling():
+    assert Settings(lease_ttl_s=60).heartbeat_s == 2  # the lease beat dates a lost worker to 2 s
+    assert Settings(lease_ttl_s=4).heartbeat_s == 1
     assert Settings(lease_ttl_s=0.4).heartbeat_s == 0.2
 
 

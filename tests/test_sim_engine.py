@@ -1,4 +1,4 @@
-"""The sim engine (DESIGN.md, CLI: engines): deterministic text and heavy-tailed length per
+"""The sim engine (docs/architecture.md, CLI: engines): deterministic text and heavy-tailed length per
 (seed, record id, sample), the configured mean, max_tokens, a slot limit like continuous
 batching, and the fault knobs (fail_ids, crash_chunks)."""
 

@@ -1,4 +1,4 @@
-"""`fleet status` figures (DESIGN.md, CLI) from a job built directly in a local store:
+"""`fleet status` figures (docs/architecture.md, CLI) from a job built directly in a local store:
 chunks done and failed from the store, running and queued from a real Redis, records and
 tokens from the result headers, tok/s over a recent window, ETA and cost."""
 

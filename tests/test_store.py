@@ -1,4 +1,4 @@
-"""The store (DESIGN.md, Shape): one contract, two backends. Every behaviour is checked on a
+"""The store (docs/architecture.md, Store layout): one contract, two backends. Every behaviour is checked on a
 local directory and on S3 (moto's server over HTTP) through the same tests."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class JobRun:
 
     @property
     def makespan_s(self) -> float:
-        """From the first chunk's start to the last result (DESIGN.md's occupancy window)."""
+        """From the first chunk's start to the last result (docs/architecture.md's occupancy window)."""
         return self.last_finish - self.first_start
 
     @property

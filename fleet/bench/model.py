@@ -4,7 +4,7 @@ Each of W workers has S engine slots and K chunk slots; a chunk's requests join 
 worker's engine queue in order (first in, first out) and a freed chunk slot takes the
 next chunk from one shared queue at once. Fed the exact output lengths a measured run
 produced, it gives the occupancy that schedule would reach with no dequeue, commit or
-Python cost at all (DESIGN.md, "Keeping the engine full").
+Python cost at all (docs/architecture.md, "Keeping the engine full").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 `engine_kwargs` is pure (it never imports sglang) so `fleet engine-args` can show a
 deployment's exact kwargs on a laptop. `SglangEngine` imports sglang only in `start()`,
 which runs on the worker's long-lived loop thread: the engine's receive loop binds to the
-first event loop that uses it (DESIGN.md), so every request must come from that loop.
+first event loop that uses it (docs/architecture.md), so every request must come from that loop.
 
 We pass token ids (the prompt is templated once, by `fleet.prompting`) but keep SGLang's
 tokenizer (`skip_tokenizer_init` stays False): stop strings and detokenisation need it,
@@ -70,7 +70,7 @@ def is_hybrid(config: dict[str, Any]) -> bool:
 
 
 def engine_kwargs(settings: Settings) -> dict[str, Any]:
-    """The exact kwargs the worker passes to `sglang.Engine` (DESIGN.md, SGLang facts)."""
+    """The exact kwargs the worker passes to `sglang.Engine` (docs/architecture.md, SGLang facts)."""
     model = require_model(settings)
     s = settings.sglang
     local = Path(model).expanduser()

@@ -23,6 +23,7 @@ from fleet.producer.chunker import write_chunks
 from fleet.producer.reader import read_records, validate
 from fleet.producer.source import local_input
 from fleet.recovery import requeue_expired
+from fleet.retry import forget, next_attempt
 from fleet.settings import Settings
 from fleet.store import Store, open_store
 
@@ -96,7 +97,7 @@ def enqueue_missing(
     if retry_failed and failed:
         for index in failed - done:
             store.delete(failed_key(job, index))
-            r.hdel(keys.attempts(job), index)
+            forget(r, job, index)
         failed = set()
     running = running_indexes(r, job)
     queued = queued_indexes(r, job)
@@ -104,7 +105,7 @@ def enqueue_missing(
     for index in range(manifest.chunks):
         if index in done or index in failed or index in running or index in queued:
             continue
-        send_chunk(app, settings.queue, job, index, 1 + int(r.hget(keys.attempts(job), index) or 0))
+        send_chunk(app, settings.queue, job, index, next_attempt(r, job, index))
         r.sadd(keys.queued(job), index)
         report.enqueued.append(index)
     report.done = len(done)

@@ -1,4 +1,4 @@
-"""Read and validate the JSONL input (DESIGN.md, Records) in the three forms it may take.
+"""Read and validate the JSONL input (docs/architecture.md, Records) in the three forms it may take.
 
 Validation is one streaming pass that reports every bad line before anything is
 enqueued; reading is a second pass. Both go through `parse_line`, so a line that

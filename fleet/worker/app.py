@@ -31,9 +31,7 @@ def runtime() -> Runtime:
 
 @app.task(name=TASK_NAME, bind=True, acks_late=True)
 def run_chunk_task(self: Any, job: str, index: int, attempt: int = 1) -> dict[str, Any]:
-    from fleet.worker.task import run_chunk
-
-    return run_chunk(runtime(), job, index, attempt)
+    return runtime().run_chunk(job, index, attempt)
 
 
 @signals.celeryd_after_setup.connect

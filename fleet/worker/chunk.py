@@ -1,4 +1,6 @@
-"""The state of one chunk while a worker runs it, shared by the task body and its hooks."""
+"""The state of one chunk while a worker runs it: the task fills it; middleware reads it.
+
+Policy state lives in each middleware's own typed state, never here."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet import metrics
 from fleet.manifest import Manifest
 from fleet.records import InputRecord
 
@@ -28,19 +31,31 @@ class ChunkRun:
     #: finished in this run and not yet checkpointed
     fresh: list[dict[str, Any]] = field(default_factory=list)
     resumed: int = 0
-    #: requests of this chunk inside the engine now (updated on the engine loop)
-    inflight: int = 0
     #: an end-of-job helper run: no chunk lease, first committed result wins
     assist: bool = False
     started: float = field(default_factory=time.time)
-    committed: bool = False
-    skipped: str | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    #: the chunk lease is held: a failure may now be charged to the chunk (fleet.retry)
+    leased: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _inflight: int = 0
 
     @property
     def name(self) -> str:
         return f"{self.job}/{self.index}"
+
+    @property
+    def inflight(self) -> int:
+        """Requests of this chunk inside the engine now (updated on the engine loop)."""
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        # The gauge moves where requests enter and leave the engine, not on a poll.
+        metrics.RUNNING_REQUESTS.inc(value - self._inflight)
+        self._inflight = value
+
+    def ran_s(self) -> float:
+        return time.time() - self.started
 
     def add(self, out: dict[str, Any]) -> None:
         """Called on the engine loop as each sample finishes."""

@@ -2,7 +2,7 @@
 
 SGLang's receive loop binds to the first event loop that uses it, and Celery's thread
 slots must not each call run_until_complete; so every engine call from every slot is
-submitted to this one loop (DESIGN.md, SGLang facts).
+submitted to this one loop (docs/architecture.md, SGLang facts).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 An engine crash kills its worker process (SGLang sends SIGQUIT to its host), so the
 launcher restarts dead workers with backoff and logs why they died. SIGTERM to the
-launcher stops every worker gracefully.
+launcher stops every worker gracefully; a launcher killed outright takes its workers
+with it (fleet.worker.parent).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from fleet.gpus import pin_env
 from fleet.settings import Settings
+from fleet.worker.parent import LAUNCHER_PID_ENV
 
 log = logging.getLogger(__name__)
 BACKOFF_MAX_S = 60.0
@@ -82,7 +84,8 @@ class Supervisor:
         self.stopping = False
 
     def _spawn(self, child: _Child) -> None:
-        env = {**os.environ, **self.settings.to_env(), **child.spec.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.settings.to_env(), **child.spec.env, "PYTHONUNBUFFERED": "1",
+               LAUNCHER_PID_ENV: str(os.getpid())}
         argv = [sys.executable, "-m", "fleet.worker.main", "--name", child.spec.name,
                 "--concurrency", str(self.concurrency)]
         out = None

@@ -12,6 +12,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
 
+    from fleet.worker.parent import from_env
+
+    from_env()
     from fleet.worker.app import app, settings
 
     app.worker_main(

@@ -1,4 +1,5 @@
-"""What one worker process holds for its whole life: settings, store, Redis, the engine.
+"""What one worker process holds for its whole life: the context, the engine, the
+executors, and the background threads (heartbeat, reaper, assister).
 
 Built once when the Celery worker starts (before it consumes), torn down at shutdown.
 """
@@ -10,30 +11,26 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 from celery import Celery
 
 from fleet import keys, metrics
 from fleet.broker import redis_client
+from fleet.chunkqueue import ChunkQueue
 from fleet.engines import build_engine
-from fleet.errors import EngineError
 from fleet.leases import Heartbeat
-from fleet.manifest import Manifest, require_manifest
 from fleet.producer.enqueue import store_for
-from fleet.recovery import StallWatch, requeue_expired
+from fleet.recovery import StallWatch, watch_jobs
+from fleet.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.worker.chunk import ChunkRun
+from fleet.worker.context import ManifestCache, WorkerContext
 from fleet.worker.enginehost import EngineHost
-from fleet.worker.hooks import (
-    AssistHook,
-    CheckpointHook,
-    Hooks,
-    LeaseHook,
-    MetricsHook,
-    OutcomeHook,
-    ProgressHook,
-    StatsHook,
-)
+from fleet.worker.executor import Executor
+from fleet.worker.middleware import assist_stack, owner_stack
+from fleet.worker.outcome import Committed, Failed, HandedBack, Outcome, Skipped, Superseded
+from fleet.worker.task import ChunkTask
 
 log = logging.getLogger(__name__)
 
@@ -41,59 +38,66 @@ log = logging.getLogger(__name__)
 class Runtime:
     def __init__(self, settings: Settings, app: Celery, name: str):
         self.settings = settings
-        self.app = app
         self.name = name
-        #: unique per process: a restarted worker with the same name is another owner
-        self.lease_owner = f"{name}:{os.getpid()}"
-        self.store = store_for(settings)
-        self.redis = redis_client(settings)
+        store, r = store_for(settings), redis_client(settings)
+        self.ctx = WorkerContext(
+            settings=settings, store=store, redis=r, heartbeat=Heartbeat(settings.heartbeat_s), name=name,
+            owner=f"{name}:{os.getpid()}", queue=ChunkQueue(app, settings.queue, r),
+            policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store), restart=self.restart,
+        )
+        self.app = app
         self.engine = build_engine(settings)
         self.host = EngineHost(self.engine)
-        self.heartbeat = Heartbeat(settings.heartbeat_s)
-        # Order matters: after() runs in reverse, so the lease is released before the
-        # outcome hook requeues, and a requeued message never meets our own live lease.
-        self.hooks = Hooks([OutcomeHook(self), LeaseHook(self), CheckpointHook(self), ProgressHook(self),
-                            StatsHook(self), MetricsHook()])
-        self.assist_hooks = Hooks([AssistHook(self), CheckpointHook(self), ProgressHook(self), StatsHook(self),
-                                   MetricsHook()])
+        self.task = ChunkTask(store, self.host)
+        self.owner = Executor(owner_stack(self.ctx))
+        self.assister = Executor(assist_stack(self.ctx))
         #: chunks this process runs now (Celery slots and assists)
         self.active: set[ChunkRun] = set()
         self._assisting = threading.Event()
         self._assisted: set[tuple[str, int]] = set()
-        self.release_now = threading.Event()
         self._stop = threading.Event()
-        self._manifests: dict[str, Manifest] = {}
-        self._lock = threading.Lock()
 
     def start(self) -> None:
         began = time.monotonic()
         self.host.start()
         log.info("worker %s: %s engine ready in %.1fs", self.name, self.engine.name, time.monotonic() - began)
-        self.heartbeat.start()
+        self.ctx.heartbeat.start()
         threading.Thread(target=self._reaper, name="fleet-reaper", daemon=True).start()
         if self.settings.assist:
-            threading.Thread(target=self._assister, name="fleet-assist", daemon=True).start()
+            threading.Thread(target=self._assist_loop, name="fleet-assist", daemon=True).start()
         metrics.set_worker_info(self.name, gpu=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                                 engine=self.engine.name, model=self.engine.model_name() or "")
         port = metrics.start_metrics_server(self.settings.metrics_port)
         log.info("worker %s: CUDA_VISIBLE_DEVICES=%r, metrics %s", self.name,
                  os.environ.get("CUDA_VISIBLE_DEVICES"), f"on :{port}" if port else "off")
 
+    def run_chunk(self, job: str, index: int, attempt: int = 1, assist: bool = False) -> dict[str, Any]:
+        run = ChunkRun(job=job, index=index, attempt=attempt, worker=self.name, assist=assist)
+        self.active.add(run)
+        try:
+            outcome = (self.assister if assist else self.owner).execute(run, self.task)
+        finally:
+            self.active.discard(run)
+        describe(run, outcome)
+        return {
+            "job": job, "index": index, "committed": isinstance(outcome, Committed),
+            "outcome": type(outcome).__name__.lower(),
+            "error": f"{type(outcome.cause).__name__}: {outcome.cause}" if isinstance(outcome, Failed) else None,
+        }
+
     def inflight(self) -> int:
         """Requests this worker's engine runs or queues now."""
         return sum(run.inflight for run in list(self.active))
 
-    def _assister(self) -> None:
+    def _assist_loop(self) -> None:
         """Once the queue is empty and the engine has room, help the most lagging chunk."""
-        interval = self.settings.assist_poll_s
-        while not self._stop.wait(interval):
+        while not self._stop.wait(self.settings.assist_poll_s):
             try:
-                metrics.RUNNING_REQUESTS.set(self.inflight())
-                if self._assisting.is_set() or self.release_now.is_set():
+                if self._assisting.is_set() or self.ctx.stopping.is_set():
                     continue
                 if self.inflight() >= self.engine.max_running:
                     continue
-                if any(self.redis.llen(q) for q in keys.queue_lists(self.settings.queue)):
+                if any(self.ctx.redis.llen(q) for q in keys.queue_lists(self.settings.queue)):
                     continue
                 target = self._straggler()
                 if target is not None:
@@ -104,66 +108,61 @@ class Runtime:
 
     def _straggler(self) -> tuple[str, int] | None:
         """The running chunk of another worker with the most unstarted samples."""
-        best: tuple[int, str, int] | None = None
-        for raw in self.redis.smembers(keys.jobs()):
+        r, best = self.ctx.redis, None
+        for raw in r.smembers(keys.jobs()):
             job = raw.decode()
-            for index_raw, unstarted_raw in self.redis.hgetall(keys.progress(job)).items():
+            for index_raw, unstarted_raw in r.hgetall(keys.progress(job)).items():
                 index, unstarted = int(index_raw), int(unstarted_raw)
-                if unstarted <= 0 or (best and unstarted <= best[0]):
+                if unstarted <= 0 or (best and unstarted <= best[0]) or (job, index) in self._assisted:
                     continue
-                if (job, index) in self._assisted:
-                    continue
-                owner = self.redis.get(keys.lease(job, index))
-                if owner is None or owner.decode() == self.lease_owner or self.redis.exists(keys.assist(job, index)):
+                owner = r.get(keys.lease(job, index))
+                if owner is None or owner.decode() == self.ctx.owner or r.exists(keys.assist(job, index)):
                     continue
                 best = (unstarted, job, index)
         return (best[1], best[2]) if best else None
 
     def _assist(self, job: str, index: int) -> None:
-        from fleet.worker.task import run_chunk
-
         self._assisted.add((job, index))
         try:
             log.info("queue empty: assisting straggler chunk %s/%d", job, index)
-            run_chunk(self, job, index, assist=True)
+            self.run_chunk(job, index, assist=True)
         finally:
             self._assisting.clear()
-
-    def manifest(self, job: str) -> Manifest:
-        with self._lock:
-            if job not in self._manifests:
-                self._manifests[job] = require_manifest(self.store, job)
-            return self._manifests[job]
 
     def _reaper(self) -> None:
         stall = StallWatch()
         while not self._stop.wait(self.settings.reaper_interval_s):
             try:
-                requeue_expired(self.redis, self.store, self.app, self.settings)
-                for raw in self.redis.smembers(keys.jobs()):
-                    job = raw.decode()
-                    if job not in stall.finished:
-                        stall.check(self.redis, self.store, self.app, self.settings, job, self.manifest(job).chunks)
+                watch_jobs(self.ctx.redis, self.ctx.store, self.app, self.settings, stall, self.ctx.manifests.chunks)
             except Exception as e:  # the broker may be restarting; try again next round
                 log.warning("recovery check failed: %s", e)
 
     def begin_shutdown(self) -> None:
         """SIGTERM: Celery stops consuming; after the grace period, hand running chunks back."""
-        timer = threading.Timer(self.settings.grace_s, self.release_now.set)
+        timer = threading.Timer(self.settings.grace_s, self.ctx.stopping.set)
         timer.daemon = True
         timer.start()
 
-    def engine_failed(self, exc: EngineError) -> None:
+    def restart(self, why: str) -> None:
         """The engine is gone: stop this process so its supervisor starts a fresh one."""
-        log.critical("engine failed (%s): shutting down worker %s for restart", exc, self.name)
-        self.release_now.set()
+        log.critical("%s: shutting down worker %s for restart", why, self.name)
+        self.ctx.stopping.set()
         os.kill(os.getpid(), signal.SIGTERM)
 
     def stop(self) -> None:
         self._stop.set()
-        self.heartbeat.stop()
+        self.ctx.heartbeat.stop()
         try:
             self.host.stop()
         except Exception as e:
             log.warning("engine shutdown: %s", e)
-        self.redis.close()
+        self.ctx.redis.close()
+
+
+def describe(run: ChunkRun, outcome: Outcome) -> None:
+    """One log line per run, at the level its outcome deserves."""
+    if isinstance(outcome, Failed):
+        log.error("chunk %s attempt %d failed: %s: %s", run.name, run.attempt, type(outcome.cause).__name__,
+                  outcome.cause)
+    elif isinstance(outcome, Superseded | Skipped | HandedBack):
+        log.info("chunk %s %s: %s", run.name, type(outcome).__name__.lower(), outcome.reason)

@@ -1,0 +1,27 @@
+"""The one way a chunk goes back to the queue: send its message and mark it queued.
+
+Every requeue (a failed or handed-back run, the reaper, the stall watch) comes through
+here, so the "queued" marker `fleet enqueue` trusts is never missing for a sent message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+
+from fleet import keys
+from fleet.broker import PRIORITY_RECOVERY, send_chunk
+
+
+@dataclass(frozen=True)
+class ChunkQueue:
+    app: Celery
+    queue: str
+    redis: redis.Redis
+
+    def requeue(self, job: str, index: int, attempt: int) -> None:
+        """Recovery priority: a chunk coming back jumps the queue instead of waiting behind the job."""
+        send_chunk(self.app, self.queue, job, index, attempt, PRIORITY_RECOVERY)
+        self.redis.sadd(keys.queued(job), index)

@@ -1,0 +1,30 @@
+"""Policies around the chunk task, one small middleware each (docs/architecture.md)."""
+
+from __future__ import annotations
+
+from fleet.worker.context import WorkerContext
+from fleet.worker.middleware.base import Middleware, Order
+from fleet.worker.middleware.checkpoint import CheckpointMiddleware
+from fleet.worker.middleware.crash import CrashMiddleware
+from fleet.worker.middleware.gates import ManifestGate, ResultGate, StopGate
+from fleet.worker.middleware.lease import AssistLeaseMiddleware, LeaseMiddleware
+from fleet.worker.middleware.metrics import MetricsMiddleware
+from fleet.worker.middleware.progress import ProgressMiddleware
+from fleet.worker.middleware.retry import RetryMiddleware
+from fleet.worker.middleware.stats import StatsMiddleware
+
+__all__ = ["Middleware", "Order", "assist_stack", "owner_stack"]
+
+
+def owner_stack(ctx: WorkerContext) -> list[Middleware]:
+    """A delivered chunk: the only stack that requeues or quarantines."""
+    return [MetricsMiddleware(ctx), StatsMiddleware(ctx), RetryMiddleware(ctx), CrashMiddleware(ctx),
+            StopGate(ctx), ManifestGate(ctx), LeaseMiddleware(ctx), ResultGate(ctx),
+            CheckpointMiddleware(ctx), ProgressMiddleware(ctx)]
+
+
+def assist_stack(ctx: WorkerContext) -> list[Middleware]:
+    """An end-of-job helper: never requeues, never quarantines; the owner stays responsible."""
+    return [MetricsMiddleware(ctx), StatsMiddleware(ctx), CrashMiddleware(ctx), StopGate(ctx),
+            ManifestGate(ctx), AssistLeaseMiddleware(ctx), ResultGate(ctx), CheckpointMiddleware(ctx),
+            ProgressMiddleware(ctx)]

@@ -1,0 +1,72 @@
+"""Checkpoints: finished records flushed every N seconds, so a rerun generates only what
+is missing; deleted only once the chunk's result exists."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from fleet import keys
+from fleet.errors import ChunkCorrupt, ObjectMissing
+from fleet.layout import decode_lines, encode_lines, partial_key, partial_prefix
+from fleet.worker.chunk import ChunkRun, sample_key
+from fleet.worker.middleware.base import Middleware, Order
+from fleet.worker.outcome import Outcome, result_exists
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CheckpointState:
+    last_flush: float = field(default_factory=time.monotonic)
+    last_look: float = 0.0
+    #: sticky: a helper that finished first has released its key by the time we look
+    assisted: bool = False
+
+
+class CheckpointMiddleware(Middleware[CheckpointState]):
+    order = Order.CHECKPOINT
+
+    def new_state(self, run: ChunkRun) -> CheckpointState:
+        return CheckpointState(assisted=run.assist)
+
+    def before(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
+        store = self.ctx.store
+        for key in store.list(partial_prefix(run.job, run.index)):
+            try:
+                for row in decode_lines(store.get(key), key):
+                    run.finished.setdefault(sample_key(row["id"], row["sample"]), row)
+            except (ChunkCorrupt, ObjectMissing) as e:
+                log.warning("ignoring unreadable checkpoint %s: %s", key, e)
+        run.resumed = len(run.finished)
+        if run.resumed:
+            log.info("chunk %s resumes with %d checkpointed samples", run.name, run.resumed)
+        return None
+
+    def flush(self, run: ChunkRun, state: CheckpointState) -> None:
+        fresh = run.take_fresh()
+        state.last_flush = time.monotonic()
+        if fresh:
+            # Nanoseconds name it: unique across flushes, runs and restarts of a same-named worker.
+            key = partial_key(run.job, run.index, time.time_ns(), run.worker)
+            self.ctx.store.put(key, encode_lines(fresh))
+
+    def progress(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
+        now, settings = time.monotonic(), self.ctx.settings
+        # While another worker assists the chunk, checkpoint at the assist cadence, so the
+        # helper starts from fresh records and the two waste little work on each other.
+        assist_flush_s = settings.assist_poll_s / 2
+        if not state.assisted and now - state.last_look >= assist_flush_s:
+            state.last_look = now
+            state.assisted = bool(self.ctx.redis.exists(keys.assist(run.job, run.index)))
+        age = now - state.last_flush
+        if age >= settings.checkpoint_interval_s or (state.assisted and age >= assist_flush_s):
+            self.flush(run, state)
+        return None
+
+    def after(self, run: ChunkRun, state: CheckpointState, outcome: Outcome) -> None:
+        if result_exists(outcome):
+            self.ctx.store.delete_prefix(partial_prefix(run.job, run.index))
+        else:  # failed, handed back, or cancelled: keep what this run generated
+            self.flush(run, state)

@@ -1,0 +1,18 @@
+"""A dead engine stops its worker, so the supervisor starts a fresh one and this process
+takes no more chunks (the failed chunk's own fate is fleet.retry's)."""
+
+from __future__ import annotations
+
+from fleet.errors import EngineError
+from fleet.worker.chunk import ChunkRun
+from fleet.worker.middleware.base import Middleware, Order
+from fleet.worker.outcome import Failed, Outcome
+
+
+class CrashMiddleware(Middleware[None]):
+    order = Order.CRASH
+
+    def after(self, run: ChunkRun, state: None, outcome: Outcome) -> None:
+        if isinstance(outcome, Failed) and isinstance(outcome.cause, EngineError):
+            self.ctx.stopping.set()
+            self.ctx.restart(f"engine failed ({outcome.cause})")

@@ -1,0 +1,52 @@
+"""Gates: cheap checks that end a run before any work, without blame."""
+
+from __future__ import annotations
+
+from fleet.chunkstate import drop_checkpoints
+from fleet.errors import ManifestMissing
+from fleet.layout import result_key
+from fleet.worker.chunk import ChunkRun
+from fleet.worker.middleware.base import Middleware, Order
+from fleet.worker.outcome import Failed, HandedBack, Outcome, Skipped
+
+
+class StopGate(Middleware[None]):
+    """A stopping worker (grace over, engine dead) hands chunks back, before and while running."""
+
+    order = Order.STOP
+
+    def before(self, run: ChunkRun, state: None) -> Outcome | None:
+        return self.progress(run, state)
+
+    def progress(self, run: ChunkRun, state: None) -> Outcome | None:
+        if self.ctx.stopping.is_set():
+            return HandedBack(f"on shutdown of worker {self.ctx.name}")
+        return None
+
+
+class ManifestGate(Middleware[None]):
+    """The job's manifest must be in this worker's store. Another store's job (a shared
+    broker, a wrong FLEET_STORE_URL) is handed back with backoff, never quarantined."""
+
+    order = Order.MANIFEST
+
+    def before(self, run: ChunkRun, state: None) -> Outcome | None:
+        run.manifest = self.ctx.manifests.get(run.job)
+        if run.manifest is None:
+            return Failed(ManifestMissing(
+                f"job {run.job!r} has no manifest in this worker's store {self.ctx.store.url}: "
+                "chunk handed back (is FLEET_STORE_URL the one `fleet enqueue` used?)"))
+        return None
+
+
+class ResultGate(Middleware[None]):
+    """A delivery of a chunk that has its result (redelivery after commit) does nothing but
+    drop the checkpoints the committing run may have left."""
+
+    order = Order.RESULT
+
+    def before(self, run: ChunkRun, state: None) -> Outcome | None:
+        if self.ctx.store.exists(result_key(run.job, run.index)):
+            drop_checkpoints(self.ctx.store, run.job, run.index)
+            return Skipped("already has a result")
+        return None

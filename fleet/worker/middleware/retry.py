@@ -1,0 +1,53 @@
+"""Outcome of an owner's run: requeue a handed-back chunk, and let fleet.retry decide what
+a failure means (requeue with or without an attempt spent, or quarantine)."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+import redis
+
+from fleet.chunkstate import Quarantine
+from fleet.retry import Action, History, record
+from fleet.worker.chunk import ChunkRun
+from fleet.worker.middleware.base import Middleware, Order
+from fleet.worker.outcome import Failed, HandedBack, Outcome
+
+log = logging.getLogger(__name__)
+
+
+class RetryMiddleware(Middleware[None]):
+    order = Order.RETRY
+
+    def after(self, run: ChunkRun, state: None, outcome: Outcome) -> None:
+        if isinstance(outcome, HandedBack):
+            self._requeue(run, outcome.delay_s)
+            log.info("chunk %s handed back: %s, with %d samples checkpointed",
+                     run.name, outcome.reason, len(run.finished))
+        elif isinstance(outcome, Failed):
+            self._failed(run, outcome.cause)
+
+    def _failed(self, run: ChunkRun, cause: BaseException) -> None:
+        ctx = self.ctx
+        try:
+            history = History.load(ctx.redis, run.job, run.index, ran_s=run.ran_s(), lease_taken=run.leased)
+        except redis.RedisError:
+            history = History(lease_taken=False)  # the broker is down: the safest reading
+        decision = ctx.policy.decide(cause, history)
+        record(ctx.redis, run.job, run.index, decision)
+        if decision.action is Action.QUARANTINE:
+            trace = "".join(traceback.format_exception(cause))
+            Quarantine(index=run.index, error=str(cause), error_type=type(cause).__name__, attempts=decision.count,
+                       traceback=trace, worker=run.worker).write(ctx.store, run.job)
+            log.error("chunk %s quarantined (%s): %s", run.name, decision.why, cause)
+            return
+        log.warning("chunk %s failed (%s: %s): requeued in %.1fs, %s",
+                    run.name, type(cause).__name__, cause, decision.delay_s, decision.why)
+        self._requeue(run, decision.delay_s)
+
+    def _requeue(self, run: ChunkRun, delay_s: float) -> None:
+        # Backoff holds this slot, not the lease (released already): a worker whose store or
+        # broker fails takes fewer chunks, and a stopping worker requeues at once.
+        self.ctx.stopping.wait(delay_s)
+        self.ctx.queue.requeue(run.job, run.index, run.attempt)

@@ -1,0 +1,53 @@
+"""What one run of a chunk came to. The task and the middleware return these instead of
+raising control-flow exceptions; `after` hooks read them to decide what to clean up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Committed:
+    """This run wrote the chunk's result."""
+
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """The chunk's result exists, written by another run (an assist, or a stolen lease)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class HandedBack:
+    """This run stops without blame: the owner requeues the chunk (no attempt spent); a
+    helper just stops, the owner goes on. `delay_s` keeps a worker that cannot run the
+    chunk from taking it straight back."""
+
+    reason: str
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Nothing to do here: done, or another live worker holds it. Nothing is requeued."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The run failed; fleet.retry decides from the cause's class what it means."""
+
+    cause: BaseException
+
+
+Outcome = Committed | Superseded | HandedBack | Skipped | Failed
+
+
+def result_exists(outcome: Outcome) -> bool:
+    """Whether the chunk's result is known to exist: the only time checkpoints may go."""
+    return isinstance(outcome, Committed | Superseded)

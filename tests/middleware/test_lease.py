@@ -1,0 +1,70 @@
+"""LeaseMiddleware: one live owner per chunk; a lease lost while alive is retaken, or the
+run cancelled at once when another worker holds it."""
+
+from __future__ import annotations
+
+from fleet import keys
+from fleet.layout import result_key
+from fleet.leases import holder
+from fleet.worker.outcome import Committed, Skipped
+from tests.middleware.conftest import JOB, queued_messages
+from tests.middleware.tasks import hold
+
+
+def test_lease_is_held_while_running_and_released_after_commit(worker, r, store):
+    seen = {}
+
+    def look(run):
+        seen["holder"] = holder(r, JOB, 0)
+        seen["running"] = r.sismember(keys.running(), keys.member(JOB, 0))
+        seen["started"] = r.hget(keys.lease_started(), keys.member(JOB, 0))
+
+    # Given a delivered chunk marked queued
+    r.sadd(keys.queued(JOB), 0)
+    # When it runs to its commit
+    _, outcome = worker.run(0, hold(worker.task, lambda: True, then=look))
+    # Then the lease was ours and watched while it ran, and everything is gone after
+    assert isinstance(outcome, Committed) and store.exists(result_key(JOB, 0))
+    assert seen["holder"] == worker.ctx.owner and seen["running"] and seen["started"]
+    assert holder(r, JOB, 0) is None and not r.smembers(keys.running())
+    assert not r.hgetall(keys.lease_started()) and not r.hgetall(keys.lease_beat())
+    assert not r.smembers(keys.queued(JOB))
+
+
+def test_delivery_of_a_chunk_leased_by_a_live_worker_is_skipped(worker, other, r, store):
+    # Given chunk 1 leased by another worker
+    other_lease_taken = r.set(keys.lease(JOB, 1), other.ctx.owner, px=30_000)
+    assert other_lease_taken
+    # When a duplicate delivery reaches this worker
+    _, outcome = worker.run(1)
+    # Then it skips: no work, no requeue, the other lease untouched
+    assert isinstance(outcome, Skipped) and "held by" in outcome.reason
+    assert holder(r, JOB, 1) == other.ctx.owner
+    assert queued_messages(r) == [] and not store.exists(result_key(JOB, 1))
+
+
+def test_lease_lost_while_alive_is_taken_again_and_the_run_commits(worker, r, store):
+    # Given a running chunk whose lease vanishes (expired during a broker stall, or flushed)
+    def vanish(run):
+        r.delete(keys.lease(JOB, 0))
+
+    def retaken() -> bool:
+        return holder(r, JOB, 0) == worker.ctx.owner
+
+    # When the heartbeat notices and the run goes on
+    _, outcome = worker.run(0, hold(worker.task, retaken, then=vanish))
+    # Then the lease was taken again and the run committed
+    assert isinstance(outcome, Committed) and store.exists(result_key(JOB, 0))
+
+
+def test_lease_taken_by_another_worker_cancels_the_run_at_once(worker, other, r, store):
+    # Given a running chunk whose lease another worker takes over
+    def steal(run):
+        r.set(keys.lease(JOB, 2), other.ctx.owner, px=30_000)
+
+    # When the run polls its middleware (it would otherwise wait forever here)
+    _, outcome = worker.run(2, hold(worker.task, lambda: False, then=steal))
+    # Then it is cancelled at once: no commit, no requeue, the new owner keeps its lease
+    assert isinstance(outcome, Skipped) and "taken by" in outcome.reason
+    assert not store.exists(result_key(JOB, 2)) and queued_messages(r) == []
+    assert holder(r, JOB, 2) == other.ctx.owner
