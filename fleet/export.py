@@ -1,42 +1,47 @@
-"""Write a job's results in input order, as JSONL or Parquet, streaming chunk by chunk."""
+"""Write a job's results in input order in one of the formats of fleet.exporters,
+streaming chunk by chunk to a local path or an s3:// URL."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from fleet.chunkstate import done_indexes
 from fleet.errors import FleetError
-from fleet.exportcheck import ExportCheck, unique_temp
+from fleet.exportcheck import ExportCheck
+from fleet.exporters import FORMATS, VOLATILE_FIELDS, ExportRow, Skipped, target
+from fleet.layout import chunk_key, decode_lines
 from fleet.manifest import require_manifest
-from fleet.records import EXPORT_FIELDS
+from fleet.records import InputRecord
 from fleet.results import read_result
 from fleet.store import Store
 
-PARQUET_SCHEMA = pa.schema([
-    ("id", pa.string()), ("sample", pa.int32()), ("output", pa.string()),
-    ("reasoning", pa.string()), ("output_ids", pa.list_(pa.int32())),
-    ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
-    ("finish_reason", pa.string()), ("error", pa.string()), ("chunk", pa.int32()),
-    ("worker", pa.string()), ("model", pa.string()), ("cached_tokens", pa.int32()),
-    ("spec_accept_length", pa.float64()), ("spec_verify_ct", pa.int32()), ("latency_s", pa.float64()),
-])
-assert PARQUET_SCHEMA.names == EXPORT_FIELDS
+__all__ = ["VOLATILE_FIELDS", "export_job"]
 
 
-#: run facts that differ between two runs of the same job; `stable` exports leave them out
-VOLATILE_FIELDS = ("worker", "latency_s")
+def chunk_rows(
+    store: Store, job: str, index: int, inputs: bool, only_finished: bool, check: ExportCheck
+) -> list[ExportRow]:
+    """One chunk's samples in input order, each with its input record when `inputs`; every
+    row passes `check` before any filter, so the manifest's counts hold for every format."""
+    rows = list(check.rows(read_result(store, job, index)[1]))
+    if only_finished:
+        rows = [r for r in rows if r["finish_reason"] == "stop"]
+    if not inputs:
+        return [ExportRow(r) for r in rows]
+    key = chunk_key(job, index)
+    records = {rec["pos"]: rec for rec in decode_lines(store.get(key), key)}
+    return [ExportRow(r, InputRecord.model_validate(records[r["pos"]])) for r in rows]
 
 
 def export_job(
-    store: Store, job: str, out: Path, fmt: str | None = None, partial: bool = False, stable: bool = False
+    store: Store, job: str, out: Path | str, fmt: str | None = None, partial: bool = False,
+    stable: bool = False, only_finished: bool = False, skipped: Skipped | None = None,
 ) -> int:
-    """Returns the number of records written; refuses an unfinished job unless `partial`.
+    """Returns the number of lines written; refuses an unfinished job unless `partial`.
 
-    `stable` leaves out the volatile run facts, so two runs of one job export the same bytes.
+    `stable` leaves out the volatile run facts, so two runs of one job export the same bytes;
+    `only_finished` keeps only samples that stopped on their own (not at max tokens, not
+    failed); rows a format cannot hold are counted in `skipped`.
     """
     manifest = require_manifest(store, job)
     done = done_indexes(store, job)
@@ -47,27 +52,16 @@ def export_job(
             f"job {job!r} has {len(missing)} of {manifest.chunks} chunks without a result "
             f"(first: {head}); wait for them, or pass --partial"
         )
-    fmt = fmt or ("parquet" if out.suffix == ".parquet" else "jsonl")
+    fmt = fmt or ("parquet" if str(out).endswith(".parquet") else "jsonl")
+    if fmt not in FORMATS:
+        raise FleetError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
+    writer_cls = FORMATS[fmt]
     indexes = [i for i in range(manifest.chunks) if i in done]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = unique_temp(out)
-    check = ExportCheck(manifest, indexes)
     count = 0
-    fields = [f for f in EXPORT_FIELDS if not (stable and f in VOLATILE_FIELDS)]
-    if fmt == "parquet":
-        schema = pa.schema([PARQUET_SCHEMA.field(f) for f in fields])
-        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+    check = ExportCheck(manifest, indexes)
+    with target(out) as path:
+        with writer_cls(path, manifest, stable, skipped or Skipped()) as writer:
             for index in indexes:
-                rows = [{k: r.get(k) for k in fields} for r in check.rows(read_result(store, job, index)[1])]
-                writer.write_table(pa.Table.from_pylist(rows, schema=schema))
-                count += len(rows)
-    elif fmt == "jsonl":
-        with open(tmp, "w", encoding="utf-8") as f:
-            for index in indexes:
-                for r in check.rows(read_result(store, job, index)[1]):
-                    f.write(json.dumps({k: r.get(k) for k in fields}, ensure_ascii=False) + "\n")
-                    count += 1
-    else:
-        raise FleetError(f"unknown export format {fmt!r}: use jsonl or parquet")
-    check.commit(tmp, out)
+                count += writer.write(chunk_rows(store, job, index, writer_cls.needs_inputs, only_finished, check))
+        check.verify(out)  # raising here leaves `out` as it was
     return count

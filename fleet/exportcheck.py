@@ -67,8 +67,9 @@ class ExportCheck:
         if len(self.problems) < MAX_SHOWN:
             self.problems.append(text)
 
-    def commit(self, tmp: Path, out: Path) -> None:
-        """Rename `tmp` onto `out` if the export matches the manifest; else remove it and raise."""
+    def verify(self, out: Path | str) -> None:
+        """Raise ExportMismatch unless the rows seen match the manifest; the caller then
+        discards its temp file, so `out` is never replaced by a wrong export."""
         wrong = list(self.problems)
         if self.problem_count > len(self.problems):
             wrong.append(f"and {self.problem_count - len(self.problems)} more")
@@ -77,9 +78,7 @@ class ExportCheck:
         if self.expect_samples is not None and self.samples != self.expect_samples:
             wrong.append(f"{self.samples} samples, the manifest says {self.expect_samples}")
         if wrong:
-            tmp.unlink(missing_ok=True)
             raise ExportMismatch(
                 f"job {self.job!r}: the results hold {'; '.join(wrong)}; {out} was not written. "
                 "The store's results do not belong to this manifest: re-run the job under a new --job name"
             )
-        tmp.replace(out)

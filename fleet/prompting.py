@@ -19,6 +19,7 @@ from typing import Any
 
 from fleet.engines.base import GenRequest, Sampling
 from fleet.errors import ConfigError, RecordError
+from fleet.outputlen import default_max_tokens
 from fleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -102,11 +103,14 @@ def context_length_of(model: str) -> int | None:
 
 
 def render_ids(tokenizer: Any, request: GenRequest) -> list[int]:
-    """Token ids of the prompt: chat records through the template, raw prompts as they are.
+    """Token ids of the prompt: pre-tokenized ids as given, chat records through the
+    template, raw prompts as they are.
 
     A raw prompt gets what the tokenizer adds by default (a BOS where the model has one),
     as SGLang and vLLM do with a text prompt; Qwen tokenizers add nothing.
     """
+    if request.input_ids is not None:
+        return list(request.input_ids)
     if request.prompt is not None:
         return list(tokenizer(request.prompt)["input_ids"])
     if not request.messages:
@@ -217,6 +221,7 @@ def _model_facts(model: str, sampling_json: str) -> dict[str, Any]:
             "chat_template_sha256": _sha256(template) if template else None,
         },
         "sampling": effective_sampling(model_dir, tokenizer, json.loads(sampling_json)),
+        "max_tokens_from": default_max_tokens(model_dir, json.loads(sampling_json)["max_tokens"])[1],
     }
 
 
@@ -238,7 +243,7 @@ def effective_sampling(model_dir: Path, tokenizer: Any, job: dict[str, Any]) -> 
         out["temperature"] = 0.0  # the model asks for greedy decoding
     eos = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
     out.update(
-        max_tokens=job["max_tokens"],
+        max_tokens=default_max_tokens(model_dir, job["max_tokens"])[0],
         n=job["n"],
         stop=job.get("stop"),
         eos_token_ids=sorted({eos} if isinstance(eos, int) else set(eos or ())),

@@ -49,7 +49,11 @@ class InputRecord(BaseModel):
     id: str
     messages: list[Message] | None = None
     prompt: str | None = None
+    #: pre-tokenized prompt: generated from exactly these ids, no template applied
+    input_ids: list[StrictInt] | None = None
     sampling: SamplingOverrides | None = None
+    #: input fields fleet does not read (metadata, source...), returned on the output as is
+    extra: dict[str, Any] | None = None
 
     def sample_count(self, default_n: int) -> int:
         return (self.sampling.n if self.sampling and self.sampling.n else None) or default_n
@@ -76,7 +80,12 @@ class OutputRecord(BaseModel):
     spec_accept_length: float | None = None
     spec_verify_ct: int | None = None
     latency_s: float | None = None
+    #: sha256 prefix of the prompt ids the engine saw: the tokens export checks its rebuild
+    prompt_digest: str | None = None
+    #: the input's passthrough fields (InputRecord.extra); exports put them back at top level
+    extra: dict[str, Any] | None = None
     pos: int = Field(0, description="place in the input, for ordering; not exported")
 
 
-EXPORT_FIELDS = [name for name in OutputRecord.model_fields if name != "pos"]
+#: fleet's own export columns; `extra` is spread at top level (JSONL) or one JSON column (Parquet)
+EXPORT_FIELDS = [name for name in OutputRecord.model_fields if name not in ("pos", "extra")]

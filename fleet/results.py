@@ -15,6 +15,27 @@ from fleet.store import Store
 HEADER = "_fleet_result"
 
 
+def cut_in_thinking(row: dict[str, Any]) -> bool:
+    """A row stopped at max tokens before its think block closed: all reasoning, no answer."""
+    return row.get("finish_reason") == "length" and row.get("reasoning") is not None and not row.get("output")
+
+
+def chunk_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What `fleet status` sums over result headers, computed once per chunk at commit.
+
+    Truncation is counted here because a cut trace looks like a normal record until one
+    reads its finish_reason (vllm-project/speculators#835 reported 0 cut where 35% were).
+    """
+    return {
+        "samples": len(rows),
+        "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+        "completion_tokens": sum(r["completion_tokens"] for r in rows),
+        "errors": sum(1 for r in rows if r["finish_reason"] == "error"),
+        "records_truncated": sum(1 for r in rows if r["finish_reason"] == "length"),
+        "records_truncated_in_thinking": sum(1 for r in rows if cut_in_thinking(r)),
+    }
+
+
 def encode_result(stats: dict[str, Any], rows: list[dict[str, Any]]) -> bytes:
     ordered = sorted(rows, key=lambda r: (r["pos"], r["sample"]))
     return encode_lines([{HEADER: 1, **stats}, *ordered])

@@ -45,6 +45,9 @@ class SimSettings(BaseModel):
     prefill_s: float = Field(0.0, ge=0, description="seconds of prefill per request")
     mean_output_tokens: float = Field(256, gt=0, description="mean output length, tokens")
     sigma: float = Field(0.8, ge=0, description="log-normal spread of output length")
+    vocab_size: int | None = Field(
+        None, ge=1, description="token ids, for checking pre-tokenized input; unset: not checked"
+    )
     fail_ids: list[str] = Field(
         default_factory=list, description="record ids the engine rejects (fault tests)"
     )
@@ -118,7 +121,10 @@ class SamplingSettings(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0, le=2, description="1 = none (SGLang's range)")
     presence_penalty: float | None = Field(None, ge=-2, le=2, description="0 = none")
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="0 = none")
-    max_tokens: int = Field(2048, ge=1)
+    max_tokens: int | None = Field(
+        None, ge=1,
+        description="output tokens per sample; unset: the model's recommended length (fleet.outputlen)",
+    )
     n: int = Field(1, ge=1)
     stop: list[str] | None = None
 

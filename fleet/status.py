@@ -46,6 +46,9 @@ class JobStatus:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     record_errors: int = 0
+    #: samples that stopped at max tokens, and those of them cut before the think block closed
+    records_truncated: int = 0
+    records_truncated_in_thinking: int = 0
     elapsed_s: float = 0.0
     tok_s: float = 0.0
     eta_s: float | None = None
@@ -121,6 +124,8 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.prompt_tokens += s.get("prompt_tokens", 0)
         st.completion_tokens += s.get("completion_tokens", 0)
         st.record_errors += s.get("errors", 0)
+        st.records_truncated += s.get("records_truncated", 0)
+        st.records_truncated_in_thinking += s.get("records_truncated_in_thinking", 0)
     st.workers = sorted({s["worker"] for s in stats if "worker" in s})
     timed = [s for s in stats if "started" in s and "finished" in s]
     if timed:

@@ -40,6 +40,7 @@ def test_job_through_enqueue_two_workers_and_export(tmp_path, redis_server, stor
     done = run_fleet("enqueue", str(prompts), "--job", "e2e", env=env)
     assert done.returncode == 0, done.stderr
     assert "enqueued 52" in done.stderr
+    assert "max_tokens 2048 (fallback (no model files))" in " ".join(done.stderr.split())
     workers = Workers(env, tmp_path / "logs")
     workers.start("hostA")
     workers.start("hostB")

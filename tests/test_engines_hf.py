@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.engines.base import GenRequest, GenResult
+from fleet.engines.base import GenRequest, GenResult, prompt_digest
 from fleet.engines.hf import HfEngine, RowSampler
 from fleet.errors import EngineError, RecordError
 from fleet.prompting import load_tokenizer, render_ids, split_reasoning
@@ -100,6 +100,19 @@ def test_max_tokens_is_respected_and_reported_as_length(running: Running) -> Non
 
     assert result.completion_tokens == len(result.output_ids) == 5
     assert result.finish_reason == "length"
+
+
+def test_pre_tokenized_ids_generate_exactly_as_the_same_rendered_prompt(running: Running) -> None:
+    # Given a chat request and a pre-tokenized one holding its rendered ids
+    rendered = chat("c", "Same prompt", max_tokens=10, temperature=0.0)
+    ids = render_ids(running.engine.tokenizer, rendered)
+    given = chat("c", "ignored", max_tokens=10, temperature=0.0)
+    given.messages, given.input_ids = None, ids
+    # When both are generated greedily
+    a, b = running.one(rendered), running.one(given)
+    # Then the engine saw the same ids and produced the same tokens
+    assert b.prompt_tokens == len(ids) and b.meta["prompt_digest"] == a.meta["prompt_digest"] == prompt_digest(ids)
+    assert b.output_ids == a.output_ids
 
 
 def test_greedy_output_does_not_depend_on_the_batch(running: Running) -> None:

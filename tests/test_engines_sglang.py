@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.engines import build_engine
-from fleet.engines.base import GenResult
+from fleet.engines.base import GenResult, prompt_digest
 from fleet.engines.sglang import SglangEngine, engine_kwargs, is_hybrid
 from fleet.errors import ConfigError, EngineError, RecordError
 from fleet.metrics import ENGINE_SLOTS
@@ -525,3 +525,19 @@ def _fake_module() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_pre_tokenized_ids_are_sent_as_given(fake_sglang, tiny_model: Path, loop_thread: LoopThread) -> None:
+    # Given a pre-tokenized request whose ids are not any template's rendering
+    engine = started(loop_thread, sg_settings(tiny_model, mtp=False))
+    request = raw("p", max_tokens=4)
+    request.prompt, request.input_ids = None, [5, 900, 17, 3]
+    # When it is generated
+    result = loop_thread.run(engine.generate(request))
+    # Then SGLang got exactly those ids, and the record counts and fingerprints them
+    assert fake_sglang.instances[0].requests[-1]["input_ids"] == [5, 900, 17, 3]
+    assert result.prompt_tokens == 4 and result.meta["prompt_digest"] == prompt_digest([5, 900, 17, 3])
+    # And an id past the model's vocabulary fails this record alone, as SGLang refuses it
+    request.input_ids = [5, 10**6]
+    with pytest.raises(RecordError, match="vocab size"):
+        loop_thread.run(engine.generate(request))

@@ -122,7 +122,7 @@ def test_parquet_in_input_order_with_exactly_the_export_fields(store, tmp_path):
     n = export_job(store, JOB, out)
     # Then the table has exactly the export columns and the rows in input order
     table = pq.read_table(out)
-    assert table.column_names == EXPORT_FIELDS
+    assert table.column_names == [*EXPORT_FIELDS, "extra"]
     rows = table.to_pylist()
     assert n == len(rows) == 10
     assert [(r["id"], r["sample"]) for r in rows] == expected
@@ -134,7 +134,9 @@ def test_jsonl_and_parquet_carry_the_same_records(store, tmp_path):
     build_job(store, 7, {}, done=[0, 1, 2])
     export_job(store, JOB, tmp_path / "a.jsonl")
     export_job(store, JOB, tmp_path / "a.parquet")
-    assert read_jsonl(tmp_path / "a.jsonl") == pq.read_table(tmp_path / "a.parquet").to_pylist()
+    table = pq.read_table(tmp_path / "a.parquet").to_pylist()
+    assert all(r.pop("extra") is None for r in table)  # no passthrough fields in this job
+    assert read_jsonl(tmp_path / "a.jsonl") == table
 
 
 def test_explicit_format_wins_over_the_suffix(store, tmp_path):
@@ -186,7 +188,7 @@ def test_partial_of_a_job_with_nothing_done_is_empty(store, tmp_path):
     assert export_job(store, JOB, tmp_path / "e.jsonl", partial=True) == 0
     assert (tmp_path / "e.jsonl").read_text() == ""
     assert export_job(store, JOB, tmp_path / "e.parquet", partial=True) == 0
-    assert pq.read_table(tmp_path / "e.parquet").column_names == EXPORT_FIELDS
+    assert pq.read_table(tmp_path / "e.parquet").column_names == [*EXPORT_FIELDS, "extra"]
 
 
 def test_export_replaces_an_old_file_whole(store, tmp_path):

@@ -143,11 +143,12 @@ def test_sampling_defaults_come_from_generation_config(tiny_model: Path) -> None
     assert facts["sampling"] == {
         "temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0,
         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-        "max_tokens": 2048, "n": 1, "stop": None,
+        "max_tokens": 32768, "n": 1, "stop": None,
         "eos_token_ids": sorted(tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])),
     }  # fmt: skip
     template_sha = hashlib.sha256(tok.chat_template.encode()).hexdigest()
     assert facts["model"]["chat_template_sha256"] == template_sha
+    assert facts["max_tokens_from"] == "recommended thinking length for qwen3"
     assert facts["model"]["path"] == str(tiny_model)
     assert facts["model"]["name"] == tiny_model.name
     assert facts["model"]["revision"].startswith("sha256:")

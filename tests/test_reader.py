@@ -120,10 +120,38 @@ def test_defaults_blank_lines_bom_and_crlf(tmp_path):
     assert [(r.pos, r.line, r.id) for r in recs] == [(0, 1, "1"), (1, 4, "4"), (2, 6, "x")]
 
 
-def test_extra_top_level_keys_are_ignored(tmp_path):
+def test_extra_top_level_keys_are_passed_through(tmp_path):
     path = write(tmp_path, {"id": "a", "prompt": "p", "source": "wiki", "meta": {"k": 1}})
     [rec] = list(read_records(path))
     assert rec.id == "a" and rec.prompt == "p"
+    assert rec.extra == {"source": "wiki", "meta": {"k": 1}}
+
+
+def test_pre_tokenized_form_checked_against_the_vocabulary(tmp_path):
+    # Given pre-tokenized records, one with an id past a 1,024-token vocabulary
+    path = write(tmp_path, {"id": "t", "input_ids": [1, 2, 1023], "sampling": {"max_tokens": 4}},
+                 {"id": "u", "input_ids": [5, 1024]})
+    # Then without a known vocabulary both read, with one the second is refused by line
+    assert validate(path) == 2
+    err = problems_of(path, vocab=1024)
+    assert err.problems == ["line 2: input_ids[1]: token id 1024 is outside the model's vocabulary of 1024"]
+    [rec, _] = list(read_records(path))
+    assert rec.input_ids == [1, 2, 1023] and rec.messages is None and rec.sampling.max_tokens == 4
+
+
+def test_conversation_rows_prompt_up_to_the_last_user_turn(tmp_path):
+    # Given a ShareGPT row ending in an assistant turn and a role/content row
+    sharegpt = {"id": "s", "conversations": [
+        {"from": "system", "value": "be brief"}, {"from": "human", "value": "hi"},
+        {"from": "gpt", "value": "hello"}, {"from": "human", "value": "again"},
+        {"from": "gpt", "value": "old answer"}]}
+    plain = {"id": "p", "conversations": [{"role": "user", "content": "q"}], "source": "x"}
+    path = write(tmp_path, sharegpt, plain)
+    # Then the prompt keeps every turn up to the last user one, roles normalised
+    s, p = read_records(path)
+    assert [(m.role, m.content) for m in s.messages] == [
+        ("system", "be brief"), ("user", "hi"), ("assistant", "hello"), ("user", "again")]
+    assert [(m.role, m.content) for m in p.messages] == [("user", "q")] and p.extra == {"source": "x"}
 
 
 # -- every malformed case names its line and what is wrong --------------------------------
@@ -146,7 +174,7 @@ MALFORMED = [
     ('{"prompt": "p", "sampling": {"temperature": NaN}}', "not JSON: NaN is not valid"),
     ("[1, 2]", "not a JSON object (got array)"),
     ('"just a string"', "not a JSON object (got string)"),
-    ({"id": "x"}, "no messages, prompt or body (an OpenAI batch line); one is needed"),
+    ({"id": "x"}, "none of messages, prompt, input_ids, conversations or body (an OpenAI batch line)"),
     ({"id": "x", "messages": USER, "prompt": "p"}, "both messages and prompt; give one"),
     ({"messages": "hi"}, "messages: must be a non-empty array of messages (got string)"),
     ({"messages": []}, "messages: must be a non-empty array of messages (got an empty"),
@@ -194,6 +222,17 @@ MALFORMED = [
         "sampling.temperature: also given as body.temperature; give it once",
     ),
     (_batch({"prompt": "p"}, messages=USER), "messages: give it inside body, not beside it"),
+    ({"input_ids": []}, "input_ids: must be a non-empty array of token ids"),
+    ({"input_ids": "1 2"}, "input_ids: must be a non-empty array of token ids"),
+    ({"input_ids": [1, -2]}, "input_ids[1]: must be a non-negative integer (got -2)"),
+    ({"input_ids": [1, 2.0]}, "input_ids[1]: must be a non-negative integer (got 2.0)"),
+    ({"input_ids": [True]}, "input_ids[0]: must be a non-negative integer (got True)"),
+    ({"input_ids": [1], "prompt": "p"}, "both prompt and input_ids; give one"),
+    ({"conversations": []}, "conversations: must be a non-empty array of turns"),
+    ({"conversations": [{"from": "gpt", "value": "hi"}]}, "conversations: no user turn, so nothing to answer"),
+    ({"conversations": [{"from": "bot", "value": "hi"}]}, "conversations[0].from: must be human, gpt or system"),
+    ({"conversations": [{"role": "user", "content": 5}]}, "conversations[0].content: must be a string or an"),
+    ({"prompt": "p", "output": "x"}, "output: an output field has this name; put it under another key"),
 ]
 
 

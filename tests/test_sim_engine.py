@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fleet.engines.base import GenRequest, GenResult, Sampling, derive_seed
+from fleet.engines.base import GenRequest, GenResult, Sampling, derive_seed, prompt_digest
 from fleet.engines.sim import SimEngine, prompt_size, sim_length, sim_text
 from fleet.errors import RecordError
 from fleet.records import Message
@@ -228,3 +228,13 @@ def test_model_name_names_the_length_model():
     assert (
         SimEngine(SimSettings(mean_output_tokens=1818, sigma=0.8)).model_name() == "sim-m1818-s0.8"
     )
+
+
+def test_pre_tokenized_prompt_counts_its_ids_and_output_ids_follow_the_vocabulary():
+    # Given a pre-tokenized request asking for output ids on a sim with a 50-token vocabulary
+    req = request("t", seed=5, max_tokens=30, prompt=None)
+    req.input_ids, req.return_output_ids = [3, 1, 4, 1, 5], True
+    [res] = run(SimSettings(step_s=0, vocab_size=50), req)
+    # Then the prompt is its ids, fingerprinted, and there is one output id per token, in range
+    assert res.prompt_tokens == 5 and res.meta["prompt_digest"] == prompt_digest([3, 1, 4, 1, 5])
+    assert len(res.output_ids) == res.completion_tokens and all(0 <= i < 50 for i in res.output_ids)

@@ -28,6 +28,7 @@ from fleet.bench.report import Figure, Section
 from fleet.engines.base import GenRequest, Sampling
 from fleet.engines.sglang_plan import with_planned_running
 from fleet.errors import ConfigError, FleetError
+from fleet.outputlen import FALLBACK_MAX_TOKENS
 from fleet.records import Message
 from fleet.settings import Settings, load_settings
 
@@ -85,7 +86,7 @@ def side_main(mtp: bool, requests: int | None, max_tokens: int | None) -> dict[s
     settings = with_planned_running(settings)
     batch = settings.engine_max_running
     n = requests or 2 * batch
-    m = max_tokens or settings.sampling.max_tokens
+    m = max_tokens or settings.sampling.max_tokens or FALLBACK_MAX_TOKENS
     return asyncio.run(run_side(settings, n, m, warmup=min(batch, 32)))
 
 

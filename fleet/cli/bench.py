@@ -95,6 +95,25 @@ def _register() -> None:
         _subcommand(name, what[0].upper() + what[1:] + ".")
 
 
+@bench_app.command("result-size")
+def result_size(
+    output_tokens: Annotated[int, typer.Option("--output-tokens", help="output tokens per record")] = 1818,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="prompt tokens per record")] = 512,
+) -> None:
+    """Result bytes per record with and without token ids, and the total at the reference job."""
+    from rich.table import Table
+
+    from fleet.bench.reference import REFERENCE
+    from fleet.bench.resultsize import measure
+
+    table = Table(title=f"result size, {output_tokens} output / {prompt_tokens} prompt tokens, zstd chunk objects")
+    for col in ("token ids", "results hold", "bytes/record", f"GB at {REFERENCE.prompts:,} records"):
+        table.add_column(col)
+    for r in measure(output_tokens=output_tokens, prompt_tokens=prompt_tokens):
+        table.add_row(r["ids"], r["variant"], f"{r['bytes_per_record']:,}", f"{r['reference_gb']:,.2f}")
+    console.print(table)
+
+
 @bench_app.command("all")
 def all_(ctx: typer.Context, quick: QuickOpt = False, out: OutOpt = None, keep: KeepOpt = False) -> None:
     """Every measurement (the same as `fleet bench` with no subcommand)."""

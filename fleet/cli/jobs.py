@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -84,6 +83,7 @@ def enqueue(
         f"running {report.running}, already queued {report.queued}, failed {report.failed}"
         + (f"; repaired {len(report.repaired)} stale queued marker(s)" if report.repaired else "")
     )
+    console.print(f"max_tokens {report.max_tokens} ({report.max_tokens_from or 'as stored'})")
 
 
 @app.command()
@@ -136,6 +136,7 @@ def status_table(st) -> Table:
                    f"{st.chunks_queued} queued, {st.chunks_failed} failed"),
         ("records", f"{st.records_done}/{st.records_total} ({st.samples_done}/{st.samples_total} samples, "
                     f"{st.record_errors} record errors)"),
+        ("truncated", f"{st.records_truncated} at max tokens ({st.records_truncated_in_thinking} inside the thinking)"),
         ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out"),
         ("rate", f"{st.tok_s:,.1f} output tok/s, ETA {eta}"),
         ("cost", f"${st.cost_usd:,.2f} spent" + (f", ${st.projected_cost_usd:,.2f} projected"
@@ -158,16 +159,23 @@ def status_table(st) -> Table:
 @app.command()
 def export(
     job: JobOpt,
-    out: Annotated[Path, typer.Option("--out", "-o", help=".jsonl or .parquet")],
-    fmt: Annotated[str | None, typer.Option("--format", help="jsonl or parquet (default by suffix)")] = None,
+    out: Annotated[str, typer.Option("--out", "-o", help="local path or s3://bucket/key")],
+    fmt: Annotated[str | None, typer.Option(
+        "--format", help="jsonl, parquet, specforge, tokens or openai (default by suffix: parquet or jsonl)")] = None,
     partial: Annotated[bool, typer.Option("--partial", help="export what is done so far")] = False,
     stable: Annotated[bool, typer.Option("--stable", help="omit worker and latency, for byte comparison")] = False,
+    only_finished: Annotated[bool, typer.Option(
+        "--only-finished", help="only samples that stopped on their own (no max-tokens cuts, no errors)")] = False,
     store_url: StoreOpt = None,
 ) -> None:
     """Results in input order."""
     from fleet.export import export_job
+    from fleet.exporters import Skipped
     from fleet.producer.enqueue import store_for
 
     settings = settings_from(store_url=store_url)
-    n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable)
+    skipped = Skipped()
+    n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable, only_finished, skipped)
     console.print(f"wrote {n} records to {out}")
+    for reason, count in skipped.reasons.items():
+        console.print(f"skipped {count}: {reason}")

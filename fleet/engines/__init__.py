@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.engines.base import Engine
+from fleet.outputlen import default_max_tokens
 from fleet.settings import Settings
 
 
@@ -43,6 +44,9 @@ def job_config(settings: Settings) -> dict[str, Any]:
         "return_output_ids": settings.return_output_ids,
     }
     if settings.engine == "sim":
+        base["sampling"]["max_tokens"], base["max_tokens_from"] = default_max_tokens(
+            None, settings.sampling.max_tokens
+        )
         base["model"] = {
             "name": "sim",
             "mean_output_tokens": settings.sim.mean_output_tokens,
@@ -54,4 +58,15 @@ def job_config(settings: Settings) -> dict[str, Any]:
     facts = model_facts(settings)
     base["model"] = facts["model"]
     base["sampling"] = facts["sampling"]
+    base["max_tokens_from"] = facts["max_tokens_from"]
     return base
+
+
+def input_vocab(settings: Settings) -> int | None:
+    """Token ids a pre-tokenized input may hold: the tokenizer's size (padded embedding
+    rows are not tokens), the sim engine's setting, or None where nothing is known."""
+    if settings.engine == "sim":
+        return settings.sim.vocab_size
+    from fleet.prompting import load_tokenizer, require_model
+
+    return len(load_tokenizer(require_model(settings)))

@@ -38,6 +38,8 @@ class GenRequest:
     sampling: Sampling
     messages: list[Message] | None = None
     prompt: str | None = None
+    #: pre-tokenized prompt: sent to the engine as is
+    input_ids: list[int] | None = None
     #: chat template's enable_thinking (job setting)
     enable_thinking: bool = True
     #: put token ids in the output record
@@ -83,6 +85,12 @@ class Engine(ABC):
     def predict_tokens(self, request: GenRequest) -> float | None:
         """Expected output length, if this engine can predict it (longest-first ordering)."""
         return None
+
+
+def prompt_digest(ids: list[int]) -> str:
+    """A short fingerprint of the prompt ids an engine saw, stored on the record so an
+    export that rebuilds the ids (re-rendering the template) can prove it got them exactly."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
 
 def derive_seed(job_seed: int, record_id: str, sample: int) -> int:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from fleet.engines.base import GenRequest, GenResult, Sampling, derive_seed
+from fleet.engines.base import GenRequest, GenResult, Sampling, derive_seed, prompt_digest
 from fleet.engines.model import ModelEngine
 from fleet.errors import EngineError
 from fleet.prompting import (
@@ -354,5 +354,5 @@ class HfEngine(ModelEngine):
             prompt_tokens=len(p.prompt.ids),
             finish_reason="length" if why == "length" and not hit else "stop",
             output_ids=ids if p.request.return_output_ids else None,
-            meta={"batch_size": size},
+            meta={"batch_size": size, "prompt_digest": prompt_digest(p.prompt.ids)},
         )

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.capacity import sglang_mem_fraction
-from fleet.engines.base import GenRequest, GenResult, Sampling
+from fleet.engines.base import GenRequest, GenResult, Sampling, prompt_digest
 from fleet.engines.model import ModelEngine
 from fleet.engines.sglang_plan import (
     check_choices,
@@ -271,7 +271,8 @@ class SglangEngine(ModelEngine):
             prompt_tokens=int(meta.get("prompt_tokens", len(prompt.ids))),
             finish_reason=reason,
             output_ids=output_ids if request.return_output_ids else None,
-            meta={ours: meta[theirs] for ours, theirs in META_FIELDS if meta.get(theirs) is not None},
+            meta={ours: meta[theirs] for ours, theirs in META_FIELDS if meta.get(theirs) is not None}
+            | {"prompt_digest": prompt_digest(prompt.ids)},
         )
 
     async def shutdown(self) -> None:

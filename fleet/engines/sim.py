@@ -13,7 +13,7 @@ import math
 import random
 import time
 
-from fleet.engines.base import Engine, GenRequest, GenResult, derive_seed
+from fleet.engines.base import Engine, GenRequest, GenResult, derive_seed, prompt_digest
 from fleet.errors import EngineError, RecordError
 from fleet.settings import SimSettings
 
@@ -24,6 +24,9 @@ _WORDS = (
     "them", "token", "batch", "chunk", "lease", "store", "worker", "engine", "broker", "prompt",
     "answer", "reason", "step", "think",
 )
+
+#: Output ids range over this many tokens when `sim.vocab_size` is unset (Qwen3's is 151,936).
+SIM_VOCAB = 151_936
 
 
 def sim_length(cfg: SimSettings, seed: int) -> int:
@@ -40,7 +43,15 @@ def sim_text(seed: int, tokens: int) -> str:
     return "<think>" + " ".join(words[:cut]) + "</think>" + " ".join(words[cut:])
 
 
+def sim_ids(seed: int, tokens: int, vocab: int | None) -> list[int]:
+    """Stand-in output ids, one per simulated token, within the configured vocabulary."""
+    rng = random.Random(seed ^ 0x1D5)
+    return [rng.randrange(vocab or SIM_VOCAB) for _ in range(tokens)]
+
+
 def prompt_size(request: GenRequest) -> int:
+    if request.input_ids is not None:
+        return len(request.input_ids)
     if request.prompt is not None:
         return max(1, len(request.prompt.split()))
     total = 0
@@ -104,4 +115,6 @@ class SimEngine(Engine):
             completion_tokens=tokens,
             prompt_tokens=prompt_size(request),
             finish_reason="length" if natural > tokens else "stop",
+            output_ids=sim_ids(seed, tokens, self.cfg.vocab_size) if request.return_output_ids else None,
+            meta={"prompt_digest": prompt_digest(request.input_ids)} if request.input_ids else {},
         )

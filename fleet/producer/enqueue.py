@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 from celery import Celery
@@ -16,7 +17,7 @@ from celery import Celery
 from fleet import keys
 from fleet.broker import make_celery, redis_client, send_chunk
 from fleet.chunkstate import done_indexes, failed_indexes, queued_indexes, running_indexes
-from fleet.engines import job_config
+from fleet.engines import input_vocab, job_config
 from fleet.identity import engine_identity, identity_hash
 from fleet.layout import failed_key, manifest_key
 from fleet.manifest import Manifest, check_compatible, config_hash, load_manifest
@@ -48,6 +49,9 @@ class EnqueueReport:
     created: bool = False
     #: chunks whose "queued" marker had no message behind it (cleared and enqueued again)
     repaired: list[int] = field(default_factory=list)
+    #: the max_tokens in effect for the job, and where it came from (fleet.outputlen)
+    max_tokens: int | None = None
+    max_tokens_from: str | None = None
 
 
 def store_for(settings: Settings) -> Store:
@@ -61,7 +65,7 @@ def job_identity(settings: Settings, job: str, input_url: str, path: Path) -> Jo
     config = job_config(settings)
     engine = engine_identity(settings)
     digest = InputDigest()
-    records = validate(path, on_record=digest.update)
+    records = validate(path, on_record=digest.update, vocab=input_vocab(settings))
     return JobIdentity(
         job=job, config=config, config_hash=config_hash(config), engine_identity=engine,
         engine_identity_hash=identity_hash(engine), input_digest=digest.hexdigest(),
@@ -109,13 +113,18 @@ def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> t
         return write_job(settings, store, path, ident)
 
 
+def max_tokens_of(manifest: Manifest) -> dict[str, Any]:
+    config = manifest.config
+    return {"max_tokens": config["sampling"].get("max_tokens"), "max_tokens_from": config.get("max_tokens_from")}
+
+
 def enqueue_missing(
     r: redis.Redis, app: Celery, store: Store, settings: Settings, manifest: Manifest,
     retry_failed: bool = False,
 ) -> EnqueueReport:
     job = manifest.job
     requeue_expired(r, store, app, settings)
-    report = EnqueueReport(job=job, chunks=manifest.chunks)
+    report = EnqueueReport(job=job, chunks=manifest.chunks, **max_tokens_of(manifest))
     done = done_indexes(store, job)
     failed = failed_indexes(store, job)
     if retry_failed and failed:

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from fleet.errors import InputError
+from fleet.producer.forms import check_input_ids, conversation_prompt, passthrough
 from fleet.producer.seen import SeenIds
 from fleet.records import InputRecord, SamplingOverrides
 
@@ -25,6 +26,9 @@ _KNOWN = ", ".join(SAMPLING_FIELDS)
 BODY_ALIASES = {"max_completion_tokens": "max_tokens"}
 #: OpenAI batch body keys with no effect here: the job, not the line, picks the model.
 BODY_IGNORED = frozenset({"model", "user", "metadata", "store", "stream"})
+#: A record's prompt comes in exactly one of these (or in an OpenAI batch line's body).
+PROMPT_FORMS = ("messages", "prompt", "input_ids", "conversations")
+SAMPLING_KEYS = frozenset(SAMPLING_FIELDS) | frozenset(BODY_ALIASES)
 MAX_PROBLEMS_PER_LINE = 5
 _BOM = b"\xef\xbb\xbf"
 
@@ -162,7 +166,9 @@ def _sampling(
     return merged or None
 
 
-def _shape(obj: dict[str, Any], line: int, pos: int) -> tuple[dict[str, Any], dict[str, str]]:
+def _shape(
+    obj: dict[str, Any], line: int, pos: int, vocab: int | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The line in InputRecord's shape, and the user's name for each field."""
     problems: list[str] = []
     where = {"id": "custom_id" if "custom_id" in obj else "id"}
@@ -176,21 +182,32 @@ def _shape(obj: dict[str, Any], line: int, pos: int) -> tuple[dict[str, Any], di
             f"{k}: give it inside body, not beside it" for k in ("messages", "prompt") if k in obj
         ]
     data: dict[str, Any] = {"pos": pos, "line": line, "id": _record_id(obj, line, problems)}
-    has = [k for k in ("messages", "prompt") if src.get(k) is not None]
+    forms = ("messages", "prompt") if body is not None else PROMPT_FORMS
+    has = [k for k in forms if src.get(k) is not None]
     if not has:
         if body is not None:
             problems.append("body has no messages or prompt; one is needed")
         else:
-            problems.append("no messages, prompt or body (an OpenAI batch line); one is needed")
-    elif len(has) == 2:
-        problems.append(f"both {prefix}messages and {prefix}prompt; give one")
+            problems.append(f"none of {', '.join(PROMPT_FORMS)} or body (an OpenAI batch line); one is needed")
+    elif len(has) > 1:
+        problems.append(f"both {prefix}{has[0]} and {prefix}{has[1]}; give one")
     elif has[0] == "messages":
         _check_messages(src["messages"], f"{prefix}messages", problems)
+    elif has[0] == "input_ids":
+        check_input_ids(src["input_ids"], vocab, problems)
+    elif has[0] == "conversations":
+        src = {"messages": conversation_prompt(src["conversations"], problems)}
+        has = ["messages"] if not problems else []
+        if has:
+            _check_messages(src["messages"], "conversations", problems)
     elif not isinstance(src["prompt"], str) or not src["prompt"]:
         problems.append(f"{prefix}prompt: must be a non-empty string (got {_kind(src['prompt'])})")
     for key in has:
         data[key], where[key] = src[key], f"{prefix}{key}"
+    if "conversations" in obj and has:
+        where["messages"] = "conversations"
     data["sampling"] = _sampling(obj, body, where, problems)
+    data["extra"] = passthrough(obj, SAMPLING_KEYS, problems)
     if problems:
         raise BadLine(problems)
     return data, where
@@ -216,12 +233,12 @@ def _explain(error: ValidationError, where: dict[str, str]) -> BadLine:
     return BadLine(problems)
 
 
-def parse_line(raw: bytes, line: int, pos: int) -> InputRecord:
+def parse_line(raw: bytes, line: int, pos: int, vocab: int | None = None) -> InputRecord:
     """One non-blank input line as a normalised record, or `BadLine` saying what is wrong.
 
     The one parser of both validation and reading, so the two can never disagree.
     """
-    data, where = _shape(_decode(raw, line), line, pos)
+    data, where = _shape(_decode(raw, line), line, pos, vocab)
     try:
         # strict: a JSONL author who writes "0.7" for a temperature has made a mistake.
         return InputRecord.model_validate(data, strict=True)
@@ -229,7 +246,7 @@ def parse_line(raw: bytes, line: int, pos: int) -> InputRecord:
         raise _explain(e, where) from None
 
 
-def _parsed(path: Path) -> Iterator[tuple[int, InputRecord | BadLine]]:
+def _parsed(path: Path, vocab: int | None = None) -> Iterator[tuple[int, InputRecord | BadLine]]:
     """(line number, record or its problem) for every non-blank line, streaming."""
     pos = 0
     with path.open("rb") as f:
@@ -237,24 +254,26 @@ def _parsed(path: Path) -> Iterator[tuple[int, InputRecord | BadLine]]:
             if not raw.strip():
                 continue
             try:
-                yield line, parse_line(raw, line, pos)
+                yield line, parse_line(raw, line, pos, vocab)
             except BadLine as bad:
                 yield line, bad
             pos += 1
 
 
 def validate(
-    path: Path, max_report: int = 100, on_record: Callable[[InputRecord], None] | None = None
+    path: Path, max_report: int = 100, on_record: Callable[[InputRecord], None] | None = None,
+    vocab: int | None = None,
 ) -> int:
     """Check every line; return the record count or raise InputError naming the bad lines.
 
     Shows the first `max_report` problems and counts them all. `on_record` sees each good
-    record in order (the producer digests the input in this same pass).
+    record in order (the producer digests the input in this same pass); `vocab`, where the
+    model's vocabulary size is known, bounds pre-tokenized input ids.
     """
     problems: list[str] = []
     bad = records = 0
     seen = SeenIds()
-    for line, parsed in _parsed(path):
+    for line, parsed in _parsed(path, vocab):
         problem = None
         if isinstance(parsed, BadLine):
             problem = str(parsed)

@@ -51,6 +51,7 @@ def requests_for(run: ChunkRun) -> list[tuple[InputRecord, GenRequest]]:
                 sampling=effective_sampling(defaults, record, seed),
                 messages=record.messages,
                 prompt=record.prompt,
+                input_ids=record.input_ids,
                 enable_thinking=config.get("enable_thinking", True),
                 return_output_ids=config.get("return_output_ids", False),
             )
@@ -77,6 +78,8 @@ def to_output(run: ChunkRun, record: InputRecord, req: GenRequest, res: GenResul
         spec_accept_length=meta.get("spec_accept_length"),
         spec_verify_ct=meta.get("spec_verify_ct"),
         latency_s=meta.get("latency_s"),
+        prompt_digest=meta.get("prompt_digest"),
+        extra=record.extra,
         pos=record.pos,
     ).model_dump(mode="json")
 

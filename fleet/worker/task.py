@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from fleet.errors import ChunkCorrupt, FleetError
 from fleet.layout import chunk_key, decode_lines, result_key
 from fleet.records import InputRecord
-from fleet.results import encode_result
+from fleet.results import chunk_stats, encode_result
 from fleet.store import Store
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.enginehost import EngineHost
@@ -74,10 +74,7 @@ class ChunkTask:
             "job": run.job,
             "chunk": run.index,
             "records": len(run.records),
-            "samples": len(rows),
-            "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
-            "completion_tokens": sum(r["completion_tokens"] for r in rows),
-            "errors": sum(1 for r in rows if r["finish_reason"] == "error"),
+            **chunk_stats(rows),
             "resumed": run.resumed,
             "seconds": round(time.time() - run.started, 3),
             "assist": run.assist,

@@ -19,7 +19,9 @@ Same surface, and the same sharp edges, as the real thing (paths inside the 0.5.
 - sampling params are checked as SamplingParams.verify does (sampling/sampling_params.py):
   top_k 0 and out-of-range penalties are ValueError; unknown ones TypeError;
 - a non-stream abort with an HTTP status >= 400 other than 400 raises
-  `fastapi.HTTPException` (tokenizer_manager.py `_handle_abort_finish_reason`).
+  `fastapi.HTTPException` (tokenizer_manager.py `_handle_abort_finish_reason`);
+- an input id past config.json's vocab_size is a ValueError
+  (tokenizer_manager.py `_validate_input_ids_in_vocab`).
 
 Kwargs starting with `fake_` steer it: `fake_step_s` (seconds per token), `fake_tokens`
 (natural output length), `fake_fail_start`, `fake_abort_over` (prompt length above which a
@@ -37,6 +39,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 __version__ = "0.5.23+fake"
@@ -157,6 +160,11 @@ class Engine:
         state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
         return {"max_total_num_tokens": 100_000, "internal_states": state}
 
+    def vocab_size(self) -> int | None:
+        """config.json's vocab_size (the embedding rows), which SGLang checks input ids against."""
+        path = Path(str(self.kwargs.get("model_path", ""))) / "config.json"
+        return json.loads(path.read_text()).get("vocab_size") if path.is_file() else None
+
     async def async_generate(
         self,
         prompt: Any = None,
@@ -173,6 +181,9 @@ class Engine:
         assert prompt is None and input_ids, "fleet sends token ids, never text"
         self.tokenizer_manager.validate(input_ids, params)
         verify_sampling(params)
+        vocab = self.vocab_size()
+        if vocab is not None and any(i >= vocab for i in input_ids):  # TokenizerManager._validate_input_ids_in_vocab
+            raise ValueError(f"The input_ids {input_ids} contains values greater than the vocab size ({vocab}).")
         if self.dead is not None:
             raise self.dead
         self.calls += 1
