@@ -57,3 +57,16 @@ class ChunkSuperseded(FleetError):
 
 class BrokerMissing(FleetError):
     """A local redis-server was needed but is not installed."""
+
+
+class ServiceUnreachable(FleetError):
+    """The broker or the store cannot be reached (or refuses the login): nothing was
+    written; the message names the redacted URL, what failed and what to check."""
+
+
+class BrokerUnreachable(ServiceUnreachable):
+    """The Redis broker does not answer."""
+
+
+class StoreUnreachable(ServiceUnreachable, StoreError):
+    """The S3 endpoint does not answer; a StoreError too, so a worker treats it as one."""

@@ -24,6 +24,7 @@ from fleet.cli.app import (
     app,
     console,
     fail,
+    preflight,
     run_guarded,
     settings_from,
     setup_logging,
@@ -51,6 +52,7 @@ def run(
                              chunk_size=chunk_size, slots=slots, data_dir=data_dir)
     if max_tokens:
         settings.sampling.max_tokens = max_tokens
+    preflight(settings, broker=bool(settings.broker_url), store=True)
     began = time.monotonic()
     gpu_list = None
     if gpus:
@@ -77,6 +79,8 @@ def enqueue(
 
     settings = settings_from(engine=engine, model=model, broker_url=broker_url,
                              store_url=store_url, chunk_size=chunk_size)
+    # The broker first: a job whose chunks are written but cannot be queued helps nobody.
+    preflight(settings, broker=True, store=True)
     report = run_guarded(do_enqueue, settings, input, job, retry_failed)
     console.print(
         f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
@@ -97,6 +101,7 @@ def status(
     from fleet.status import job_status
 
     settings = settings_from(broker_url=broker_url, store_url=store_url)
+    preflight(settings, broker=bool(settings.broker_url), store=True)
     store = store_for(settings)
     r = redis_client(settings) if settings.broker_url else None
 
@@ -164,5 +169,6 @@ def export(
     from fleet.producer.enqueue import store_for
 
     settings = settings_from(store_url=store_url)
+    preflight(settings, store=True)
     n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable)
     console.print(f"wrote {n} records to {out}")
