@@ -32,7 +32,8 @@ def test_tasks_page_shows_job_chunk_and_gpu(tmp_path: Path, redis_server) -> Non
     smi = fake_smi(tmp_path / "smi", "".join(f"{i}, NVIDIA B200, 183359 MiB\n" for i in range(2)))
     port = free_port()
     env = clean_env(
-        **{**FAST_SIM, "FLEET_SIM__STEP_S": "0.02"}, FLEET_BROKER_URL=redis_server.url, FLEET_STORE_URL=str(tmp_path / "store"),
+        **{**FAST_SIM, "FLEET_SIM__STEP_S": "0.02"},
+        FLEET_BROKER_URL=redis_server.url, FLEET_STORE_URL=str(tmp_path / "store"),
         FLEET_CHUNK_SIZE="4", FLEET_FLOWER_PORT=str(port),
         PATH=f"{smi}:{clean_env()['PATH']}",
     )  # fmt: skip

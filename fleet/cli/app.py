@@ -76,7 +76,8 @@ def fail_unreachable(exc: BaseException) -> NoReturn:
     """A connection error that escaped a command (a service lost mid-run): one line, no traceback."""
     from fleet.preflight import unreachable
 
-    console.print(f"[bold red]error:[/] {unreachable(exc, loaded[0] if loaded else None)}", highlight=False, soft_wrap=True)
+    message = unreachable(exc, loaded[0] if loaded else None)
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise SystemExit(EXIT_UNREACHABLE)
 
 
