@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 from fleet.chunkstate import done_indexes
 from fleet.errors import FleetError
 from fleet.manifest import require_manifest
+from fleet.progress import Progress
 from fleet.records import EXPORT_FIELDS
 from fleet.results import read_result
 from fleet.store import Store
@@ -31,7 +32,8 @@ VOLATILE_FIELDS = ("worker", "latency_s")
 
 
 def export_job(
-    store: Store, job: str, out: Path, fmt: str | None = None, partial: bool = False, stable: bool = False
+    store: Store, job: str, out: Path, fmt: str | None = None, partial: bool = False, stable: bool = False,
+    progress: Progress | None = None,
 ) -> int:
     """Returns the number of records written; refuses an unfinished job unless `partial`.
 
@@ -51,6 +53,9 @@ def export_job(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     count = 0
+    total = None if missing else manifest.samples  # one exported row per sample
+    report = progress or (lambda phase, done, total: None)
+    report("export", 0, total)
     fields = [f for f in EXPORT_FIELDS if not (stable and f in VOLATILE_FIELDS)]
     if fmt == "parquet":
         schema = pa.schema([PARQUET_SCHEMA.field(f) for f in fields])
@@ -59,13 +64,16 @@ def export_job(
                 rows = [{k: r.get(k) for k in fields} for r in read_result(store, job, index)[1]]
                 writer.write_table(pa.Table.from_pylist(rows, schema=schema))
                 count += len(rows)
+                report("export", count, total)
     elif fmt == "jsonl":
         with open(tmp, "w", encoding="utf-8") as f:
             for index in indexes:
                 for r in read_result(store, job, index)[1]:
                     f.write(json.dumps({k: r.get(k) for k in fields}, ensure_ascii=False) + "\n")
                     count += 1
+                report("export", count, total)
     else:
         raise FleetError(f"unknown export format {fmt!r}: use jsonl or parquet")
     tmp.replace(out)
+    report("export", count, count)
     return count

@@ -21,11 +21,17 @@ def chromium() -> str:
     raise AssertionError("no Chromium: apt-get install -y chromium (.ci/run installs it)")
 
 
-def render(url: str, profile: Path, *, screenshot: Path | None = None, budget_ms: int = 15000,
-           size: str = "1600,900") -> str:
+def render(
+    url: str, profile: Path, *, screenshot: Path | None = None, budget_ms: int = 15000, size: str = "1600,900"
+) -> str:
     """The DOM after the page's scripts ran (virtual time lets its AJAX calls finish)."""
-    argv = [chromium(), *FLAGS, f"--user-data-dir={profile}", f"--virtual-time-budget={budget_ms}",
-            f"--window-size={size}"]
+    argv = [
+        chromium(),
+        *FLAGS,
+        f"--user-data-dir={profile}",
+        f"--virtual-time-budget={budget_ms}",
+        f"--window-size={size}",
+    ]
     if screenshot is not None:
         subprocess.run([*argv, f"--screenshot={screenshot}", url], capture_output=True, timeout=120, check=True)
     res = subprocess.run([*argv, "--dump-dom", url], capture_output=True, text=True, timeout=120)

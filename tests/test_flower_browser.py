@@ -49,8 +49,11 @@ def test_tasks_page_shows_job_chunk_and_gpu(tmp_path: Path, redis_server) -> Non
         assert run_fleet("enqueue", str(prompts), "--job", "browserjob", env=env).returncode == 0
         workers.start_gpus("gpuhost", "0,1")
         # When every chunk has run and Flower has seen it succeed
-        wait_for(lambda: sum(t["state"] == "SUCCESS" for t in flower_tasks(base)) == CHUNKS,
-                 240, "Flower to see every chunk succeed")
+        wait_for(
+            lambda: sum(t["state"] == "SUCCESS" for t in flower_tasks(base)) == CHUNKS,
+            240,
+            "Flower to see every chunk succeed",
+        )
         shot = tmp_path / "flower-tasks.png"
         dom = render(base + "/tasks", tmp_path / "chromium", screenshot=shot)
     finally:

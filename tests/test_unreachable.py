@@ -31,8 +31,11 @@ def one_line_error(res) -> str:
 def test_enqueue_with_broker_down_writes_nothing(tmp_path: Path, clean_env) -> None:
     # Given a broker URL on a closed port and a local store
     port = free_port()
-    env = {**FAST_SIM, "FLEET_BROKER_URL": f"redis://:{PASSWORD}@127.0.0.1:{port}/0",
-           "FLEET_STORE_URL": str(tmp_path / "store")}
+    env = {
+        **FAST_SIM,
+        "FLEET_BROKER_URL": f"redis://:{PASSWORD}@127.0.0.1:{port}/0",
+        "FLEET_STORE_URL": str(tmp_path / "store"),
+    }
     prompts = write_prompts(tmp_path / "p.jsonl", 10)
     # When enqueueing
     line = one_line_error(run_fleet("enqueue", str(prompts), "--job", "j", env=env, timeout=120))
@@ -63,12 +66,20 @@ def test_wrong_broker_password_is_one_line(tmp_path: Path, clean_env) -> None:
 def test_store_down_is_one_line(command: str, tmp_path: Path, redis_server, clean_env) -> None:
     # Given S3 on a closed port (a live broker)
     endpoint = f"http://127.0.0.1:{free_port()}"
-    env = {**FAST_SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": "s3://bucket/prefix",
-           "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    args = {"enqueue": ["enqueue", str(write_prompts(tmp_path / "p.jsonl", 4)), "--job", "j"],
-            "export": ["export", "--job", "j", "--out", str(tmp_path / "o.jsonl")],
-            "status": ["status", "--job", "j"]}[command]
+    env = {
+        **FAST_SIM,
+        "FLEET_BROKER_URL": redis_server.url,
+        "FLEET_STORE_URL": "s3://bucket/prefix",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    args = {
+        "enqueue": ["enqueue", str(write_prompts(tmp_path / "p.jsonl", 4)), "--job", "j"],
+        "export": ["export", "--job", "j", "--out", str(tmp_path / "o.jsonl")],
+        "status": ["status", "--job", "j"],
+    }[command]
     line = one_line_error(run_fleet(*args, env=env, timeout=180))
     assert f"cannot reach the store at s3://bucket/prefix (endpoint {endpoint})" in line
     assert "check FLEET_STORE_URL, AWS_ENDPOINT_URL" in line

@@ -29,6 +29,7 @@ from fleet.cli.app import (
     settings_from,
     setup_logging,
 )
+from fleet.cli.progress import live_progress
 
 InputArg = Annotated[str, typer.Argument(help="prompts: JSONL path or s3://bucket/key")]
 
@@ -81,7 +82,8 @@ def enqueue(
                              store_url=store_url, chunk_size=chunk_size)
     # The broker first: a job whose chunks are written but cannot be queued helps nobody.
     preflight(settings, broker=True, store=True)
-    report = run_guarded(do_enqueue, settings, input, job, retry_failed)
+    with live_progress(console) as progress:
+        report = run_guarded(do_enqueue, settings, input, job, retry_failed, progress)
     console.print(
         f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
         f"running {report.running}, already queued {report.queued}, failed {report.failed}"
@@ -170,5 +172,6 @@ def export(
 
     settings = settings_from(store_url=store_url)
     preflight(settings, store=True)
-    n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable)
+    with live_progress(console) as progress:
+        n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable, progress)
     console.print(f"wrote {n} records to {out}")

@@ -21,6 +21,7 @@ from fleet.manifest import Manifest, check_compatible, config_hash, load_manifes
 from fleet.producer.chunker import write_chunks
 from fleet.producer.reader import read_records, validate
 from fleet.producer.source import local_input
+from fleet.progress import Progress, counted
 from fleet.recovery import requeue_expired
 from fleet.settings import Settings
 from fleet.store import Store, open_store
@@ -46,7 +47,9 @@ def store_for(settings: Settings) -> Store:
     )
 
 
-def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> tuple[Manifest, bool]:
+def prepare_job(
+    settings: Settings, store: Store, input_url: str, job: str, progress: Progress | None = None
+) -> tuple[Manifest, bool]:
     """The job's manifest, creating chunks and manifest on first sight of the job."""
     config = job_config(settings)
     existing = load_manifest(store, job)
@@ -54,8 +57,13 @@ def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> t
         check_compatible(existing, config)
         return existing, False
     with local_input(input_url) as path:
-        validate(path)
-        counts = write_chunks(store, job, read_records(path), settings.chunk_size, settings.sampling.n)
+        if progress:
+            progress("validate", 0, None)
+        total = validate(path)
+        if progress:
+            progress("validate", total, total)
+        records = counted(read_records(path), progress, "write chunks", total)
+        counts = write_chunks(store, job, records, settings.chunk_size, settings.sampling.n)
     manifest = Manifest(
         job=job,
         input=input_url,
@@ -105,9 +113,11 @@ def enqueue_missing(
     return report
 
 
-def enqueue(settings: Settings, input_url: str, job: str, retry_failed: bool = False) -> EnqueueReport:
+def enqueue(
+    settings: Settings, input_url: str, job: str, retry_failed: bool = False, progress: Progress | None = None
+) -> EnqueueReport:
     store = store_for(settings)
-    manifest, created = prepare_job(settings, store, input_url, job)
+    manifest, created = prepare_job(settings, store, input_url, job, progress)
     app = make_celery(settings)
     r = redis_client(settings)
     try:
