@@ -12,7 +12,7 @@ import logging
 import redis
 from celery import Celery
 
-from fleet import keys
+from fleet import keys, metrics
 from fleet.broker import PRIORITY_RECOVERY, send_chunk
 from fleet.chunkstate import Quarantine, attempts, done_indexes, failed_indexes, running_indexes
 from fleet.layout import result_key
@@ -48,6 +48,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
         else:
             send_chunk(app, settings.queue, job, index, tried + 1, PRIORITY_RECOVERY)
             r.sadd(keys.queued(job), index)
+            metrics.CHUNKS_REQUEUED.inc()
             log.warning("chunk %s lease expired without result: requeued (attempt %d)", member, tried + 1)
         r.srem(keys.running(), member)
         touched.append(member)
@@ -89,5 +90,6 @@ class StallWatch:
         for index in sorted(missing):
             send_chunk(app, settings.queue, job, index, attempts(r, job, index) + 1, PRIORITY_RECOVERY)
             r.sadd(keys.queued(job), index)
+            metrics.CHUNKS_REQUEUED.inc()
         log.warning("job %s stalled with %d chunks missing and none queued: re-enqueued", job, len(missing))
         return sorted(missing)

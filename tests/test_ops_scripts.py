@@ -174,7 +174,10 @@ def test_start_head_native_runs_redis_and_flower(tmp_path: Path) -> None:
     script = str(ROOT / "ops" / "start-head.sh")
     try:
         # When started natively
-        res = subprocess.run([script, "--native"], env=env, capture_output=True, text=True, timeout=60)
+        # (monitoring has its own test: tests/test_monitoring.py)
+        res = subprocess.run(
+            [script, "--native", "--no-monitoring"], env=env, capture_output=True, text=True, timeout=60
+        )
         assert res.returncode == 0, res.stderr
         # Then Redis wants the password and runs with the ops rules
         with pytest.raises(redis.AuthenticationError):
