@@ -313,8 +313,9 @@ def test_upload_prompts(client: str, tmp_path: Path, s3_bucket: str, s3_env: dic
         # A PATH without the aws CLI: the script falls back to boto3.
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
-        # python3: this interpreter (it has boto3); a pyenv shim on PATH would need pyenv itself.
-        (bin_dir / "python3").symlink_to(sys.executable)
+        # python3: this interpreter (it has boto3), called by its path so a venv stays a venv;
+        # a pyenv shim or the system python3 on PATH may lack boto3.
+        write_exe(bin_dir / "python3", f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
         for tool in ("sha256sum", "wc", "tr", "cut", "bash", "env"):
             found = shutil.which(tool)
             assert found, tool
