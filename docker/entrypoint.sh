@@ -28,7 +28,7 @@ start_sshd() {
 
 command_name="${1:-}"
 case "${command_name}" in
-    worker | flower | enqueue | status | doctor | plan | export | run | bench)
+    worker | flower | enqueue | status | doctor | plan | export | run | bench | job-metrics | prom-targets)
         exec fleet "$@"
         ;;
     head)

@@ -68,10 +68,20 @@ def chunk_message(job: str, index: int, attempt: int = 1) -> dict[str, Any]:
     return {"job": job, "index": index, "attempt": attempt}
 
 
+def chunk_label(job: str, index: int) -> str:
+    """What Flower and Celery's logs call a chunk task instead of `fleet.run_chunk`."""
+    return f"chunk {job}/{index}"
+
+
 def send_chunk(
     app: Celery, queue: str, job: str, index: int, attempt: int = 1, priority: int = PRIORITY_NORMAL
 ) -> None:
-    app.send_task(TASK_NAME, kwargs=chunk_message(job, index, attempt), queue=queue, priority=priority)
+    # The shadow name only relabels the task (events, Flower, logs); the worker still runs
+    # TASK_NAME, which the message's `task` header names.
+    app.send_task(
+        TASK_NAME, kwargs=chunk_message(job, index, attempt), queue=queue, priority=priority,
+        shadow=chunk_label(job, index),
+    )
 
 
 def redis_client(settings: Settings) -> redis.Redis:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import redis
 from celery import Celery
 
-from fleet import keys
+from fleet import keys, metrics
 from fleet.broker import PRIORITY_RECOVERY, send_chunk
 
 
@@ -25,3 +25,4 @@ class ChunkQueue:
         """Recovery priority: a chunk coming back jumps the queue instead of waiting behind the job."""
         send_chunk(self.app, self.queue, job, index, attempt, PRIORITY_RECOVERY)
         self.redis.sadd(keys.queued(job), index)
+        metrics.CHUNKS_REQUEUED.inc()

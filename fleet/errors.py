@@ -94,3 +94,16 @@ class BrokerMissing(FleetError):
 
 class ExportMismatch(FleetError):
     """An export's records disagree with the manifest (count, duplicate or order): not written."""
+
+
+class ServiceUnreachable(FleetError):
+    """The broker or the store cannot be reached (or refuses the login): nothing was
+    written; the message names the redacted URL, what failed and what to check."""
+
+
+class BrokerUnreachable(ServiceUnreachable):
+    """The Redis broker does not answer."""
+
+
+class StoreUnreachable(ServiceUnreachable, StoreError):
+    """The S3 endpoint does not answer; a StoreError too, so a worker treats it as one."""

@@ -11,6 +11,7 @@ from fleet.exportcheck import ExportCheck
 from fleet.exporters import FORMATS, VOLATILE_FIELDS, ExportRow, Skipped, target
 from fleet.layout import chunk_key, decode_lines
 from fleet.manifest import require_manifest
+from fleet.progress import Progress
 from fleet.records import InputRecord
 from fleet.results import read_result
 from fleet.store import Store
@@ -35,7 +36,7 @@ def chunk_rows(
 
 def export_job(
     store: Store, job: str, out: Path | str, fmt: str | None = None, partial: bool = False,
-    stable: bool = False, only_finished: bool = False, skipped: Skipped | None = None,
+    stable: bool = False, only_finished: bool = False, skipped: Skipped | None = None, progress: Progress | None = None,
 ) -> int:
     """Returns the number of lines written; refuses an unfinished job unless `partial`.
 
@@ -58,10 +59,15 @@ def export_job(
     writer_cls = FORMATS[fmt]
     indexes = [i for i in range(manifest.chunks) if i in done]
     count = 0
+    total = None if missing else manifest.samples  # one checked row per sample
+    report = progress or (lambda phase, done, total: None)
+    report("export", 0, total)
     check = ExportCheck(manifest, indexes)
     with target(out) as path:
         with writer_cls(path, manifest, stable, skipped or Skipped()) as writer:
             for index in indexes:
                 count += writer.write(chunk_rows(store, job, index, writer_cls.needs_inputs, only_finished, check))
+                report("export", check.samples, total)
         check.verify(out)  # raising here leaves `out` as it was
+    report("export", check.samples, check.samples)
     return count

@@ -55,6 +55,10 @@ def check_flower_settings(settings: Settings) -> None:
         raise ConfigError(f"flower_port {settings.flower_port} is not a TCP port")
 
 
+#: Flower's tasks page columns, in order (slugs of flower.views.tasks.TASK_COLUMNS).
+TASKS_COLUMNS = "name,state,worker,kwargs,received,started,runtime,retries,exception"
+
+
 def flower_app(settings: Settings) -> Celery:
     """The Celery app Flower monitors: the workers' app, same broker transport options."""
     return make_celery(settings)
@@ -73,6 +77,9 @@ def flower_argv(settings: Settings) -> list[str]:
         f"--port={settings.flower_port}",
         # Workers restart under the same name; drop the dead entries after a while.
         "--purge_offline_workers=600",
+        # The task name is the chunk ("chunk <job>/<index>", send_chunk's shadow name), the
+        # worker is gpu<i>@host; kwargs carry the attempt, exception why it failed.
+        f"--tasks_columns={TASKS_COLUMNS}",
     ]
     if settings.flower_basic_auth:
         argv.append(f"--basic_auth={settings.flower_basic_auth}")

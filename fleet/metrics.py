@@ -61,6 +61,13 @@ ACCEPT_LENGTH_CHUNKS = Histogram(
     buckets=ACCEPT_LENGTH_BUCKETS,
 )
 ERRORS = Counter("fleet_errors", "Errors by class", ["error_class"])
+CHUNKS_REQUEUED = Counter(
+    "fleet_chunks_requeued", "Chunks this process requeued after a lost lease or a stalled job (recovery)"
+)
+ENGINE_MAX_RUNNING = Gauge(
+    "fleet_engine_max_running", "The engine's effective max running requests (what running requests can reach)"
+)
+USD_PER_GPU_HOUR = Gauge("fleet_usd_per_gpu_hour", "Price of this worker's GPU in USD per hour (settings)")
 WORKER = Info("fleet_worker", "Which worker this is: name, gpu, engine, model")
 
 _server: WSGIServer | None = None
@@ -100,6 +107,12 @@ def count_error(exc: BaseException | type[BaseException]) -> None:
 
 def set_worker_info(name: str, *, gpu: str = "", engine: str = "", model: str = "") -> None:
     WORKER.info({"name": name, "gpu": gpu, "engine": engine, "model": model})
+
+
+def set_capacity(max_running: int, usd_per_gpu_hour: float) -> None:
+    """After the engine started: its effective concurrency, and the GPU's price for $/token."""
+    ENGINE_MAX_RUNNING.set(max_running)
+    USD_PER_GPU_HOUR.set(usd_per_gpu_hour)
 
 
 def start_metrics_server(port: int | None, addr: str = "0.0.0.0") -> int | None:

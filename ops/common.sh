@@ -25,13 +25,15 @@ init_env() {
         note "${ENV_FILE} exists; leaving it as it is"
         return 0
     fi
-    local redis_pw flower_pw
+    local redis_pw flower_pw grafana_pw
     redis_pw="$(random_hex)"
     flower_pw="$(random_hex)"
+    grafana_pw="$(random_hex)"
     (
         umask 077
         sed -e "s/^REDIS_PASSWORD=.*/REDIS_PASSWORD=${redis_pw}/" \
             -e "s/^FLEET_FLOWER_BASIC_AUTH=.*/FLEET_FLOWER_BASIC_AUTH=admin:${flower_pw}/" \
+            -e "s/^GRAFANA_ADMIN_PASSWORD=.*/GRAFANA_ADMIN_PASSWORD=${grafana_pw}/" \
             "${OPS_DIR}/fleet.env.example" > "${ENV_FILE}"
     )
     note "wrote ${ENV_FILE} with new secrets; set FLEET_STORE_URL, the AWS keys and the model, then rerun"

@@ -174,7 +174,10 @@ def test_start_head_native_runs_redis_and_flower(tmp_path: Path) -> None:
     script = str(ROOT / "ops" / "start-head.sh")
     try:
         # When started natively
-        res = subprocess.run([script, "--native"], env=env, capture_output=True, text=True, timeout=60)
+        # (monitoring has its own test: tests/test_monitoring.py)
+        res = subprocess.run(
+            [script, "--native", "--no-monitoring"], env=env, capture_output=True, text=True, timeout=60
+        )
         assert res.returncode == 0, res.stderr
         # Then Redis wants the password and runs with the ops rules
         with pytest.raises(redis.AuthenticationError):
@@ -310,7 +313,10 @@ def test_upload_prompts(client: str, tmp_path: Path, s3_bucket: str, s3_env: dic
         # A PATH without the aws CLI: the script falls back to boto3.
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
-        for tool in ("python3", "sha256sum", "wc", "tr", "cut", "bash", "env"):
+        # python3: this interpreter (it has boto3), called by its path so a venv stays a venv;
+        # a pyenv shim or the system python3 on PATH may lack boto3.
+        write_exe(bin_dir / "python3", f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        for tool in ("sha256sum", "wc", "tr", "cut", "bash", "env"):
             found = shutil.which(tool)
             assert found, tool
             (bin_dir / tool).symlink_to(found)
@@ -332,3 +338,113 @@ def test_upload_prompts(client: str, tmp_path: Path, s3_bucket: str, s3_env: dic
     )
     assert res.returncode != 0 and "line(s) [2, 3]" in res.stderr
     assert "Contents" not in boto3.client("s3").list_objects_v2(Bucket=s3_bucket, Prefix="bad.jsonl")
+
+
+# -- README's two commands and ops/setup.sh --------------------------------------------------
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    blocks = text.split("## Two commands", 1)[1].split("\n## ", 1)[0].split("```bash\n")[1:]
+    return [b.split("```", 1)[0].strip() for b in blocks]
+
+
+def test_readme_has_two_commands_from_a_fresh_clone() -> None:
+    demo, tests = readme_commands()
+    for command in (demo, tests):
+        assert "\n" not in command and command.startswith("bash ops/setup.sh && ")
+        # Nothing outside the project venv: no bare `fleet`, no system python.
+        parts = [p.strip().split()[0] for p in command.split("&&")[1:]]
+        assert all(p.startswith(".venv/bin/") for p in parts), parts
+    assert tests == "bash ops/setup.sh && .venv/bin/python -m pytest -q -ra"
+    # CI runs the same test command.
+    assert ".venv/bin/python -m pytest -q -ra" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_setup_never_touches_the_system_interpreter() -> None:
+    text = (ROOT / "ops" / "setup.sh").read_text()
+    assert "--break-system-packages" not in text.replace("never with --break-system-packages", "")
+    assert '"$venv/bin/python" -m pip install' in text
+    assert "pip install" not in text.replace('"$venv/bin/python" -m pip install', "")
+
+
+SETUP_TOOLS = ("bash", "dirname", "sed", "grep", "rm", "env", "cat", "mkdir", "chmod", "ln", "touch")
+
+
+class FakeDebian:
+    """A PATH with only coreutils and shims: fake apt (logs, 'installs' shims), fake sudo/id,
+    and Python interpreters that behave like a distribution's (too old, or lacking ensurepip)."""
+
+    def __init__(self, tmp_path: Path, uid: int = 0, apt_offers: tuple[str, ...] = ()) -> None:
+        self.bin = tmp_path / "bin"
+        self.bin.mkdir()
+        self.log = tmp_path / "calls.log"
+        self.log.touch()
+        self.real = sys._base_executable  # type: ignore[attr-defined]
+        for tool in SETUP_TOOLS:
+            (self.bin / tool).symlink_to(shutil.which(tool) or f"/bin/{tool}")
+        write_exe(self.bin / "id", f"#!/bin/bash\necho {uid}\n")
+        write_exe(self.bin / "sudo", f'#!/bin/bash\necho "sudo $*" >> "{self.log}"\nexec "$@"\n')
+        write_exe(self.bin / "redis-server", "#!/bin/bash\nexit 0\n")
+        offers = "|".join(apt_offers) or "__none__"
+        write_exe(self.bin / "apt-cache", f"""#!/bin/bash
+case "$2" in {offers}) echo "  Candidate: 3.11.0-1" ;; *) echo "  Candidate: (none)" ;; esac
+""")
+        write_exe(self.bin / "apt-get", f"""#!/bin/bash
+echo "apt-get $*" >> "{self.log}"
+for p in "$@"; do
+  case "$p" in
+    python3.1?-venv) touch "{self.bin}/.$p" ;;
+    python3.1?) printf '#!/bin/bash\\nexec "{self.real}" "$@"\\n' > "{self.bin}/$p"; chmod +x "{self.bin}/$p" ;;
+  esac
+done
+""")
+
+    def python(self, name: str, version_ok: bool = True, venv_needs: str | None = None) -> None:
+        """An interpreter: `version_ok` False = older than 3.11; `venv_needs` = the apt package
+        without which `-m venv` fails, as Debian's python3 does without python3.X-venv."""
+        guard = f'[ "$1 $2" = "-m venv" ] && [ ! -e "{self.bin}/.{venv_needs}" ] && exit 1\n' if venv_needs else ""
+        old = '[ "$1" = "-c" ] && exit 1\n' if not version_ok else ""
+        write_exe(self.bin / name, f'#!/bin/bash\n{old}{guard}exec "{self.real}" "$@"\n')
+
+    def run(self, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": str(self.bin), "HOME": str(tmp_path), "FLEET_VENV": str(tmp_path / "venv")}
+        return subprocess.run(
+            [str(self.bin / "bash"), str(ROOT / "ops" / "setup.sh"), "--venv-only"],
+            env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+
+    def calls(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+
+def test_setup_on_debian12_installs_the_venv_package(tmp_path: Path) -> None:
+    # Given Debian 12's python3 (3.11) without python3.11-venv, as a user with sudo
+    deb = FakeDebian(tmp_path, uid=1000, apt_offers=("python3.11", "python3.11-venv"))
+    deb.python("python3", venv_needs="python3.11-venv")
+    res = deb.run(tmp_path)
+    # Then python3.11-venv comes through sudo apt and the venv is made from python3
+    assert res.returncode == 0, res.stderr
+    assert any(c.startswith("sudo ") and "apt-get install" in c and "python3.11-venv" in c for c in deb.calls())
+    assert (tmp_path / "venv" / "bin" / "python").exists()
+    assert f"uses {deb.bin}/python3 (Python 3.11)" in res.stderr
+
+
+def test_setup_on_ubuntu2204_brings_python311(tmp_path: Path) -> None:
+    # Given Ubuntu 22.04: python3 is 3.10, apt (universe) offers python3.11
+    deb = FakeDebian(tmp_path, apt_offers=("python3.11", "python3.11-venv"))
+    deb.python("python3", version_ok=False)
+    res = deb.run(tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert any("install" in c and "python3.11 python3.11-venv" in c for c in deb.calls()), deb.calls()
+    assert f"uses {deb.bin}/python3.11" in res.stderr
+    assert not any(c.startswith("sudo") for c in deb.calls())  # root: no sudo
+
+
+def test_setup_without_a_usable_python_says_so(tmp_path: Path) -> None:
+    deb = FakeDebian(tmp_path)
+    deb.python("python3", version_ok=False)
+    res = deb.run(tmp_path)
+    assert res.returncode == 1
+    assert "no Python >= 3.11 found" in res.stderr and "universe" in res.stderr
+    assert not (tmp_path / "venv").exists()

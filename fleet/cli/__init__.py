@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from fleet.cli.app import app
+from fleet.cli.app import app, fail_unreachable
 
 # Importing the command modules registers their commands on `app`.
-from fleet.cli import bench, jobs, models, ops, workers  # noqa: E402,F401  isort: skip
+from fleet.cli import bench, jobs, models, monitoring, ops, workers  # noqa: E402,F401  isort: skip
 
 
 def main() -> None:
-    app()
+    from fleet.preflight import CONNECTION_ERRORS
+
+    try:
+        app()
+    except CONNECTION_ERRORS as e:
+        fail_unreachable(e)
 
 
 __all__ = ["app", "main"]

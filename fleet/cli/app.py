@@ -10,7 +10,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
-from fleet.errors import FleetError
+from fleet.errors import FleetError, ServiceUnreachable
 from fleet.settings import Settings, load_settings
 
 app = typer.Typer(
@@ -21,6 +21,10 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(stderr=True)
+#: exit status of a command that could not reach the broker or the store
+EXIT_UNREACHABLE = 3
+#: the settings this command loaded, so an error handler can name the service's URL
+loaded: list[Settings] = []
 
 JobOpt = Annotated[str, typer.Option("--job", "-j", help="job name")]
 EngineOpt = Annotated[str | None, typer.Option("--engine", help="sim, hf or sglang")]
@@ -35,13 +39,15 @@ DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="local runti
 def settings_from(**flags: Any) -> Settings:
     """Settings with the CLI flags that were given on top of env and fleet.toml."""
     try:
-        return load_settings(**flags)
+        settings = load_settings(**flags)
     except Exception as e:  # pydantic ValidationError names the field
         fail(f"invalid settings: {e}")
+    loaded[:] = [settings]
+    return settings
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -49,8 +55,30 @@ def run_guarded(fn, *args: Any, **kwargs: Any) -> Any:
     """Turn fleet's own errors into a clear message and a non-zero exit, no traceback."""
     try:
         return fn(*args, **kwargs)
+    except ServiceUnreachable as e:
+        fail(str(e), code=EXIT_UNREACHABLE)
     except FleetError as e:
         fail(str(e))
+
+
+def preflight(settings: Settings, *, broker: bool = False, store: bool = False) -> None:
+    """Reach the services a command needs before it does anything (one line if one is down)."""
+    from fleet.preflight import ping_broker, ping_store
+    from fleet.producer.enqueue import store_for
+
+    if broker:
+        run_guarded(ping_broker, settings)
+    if store:
+        run_guarded(ping_store, run_guarded(store_for, settings))
+
+
+def fail_unreachable(exc: BaseException) -> NoReturn:
+    """A connection error that escaped a command (a service lost mid-run): one line, no traceback."""
+    from fleet.preflight import unreachable
+
+    message = unreachable(exc, loaded[0] if loaded else None)
+    console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise SystemExit(EXIT_UNREACHABLE)
 
 
 def setup_logging(verbose: bool = False) -> None:

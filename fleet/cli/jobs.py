@@ -24,10 +24,12 @@ from fleet.cli.app import (
     app,
     console,
     fail,
+    preflight,
     run_guarded,
     settings_from,
     setup_logging,
 )
+from fleet.cli.progress import live_progress
 
 InputArg = Annotated[str, typer.Argument(help="prompts: JSONL path or s3://bucket/key")]
 
@@ -51,6 +53,7 @@ def run(
                              chunk_size=chunk_size, slots=slots, data_dir=data_dir)
     if max_tokens:
         settings.sampling.max_tokens = max_tokens
+    preflight(settings, broker=bool(settings.broker_url), store=True)
     began = time.monotonic()
     gpu_list = None
     if gpus:
@@ -77,7 +80,10 @@ def enqueue(
 
     settings = settings_from(engine=engine, model=model, broker_url=broker_url,
                              store_url=store_url, chunk_size=chunk_size)
-    report = run_guarded(do_enqueue, settings, input, job, retry_failed)
+    # The broker first: a job whose chunks are written but cannot be queued helps nobody.
+    preflight(settings, broker=True, store=True)
+    with live_progress(console) as progress:
+        report = run_guarded(do_enqueue, settings, input, job, retry_failed, progress)
     console.print(
         f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
         f"running {report.running}, already queued {report.queued}, failed {report.failed}"
@@ -99,6 +105,7 @@ def status(
     from fleet.status import job_status
 
     settings = settings_from(broker_url=broker_url, store_url=store_url)
+    preflight(settings, broker=bool(settings.broker_url), store=True)
     store = store_for(settings)
     r = redis_client(settings) if settings.broker_url else None
 
@@ -174,8 +181,11 @@ def export(
     from fleet.producer.enqueue import store_for
 
     settings = settings_from(store_url=store_url)
+    preflight(settings, store=True)
     skipped = Skipped()
-    n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable, only_finished, skipped)
+    with live_progress(console) as progress:
+        n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable, only_finished, skipped,
+                        progress)
     console.print(f"wrote {n} records to {out}")
     for reason, count in skipped.reasons.items():
         console.print(f"skipped {count}: {reason}")

@@ -26,6 +26,7 @@ from fleet.producer.claim import JobIdentity, check_same_job, claim_job
 from fleet.producer.digest import InputDigest
 from fleet.producer.reader import read_records, validate
 from fleet.producer.source import local_input
+from fleet.progress import Progress, counted
 from fleet.queuescan import stale_markers
 from fleet.recovery import requeue_expired
 from fleet.retry import forget, next_attempt
@@ -60,12 +61,18 @@ def store_for(settings: Settings) -> Store:
     )
 
 
-def job_identity(settings: Settings, job: str, input_url: str, path: Path) -> JobIdentity:
+def job_identity(
+    settings: Settings, job: str, input_url: str, path: Path, progress: Progress | None = None
+) -> JobIdentity:
     """Validate the input and digest it in the same streaming pass; nothing is written."""
     config = job_config(settings)
     engine = engine_identity(settings)
     digest = InputDigest()
+    if progress:
+        progress("validate", 0, None)
     records = validate(path, on_record=digest.update, vocab=input_vocab(settings))
+    if progress:
+        progress("validate", records, records)
     return JobIdentity(
         job=job, config=config, config_hash=config_hash(config), engine_identity=engine,
         engine_identity_hash=identity_hash(engine), input_digest=digest.hexdigest(),
@@ -73,13 +80,16 @@ def job_identity(settings: Settings, job: str, input_url: str, path: Path) -> Jo
     )
 
 
-def write_job(settings: Settings, store: Store, path: Path, ident: JobIdentity) -> tuple[Manifest, bool]:
+def write_job(
+    settings: Settings, store: Store, path: Path, ident: JobIdentity, progress: Progress | None = None
+) -> tuple[Manifest, bool]:
     """Chunks, then the manifest last: a job exists only once all its chunks do.
 
     Chunks are a pure function of the identity, so a joining or resuming enqueue rewrites
     them byte for byte; of two manifests the first stays.
     """
-    counts = write_chunks(store, ident.job, read_records(path), settings.chunk_size, settings.sampling.n)
+    records = counted(read_records(path), progress, "write chunks", ident.records)
+    counts = write_chunks(store, ident.job, records, settings.chunk_size, settings.sampling.n)
     manifest = Manifest(
         job=ident.job, input=ident.input, chunk_size=settings.chunk_size, chunks=counts.chunks,
         records=counts.records, samples=counts.samples, config=ident.config,
@@ -94,7 +104,9 @@ def write_job(settings: Settings, store: Store, path: Path, ident: JobIdentity) 
     return winner, False
 
 
-def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> tuple[Manifest, bool]:
+def prepare_job(
+    settings: Settings, store: Store, input_url: str, job: str, progress: Progress | None = None
+) -> tuple[Manifest, bool]:
     """The job's manifest, creating chunks and manifest on first sight of the job.
 
     A job name already holding another configuration is refused before the input is
@@ -104,13 +116,13 @@ def prepare_job(settings: Settings, store: Store, input_url: str, job: str) -> t
     if existing is not None:
         check_compatible(existing, job_config(settings))
     with local_input(input_url) as path:
-        ident = job_identity(settings, job, input_url, path)
+        ident = job_identity(settings, job, input_url, path, progress)
         if existing is not None:
             check_same_job(existing, ident)
             return existing, False
         if not claim_job(store, ident):
             log.info("job %s: joining an enqueue of the same input and configuration", job)
-        return write_job(settings, store, path, ident)
+        return write_job(settings, store, path, ident, progress)
 
 
 def max_tokens_of(manifest: Manifest) -> dict[str, Any]:
@@ -160,9 +172,11 @@ def repair_markers(r: redis.Redis, settings: Settings, job: str, markers: set[in
     return sorted(stale)
 
 
-def enqueue(settings: Settings, input_url: str, job: str, retry_failed: bool = False) -> EnqueueReport:
+def enqueue(
+    settings: Settings, input_url: str, job: str, retry_failed: bool = False, progress: Progress | None = None
+) -> EnqueueReport:
     store = store_for(settings)
-    manifest, created = prepare_job(settings, store, input_url, job)
+    manifest, created = prepare_job(settings, store, input_url, job, progress)
     app = make_celery(settings)
     r = redis_client(settings)
     try:

@@ -1,0 +1,95 @@
+"""Reach the broker and the store before a command does anything, and say in one line
+what failed when a service is down, mid-run as well as up front.
+
+`ping_broker` / `ping_store` raise BrokerUnreachable / StoreUnreachable with the redacted
+URL, the cause and what to check; `unreachable` turns a connection error that escaped a
+command (the broker lost mid-run) into the same kind of line. The CLI calls both; the core
+modules stay free of it.
+"""
+
+from __future__ import annotations
+
+import redis
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from kombu.exceptions import OperationalError
+
+from fleet.errors import BrokerUnreachable, ConfigError, ServiceUnreachable, StoreUnreachable
+from fleet.redact import redact_url
+from fleet.settings import Settings
+from fleet.store import Store
+
+#: A down service answers a connect at once (refused) or never; either way a few seconds tell.
+PING_TIMEOUT_S = 5
+BROKER_HINT = "check FLEET_BROKER_URL and that redis-server runs there and is reachable from this host"
+STORE_HINT = "check FLEET_STORE_URL, AWS_ENDPOINT_URL and the network to the endpoint"
+
+#: Errors that mean "a service is not there", as they escape from redis-py, kombu and botocore.
+CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError, BotoCoreError)
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def broker_unreachable(url: str, exc: BaseException) -> BrokerUnreachable:
+    if isinstance(exc, redis.AuthenticationError) or (
+        isinstance(exc, redis.ResponseError) and "NOAUTH" in str(exc).upper()
+    ):
+        return BrokerUnreachable(
+            f"broker {redact_url(url)} refused the login ({_cause(exc)}): check the password in FLEET_BROKER_URL"
+        )
+    return BrokerUnreachable(f"cannot reach the broker at {redact_url(url)} ({_cause(exc)}): {BROKER_HINT}")
+
+
+def ping_broker(settings: Settings) -> None:
+    """One PING without retries: raises BrokerUnreachable saying why."""
+    if not settings.broker_url:
+        raise ConfigError("no broker configured: set FLEET_BROKER_URL (redis://host:port/db)")
+    client = redis.Redis.from_url(
+        settings.broker_url, socket_connect_timeout=PING_TIMEOUT_S, socket_timeout=PING_TIMEOUT_S
+    )
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as e:
+        raise broker_unreachable(settings.broker_url, e) from None
+    finally:
+        client.close()
+
+
+def ping_store(store: Store) -> None:
+    """For S3, one HeadBucket with a single retry (the store's own client retries for minutes)."""
+    from fleet.store.s3 import S3Store
+
+    if not isinstance(store, S3Store):
+        return  # a local directory: its own errors (permissions) are already one clear line
+    import boto3
+
+    client = boto3.session.Session().client(
+        "s3", config=Config(retries={"mode": "standard", "max_attempts": 2},
+                            connect_timeout=PING_TIMEOUT_S, read_timeout=PING_TIMEOUT_S),
+    )  # fmt: skip
+    where = f"{redact_url(store.url)} (endpoint {redact_url(client.meta.endpoint_url)})"
+    try:
+        client.head_bucket(Bucket=store.bucket)
+    except ClientError as e:
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        what = {"404": "no such bucket", "NoSuchBucket": "no such bucket", "403": "access denied"}.get(code, code)
+        raise StoreUnreachable(
+            f"store {where} answered {what} ({_cause(e)}): check the bucket name and the credentials"
+        ) from None
+    except BotoCoreError as e:
+        raise StoreUnreachable(f"cannot reach the store at {where} ({_cause(e)}): {STORE_HINT}") from None
+    finally:
+        client.close()
+
+
+def unreachable(exc: BaseException, settings: Settings | None) -> ServiceUnreachable:
+    """A connection error that escaped a command, as the one line a person needs."""
+    if isinstance(exc, BotoCoreError):
+        url = redact_url(settings.resolved_store_url) if settings else "the store"
+        return StoreUnreachable(f"lost the store {url} ({_cause(exc)}): {STORE_HINT}")
+    url = settings.broker_url if settings and settings.broker_url else ""
+    err = broker_unreachable(url, exc)
+    return BrokerUnreachable(str(err).replace("cannot reach", "lost", 1)) if url else err
