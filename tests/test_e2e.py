@@ -37,14 +37,17 @@ def test_job_through_enqueue_two_workers_and_export(tmp_path, redis_server, stor
     import os
 
     env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
-    done = run_fleet("enqueue", str(prompts), "--job", "e2e", env=env)
-    assert done.returncode == 0, done.stderr
-    assert "enqueued 52" in done.stderr
-    assert "max_tokens 2048 (fallback (no model files))" in " ".join(done.stderr.split())
     workers = Workers(env, tmp_path / "logs")
     workers.start("hostA")
     workers.start("hostB")
     try:
+        # Both hosts up before the job arrives: on a loaded machine one host could otherwise
+        # finish the whole job before the other has booted.
+        wait_for(lambda: workers.logs().count("engine ready") >= 2, 120, "both hosts ready")
+        done = run_fleet("enqueue", str(prompts), "--job", "e2e", env=env)
+        assert done.returncode == 0, done.stderr
+        assert "enqueued 52" in done.stderr
+        assert "max_tokens 2048 (fallback (no model files))" in " ".join(done.stderr.split())
         # When they run the job
         store = open_store(store_url)
         wait_for(lambda: len(list(store.list(results_prefix("e2e")))) == 52, 120, "52 results")
