@@ -91,3 +91,21 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def flush_redis(server: LocalRedis) -> None:
     redis.Redis(port=server.port).flushall()
+
+
+def clean_reference(tmp: Path, sim: dict[str, str], job: str, records: int) -> tuple[Path, bytes]:
+    """A clean `fleet run` of the job on a fast sim, exported with --stable: the bytes a
+    faulted run of the same job must reproduce."""
+    from tests.conftest import run_fleet
+
+    prompts = write_prompts(tmp / "prompts.jsonl", records)
+    env = {**sim, "FLEET_DATA_DIR": str(tmp / "data"), "FLEET_SIM__STEP_S": "0.0002"}
+    for k in list(os.environ):
+        if k.startswith("FLEET_"):
+            env.setdefault(k, "")
+    done = run_fleet("run", str(prompts), "--job", job, "--workers", "2", env=env, cwd=tmp)
+    assert done.returncode == 0, done.stderr
+    out = tmp / "ref.jsonl"
+    exp = run_fleet("export", "--job", job, "--out", str(out), "--stable", env=env, cwd=tmp)
+    assert exp.returncode == 0, exp.stderr
+    return prompts, out.read_bytes()

@@ -23,7 +23,7 @@ from fleet.results import read_result
 from fleet.store import open_store
 from tests.conftest import run_fleet
 from tests.faultproxy import FaultProxy
-from tests.fleetproc import Workers, wait_for, write_prompts
+from tests.fleetproc import Workers, clean_reference, wait_for, write_prompts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RECORDS, CHUNK = 400, 4  # 100 chunks
@@ -50,18 +50,7 @@ def aws_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
     """A clean run of the job with `fleet run`, exported with --stable."""
-    tmp = tmp_path_factory.mktemp("reference")
-    prompts = write_prompts(tmp / "prompts.jsonl", RECORDS)
-    env = {**SIM, "FLEET_DATA_DIR": str(tmp / "data"), "FLEET_SIM__STEP_S": "0.0002"}
-    for k in list(os.environ):
-        if k.startswith("FLEET_"):
-            env.setdefault(k, "")
-    done = run_fleet("run", str(prompts), "--job", "faults", "--workers", "2", env=env, cwd=tmp)
-    assert done.returncode == 0, done.stderr
-    out = tmp / "ref.jsonl"
-    exp = run_fleet("export", "--job", "faults", "--out", str(out), "--stable", env=env, cwd=tmp)
-    assert exp.returncode == 0, exp.stderr
-    return prompts, out.read_bytes()
+    return clean_reference(tmp_path_factory.mktemp("reference"), SIM, "faults", RECORDS)
 
 
 def export_bytes(env: dict[str, str], tmp: Path) -> bytes:

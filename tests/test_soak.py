@@ -19,7 +19,7 @@ from fleet import keys
 from fleet.layout import failed_prefix, partials_prefix, results_prefix
 from fleet.store import open_store
 from tests.conftest import run_fleet
-from tests.fleetproc import Workers, wait_for, write_prompts
+from tests.fleetproc import Workers, clean_reference, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RECORDS, CHUNK = 600, 10  # 60 chunks of a few seconds each
@@ -47,16 +47,7 @@ def children(pid: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def clean_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
-    tmp = tmp_path_factory.mktemp("soak-reference")
-    prompts = write_prompts(tmp / "prompts.jsonl", RECORDS)
-    env = {**SIM, "FLEET_DATA_DIR": str(tmp / "data"), "FLEET_SIM__STEP_S": "0.0002"}
-    for k in list(os.environ):
-        if k.startswith("FLEET_"):
-            env.setdefault(k, "")
-    assert run_fleet("run", str(prompts), "--job", "soak", "--workers", "2", env=env, cwd=tmp).returncode == 0
-    out = tmp / "ref.jsonl"
-    assert run_fleet("export", "--job", "soak", "--out", str(out), "--stable", env=env, cwd=tmp).returncode == 0
-    return prompts, out.read_bytes()
+    return clean_reference(tmp_path_factory.mktemp("soak-reference"), SIM, "soak", RECORDS)
 
 
 def test_random_kills_and_a_broker_wipe_lose_nothing_and_quarantine_nothing(tmp_path, redis_server, clean_export,
