@@ -6,8 +6,10 @@ a chat template, generation_config.json) without a hub download. The weights are
 so the text is noise, but the token ids, templates, eos handling and sampling are real.
 
 The tokenizer is a byte-level BPE trained on Python standard-library source, which every
-Python install carries. For a given seed, Python minor version and torch version the
-output directory is byte-for-byte the same, so the job manifest's model revision is too.
+Python install carries. For a given seed, Python build and torch version the output
+directory is byte-for-byte the same, so the job manifest's model revision is too; another
+Python build (3.11.2 against 3.11.7) may tokenize differently, so tests size prompts by
+the tokenizer, never by a word count.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import inspect
 import json
 from pathlib import Path
 
-#: Pure-Python stdlib modules whose source trains the tokenizer (stable within a minor version).
+#: Pure-Python stdlib modules whose source trains the tokenizer (stable within a Python build).
 CORPUS_MODULES = (
     "argparse", "csv", "dataclasses", "difflib", "enum", "functools", "heapq", "json",
     "pathlib", "pprint", "random", "statistics", "string", "textwrap", "typing",
