@@ -23,6 +23,7 @@ class ChunkQueue:
 
     def requeue(self, job: str, index: int, attempt: int) -> None:
         """Recovery priority: a chunk coming back jumps the queue instead of waiting behind the job."""
-        send_chunk(self.app, self.queue, job, index, attempt, PRIORITY_RECOVERY)
+        # Marker first: a consumer fast enough to take the message clears it after us, not before.
         self.redis.sadd(keys.queued(job), index)
+        send_chunk(self.app, self.queue, job, index, attempt, PRIORITY_RECOVERY)
         metrics.CHUNKS_REQUEUED.inc()

@@ -29,7 +29,9 @@ def _model(settings: Settings) -> dict[str, Any]:
     from fleet.prompting import model_facts
 
     facts = model_facts(settings)["model"]
-    return {k: facts.get(k) for k in ("name", "revision", "chat_template_sha256")}
+    # Not the directory name either: one snapshot copied to /models/qwen on one host and
+    # /data/Qwen3.6-27B on another is one model.
+    return {k: facts.get(k) for k in ("revision", "chat_template_sha256")}
 
 
 def engine_identity(settings: Settings) -> dict[str, Any]:

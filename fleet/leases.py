@@ -116,5 +116,5 @@ class Heartbeat:
             for lease in leases:
                 try:
                     lease.renew()
-                except redis.RedisError as e:
+                except Exception as e:  # one failed renewal must not end the thread: every lease would expire
                     log.warning("heartbeat for %s/%d failed: %s", lease.job, lease.index, e)

@@ -69,18 +69,30 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
         ran_s = forget_unleased(r, job, index)
         if ran_s is None:
             continue  # a new owner took it since the scan
-        decision = policy.decide(WorkerLost(f"lease of {member} expired with no result"),
-                                 History.load(r, job, index, ran_s=ran_s))
-        record(r, job, index, decision)
-        if decision.action is Action.QUARANTINE:
-            Quarantine(index=index, error=f"worker lost: {decision.why}", error_type="WorkerLost",
-                       attempts=decision.count).write(store, job)
-            log.error("chunk %s quarantined: %s", member, decision.why)
-        else:
-            queue.requeue(job, index, next_attempt(r, job, index))
-            log.warning("chunk %s lease expired without result: requeued (%s)", member, decision.why)
+        try:
+            requeue_lost(r, store, queue, policy, job, index, ran_s)
+        except Exception as e:  # the chunk left the running set: put it back for the next round
+            r.sadd(keys.running(), member)
+            log.warning("chunk %s: recovery failed, retried next round: %s", member, e)
+            continue
         touched.append(member)
     return touched
+
+
+def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryPolicy, job: str, index: int,
+                 ran_s: float) -> None:
+    """What a lost worker's chunk comes to: the retry policy requeues or quarantines it."""
+    member = keys.member(job, index)
+    decision = policy.decide(WorkerLost(f"lease of {member} expired with no result"),
+                             History.load(r, job, index, ran_s=ran_s))
+    record(r, job, index, decision)
+    if decision.action is Action.QUARANTINE:
+        Quarantine(index=index, error=f"worker lost: {decision.why}", error_type="WorkerLost",
+                   attempts=decision.count).write(store, job)
+        log.error("chunk %s quarantined: %s", member, decision.why)
+    else:
+        queue.requeue(job, index, next_attempt(r, job, index))
+        log.warning("chunk %s lease expired without result: requeued (%s)", member, decision.why)
 
 
 def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, stall: StallWatch,
@@ -88,7 +100,10 @@ def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, st
     """One recovery round over every job of the broker. A job fails alone: its error is
     logged and the others are still checked; a job with no manifest in this store leaves
     the job set (an old job whose prefix was deleted, or another store's)."""
-    requeue_expired(r, store, app, settings)
+    try:
+        requeue_expired(r, store, app, settings)
+    except redis.RedisError as e:  # the broker may be restarting; the jobs below get their turn
+        log.warning("expired-lease scan failed: %s", e)
     for raw in r.smembers(keys.jobs()):
         job = raw.decode()
         if job in stall.finished:

@@ -162,3 +162,21 @@ def test_an_unreadable_claim_is_refused_without_a_traceback(tmp_path: Path, prom
     with pytest.raises(JobConflict, match="cannot read"):
         prepare_job(Settings(chunk_size=4), store, str(prompts), JOB)
     assert list(store.list("")) == [claim_key(JOB)]
+
+
+def test_an_input_edited_while_it_is_enqueued_writes_no_manifest(tmp_path: Path, prompts: Path, clean_env,
+                                                                  monkeypatch: pytest.MonkeyPatch):
+    import fleet.producer.enqueue as enqueue
+
+    # Given an input rewritten right after it was validated (the file is read twice)
+    def validate_then_edit(path: Path, **kw):
+        n = validate(path, **kw)
+        write_prompts(path, 10, prefix="edited")
+        return n
+
+    monkeypatch.setattr(enqueue, "validate", validate_then_edit)
+    store = LocalStore(tmp_path / "store")
+    # When it is enqueued, Then it is refused, and no manifest says the job exists
+    with pytest.raises(InputError, match="changed while it was enqueued"):
+        prepare_job(Settings(chunk_size=4), store, str(prompts), JOB)
+    assert load_manifest(store, JOB) is None

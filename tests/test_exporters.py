@@ -127,6 +127,18 @@ def test_tokens_from_given_ids_and_refusals(store, tmp_path):
         export_job(store, JOB, tmp_path / "y.jsonl", fmt="tokens")
 
 
+def test_a_passthrough_field_never_replaces_what_the_format_computes(store, tmp_path):
+    # Given a pre-tokenized record that carries its own (shorter) loss_mask as metadata
+    tok = rec(0, input_ids=[1, 2, 3], extra={"loss_mask": [0, 0, 1], "source": "ds"})
+    build(store, [tok], [out(tok)])
+    # When it is exported as tokens
+    export_job(store, JOB, tmp_path / "t.jsonl", fmt="tokens")
+    # Then the mask is the one fleet computed over prompt + output; other metadata passes through
+    [row] = lines(tmp_path / "t.jsonl")
+    assert row["loss_mask"] == [0, 0, 0, 1, 1, 1] and len(row["loss_mask"]) == len(row["input_ids"])
+    assert row["source"] == "ds"
+
+
 def test_only_finished_and_status_agree_on_truncation(store, tmp_path):
     # Given rows that stopped, were cut in the answer, cut inside the thinking, and failed
     records = [rec(i, prompt="p") for i in range(4)]

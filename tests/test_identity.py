@@ -76,7 +76,7 @@ def test_another_engine_is_a_mismatch(clean_env, tiny_model: Path):
 def test_hf_identity_is_the_model_revision_not_its_path(clean_env, tiny_model: Path, tmp_path: Path):
     import shutil
 
-    copy = tmp_path / "elsewhere" / tiny_model.name
+    copy = tmp_path / "elsewhere" / "another-name"
     shutil.copytree(tiny_model, copy)
     a = engine_identity(Settings(engine="hf", model=str(tiny_model)))
     b = engine_identity(Settings(engine="hf", model=str(copy)))

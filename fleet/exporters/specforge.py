@@ -54,4 +54,5 @@ class SpecForgeWriter(JsonLinesWriter):
         line: dict[str, Any] = {"id": out["id"], "conversations": [*messages, assistant_turn(out)]}
         if out.get("sample"):
             line["sample"] = out["sample"]
-        return {**line, **(out.get("extra") or {})}
+        # The format's own fields win: an input field named loss_mask must not replace the mask.
+        return {**(out.get("extra") or {}), **line}

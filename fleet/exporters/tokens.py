@@ -113,4 +113,5 @@ class TokensWriter(JsonLinesWriter):
         }  # fmt: skip
         if out.get("sample"):
             line["sample"] = out["sample"]
-        return {**line, **(out.get("extra") or {})}
+        # The format's own fields win: an input field named loss_mask must not replace the mask.
+        return {**(out.get("extra") or {}), **line}

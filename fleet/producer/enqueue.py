@@ -7,6 +7,7 @@ no result, no live lease and no waiting message, so it also rebuilds a lost queu
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from fleet import keys
 from fleet.broker import make_celery, redis_client, send_chunk
 from fleet.chunkstate import done_indexes, failed_indexes, queued_indexes, running_indexes
 from fleet.engines import input_vocab, job_config
+from fleet.errors import InputError
 from fleet.identity import engine_identity, identity_hash
 from fleet.layout import failed_key, manifest_key
 from fleet.manifest import Manifest, check_compatible, config_hash, load_manifest
@@ -28,6 +30,7 @@ from fleet.producer.reader import read_records, validate
 from fleet.producer.source import local_input
 from fleet.progress import Progress, counted
 from fleet.queuescan import stale_markers
+from fleet.records import InputRecord
 from fleet.recovery import requeue_expired
 from fleet.retry import forget, next_attempt
 from fleet.settings import Settings
@@ -80,6 +83,12 @@ def job_identity(
     )
 
 
+def digested(records: Iterator[InputRecord], digest: InputDigest) -> Iterator[InputRecord]:
+    for record in records:
+        digest.update(record)
+        yield record
+
+
 def write_job(
     settings: Settings, store: Store, path: Path, ident: JobIdentity, progress: Progress | None = None
 ) -> tuple[Manifest, bool]:
@@ -88,8 +97,14 @@ def write_job(
     Chunks are a pure function of the identity, so a joining or resuming enqueue rewrites
     them byte for byte; of two manifests the first stays.
     """
-    records = counted(read_records(path), progress, "write chunks", ident.records)
+    digest = InputDigest()
+    records = counted(digested(read_records(path), digest), progress, "write chunks", ident.records)
     counts = write_chunks(store, ident.job, records, settings.chunk_size, settings.sampling.n)
+    if digest.hexdigest() != ident.input_digest:
+        # The file was read twice (validate, then write): an edit in between would put other
+        # records into the chunks than the claim and the manifest describe.
+        raise InputError([f"{ident.input} changed while it was enqueued: no manifest was written; "
+                          "enqueue it again once it no longer changes"])
     manifest = Manifest(
         job=ident.job, input=ident.input, chunk_size=settings.chunk_size, chunks=counts.chunks,
         records=counts.records, samples=counts.samples, config=ident.config,
@@ -152,8 +167,11 @@ def enqueue_missing(
     for index in range(manifest.chunks):
         if index in done or index in failed or index in running or index in queued:
             continue
+        # The marker is the ticket: of two enqueues running at once, only the one that sets
+        # it sends the chunk (and a consumer's srem never runs before the sadd).
+        if not r.sadd(keys.queued(job), index):
+            continue
         send_chunk(app, settings.queue, job, index, next_attempt(r, job, index))
-        r.sadd(keys.queued(job), index)
         report.enqueued.append(index)
     report.done = len(done)
     report.failed = len(failed - done)

@@ -49,14 +49,16 @@ class ChunkTask:
         """Wait for the engine, polling the middleware; stop at once when one says so."""
         future = self.host.submit(generate_chunk(run, self.host.engine, self.host.gate))
         while True:
-            try:
-                future.result(timeout=POLL_S)
+            # wait(), not result(timeout=): on Python 3.11 an engine's own asyncio.TimeoutError
+            # is concurrent.futures.TimeoutError, and would read as "not done yet" forever.
+            concurrent.futures.wait([future], timeout=POLL_S)
+            if future.done():
+                future.result()  # raises what the generation raised
                 return None
-            except concurrent.futures.TimeoutError:
-                stop = poll()
-                if stop is not None:
-                    future.cancel()
-                    return stop
+            stop = poll()
+            if stop is not None:
+                future.cancel()
+                return stop
 
     def commit(self, run: ChunkRun) -> Outcome:
         rows = list(run.finished.values())

@@ -20,12 +20,12 @@ __all__ = ["Middleware", "Order", "assist_stack", "owner_stack"]
 def owner_stack(ctx: WorkerContext) -> list[Middleware]:
     """A delivered chunk: the only stack that requeues or quarantines."""
     return [MetricsMiddleware(ctx), StatsMiddleware(ctx), RetryMiddleware(ctx), CrashMiddleware(ctx),
-            StopGate(ctx), ManifestGate(ctx), ConfigGate(ctx), LeaseMiddleware(ctx), ResultGate(ctx),
+            ResultGate(ctx), StopGate(ctx), ManifestGate(ctx), ConfigGate(ctx), LeaseMiddleware(ctx),
             CheckpointMiddleware(ctx), ProgressMiddleware(ctx)]
 
 
 def assist_stack(ctx: WorkerContext) -> list[Middleware]:
     """An end-of-job helper: never requeues, never quarantines; the owner stays responsible."""
-    return [MetricsMiddleware(ctx), StatsMiddleware(ctx), CrashMiddleware(ctx), StopGate(ctx),
-            ManifestGate(ctx), ConfigGate(ctx), AssistLeaseMiddleware(ctx), ResultGate(ctx), CheckpointMiddleware(ctx),
+    return [MetricsMiddleware(ctx), StatsMiddleware(ctx), CrashMiddleware(ctx), ResultGate(ctx), StopGate(ctx),
+            ManifestGate(ctx), ConfigGate(ctx), AssistLeaseMiddleware(ctx), CheckpointMiddleware(ctx),
             ProgressMiddleware(ctx)]

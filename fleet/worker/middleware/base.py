@@ -48,11 +48,12 @@ class Order:
     RETRY = 20
     #: before RETRY's after: a dead engine stops the worker before its chunk is requeued
     CRASH = 25
+    #: first of the gates: a delivery of a done chunk is skipped, never handed back again
+    RESULT = 28
     STOP = 30
     MANIFEST = 32
     #: the worker's engine configuration against the job's (hands chunks back)
     GATE = 34
     LEASE = 40
-    RESULT = 45
     CHECKPOINT = 50
     PROGRESS = 60

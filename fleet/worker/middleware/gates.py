@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fleet import keys
 from fleet.chunkstate import drop_checkpoints
 from fleet.errors import ManifestMissing
 from fleet.layout import result_key
@@ -40,13 +41,18 @@ class ManifestGate(Middleware[None]):
 
 
 class ResultGate(Middleware[None]):
-    """A delivery of a chunk that has its result (redelivery after commit) does nothing but
-    drop the checkpoints the committing run may have left."""
+    """A delivery of a chunk that has its result (redelivery after commit, a stall-watch
+    duplicate) does nothing but drop the checkpoints the committing run may have left. It
+    runs before every gate that hands back, so a done chunk is never sent round again; a
+    result only ever appears, so checking before the lease is safe."""
 
     order = Order.RESULT
 
     def before(self, run: ChunkRun, state: None) -> Outcome | None:
-        if self.ctx.store.exists(result_key(run.job, run.index)):
-            drop_checkpoints(self.ctx.store, run.job, run.index)
+        ctx = self.ctx
+        if ctx.store.exists(result_key(run.job, run.index)):
+            if not run.assist:
+                ctx.redis.srem(keys.queued(run.job), run.index)  # the message is off the queue
+            drop_checkpoints(ctx.store, run.job, run.index)
             return Skipped("already has a result")
         return None
