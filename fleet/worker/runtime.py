@@ -168,5 +168,7 @@ def describe(run: ChunkRun, outcome: Outcome) -> None:
     if isinstance(outcome, Failed):
         log.error("chunk %s attempt %d failed: %s: %s", run.name, run.attempt, type(outcome.cause).__name__,
                   outcome.cause)
-    elif isinstance(outcome, Superseded | Skipped | HandedBack):
+    elif isinstance(outcome, HandedBack):
+        log.info("chunk %s handed back: %s, with %d samples checkpointed", run.name, outcome.reason, len(run.finished))
+    elif isinstance(outcome, Superseded | Skipped):
         log.info("chunk %s %s: %s", run.name, type(outcome).__name__.lower(), outcome.reason)

@@ -4,12 +4,10 @@ a failure means (requeue with or without an attempt spent, or quarantine)."""
 from __future__ import annotations
 
 import logging
-import traceback
 
 import redis
 
-from fleet.chunkstate import Quarantine
-from fleet.retry import Action, History, record
+from fleet.retry import Action, History, settle
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Failed, HandedBack, Outcome
@@ -22,9 +20,7 @@ class RetryMiddleware(Middleware[None]):
 
     def after(self, run: ChunkRun, state: None, outcome: Outcome) -> None:
         if isinstance(outcome, HandedBack):
-            self._requeue(run, outcome.delay_s)
-            log.info("chunk %s handed back: %s, with %d samples checkpointed",
-                     run.name, outcome.reason, len(run.finished))
+            self._requeue(run, outcome.delay_s)  # the runtime logs the hand-back (describe)
         elif isinstance(outcome, Failed):
             self._failed(run, outcome.cause)
 
@@ -34,12 +30,8 @@ class RetryMiddleware(Middleware[None]):
             history = History.load(ctx.redis, run.job, run.index, ran_s=run.ran_s(), lease_taken=run.leased)
         except redis.RedisError:
             history = History(lease_taken=False)  # the broker is down: the safest reading
-        decision = ctx.policy.decide(cause, history)
-        record(ctx.redis, run.job, run.index, decision)
+        decision = settle(ctx.redis, ctx.store, ctx.policy, run.job, run.index, cause, history, run.worker)
         if decision.action is Action.QUARANTINE:
-            trace = "".join(traceback.format_exception(cause))
-            Quarantine(index=run.index, error=str(cause), error_type=type(cause).__name__, attempts=decision.count,
-                       traceback=trace, worker=run.worker).write(ctx.store, run.job)
             log.error("chunk %s quarantined (%s): %s", run.name, decision.why, cause)
             return
         log.warning("chunk %s failed (%s: %s): requeued in %.1fs, %s",
