@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import redis
 
 from fleet import keys
-from fleet.layout import failed_key, failed_prefix, index_of, partial_prefix, result_key, results_prefix
+from fleet.layout import failed_key, failed_prefix, index_of, partial_prefix, results_prefix
 from fleet.store import Store
 
 
@@ -42,10 +42,10 @@ def queued_indexes(r: redis.Redis, job: str) -> set[int]:
     return {int(v) for v in r.smembers(keys.queued(job))}
 
 
-def drop_checkpoints(store: Store, job: str, index: int) -> None:
-    """Only once the chunk's result exists: before that, checkpoints are the work done."""
-    if store.exists(result_key(job, index)):
-        store.delete_prefix(partial_prefix(job, index))
+def delete_checkpoints(store: Store, job: str, index: int) -> None:
+    """Call only once the chunk's result is known to exist: before that, checkpoints are the
+    work done. Every caller has just seen the result, so this does not look again."""
+    store.delete_prefix(partial_prefix(job, index))
 
 
 @dataclass

@@ -17,10 +17,10 @@ from celery import Celery
 
 from fleet import keys
 from fleet.chunkqueue import ChunkQueue
-from fleet.chunkstate import Quarantine, done_indexes, drop_checkpoints, failed_indexes, running_indexes
+from fleet.chunkstate import delete_checkpoints, done_indexes, failed_indexes, running_indexes
 from fleet.errors import WorkerLost
 from fleet.layout import partials_prefix, result_key
-from fleet.retry import Action, History, RetryPolicy, next_attempt, record
+from fleet.retry import Action, History, RetryPolicy, next_attempt, settle
 from fleet.settings import Settings
 from fleet.store import Store
 
@@ -61,7 +61,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
             continue
         if store.exists(result_key(job, index)):
             if forget_unleased(r, job, index) is not None:
-                drop_checkpoints(store, job, index)
+                delete_checkpoints(store, job, index)
             continue
         guard_s = max(5, int(settings.lease_ttl_s))
         if not r.set(keys.requeue_guard(job, index), "1", nx=True, ex=guard_s):
@@ -83,15 +83,13 @@ def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryP
                  ran_s: float) -> None:
     """What a lost worker's chunk comes to: the retry policy requeues or quarantines it."""
     member = keys.member(job, index)
-    decision = policy.decide(WorkerLost(f"lease of {member} expired with no result"),
-                             History.load(r, job, index, ran_s=ran_s))
-    record(r, job, index, decision)
+    history = History.load(r, job, index, ran_s=ran_s)
+    lost = WorkerLost(f"worker lost: lease of {member} expired with no result")
+    decision = settle(r, store, policy, job, index, lost, history)
     if decision.action is Action.QUARANTINE:
-        Quarantine(index=index, error=f"worker lost: {decision.why}", error_type="WorkerLost",
-                   attempts=decision.count).write(store, job)
         log.error("chunk %s quarantined: %s", member, decision.why)
-    else:
-        queue.requeue(job, index, next_attempt(r, job, index))
+    else:  # a lost worker never spends an attempt: the history's count is still current
+        queue.requeue(job, index, history.attempts + 1)
         log.warning("chunk %s lease expired without result: requeued (%s)", member, decision.why)
 
 

@@ -14,14 +14,17 @@ It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
 from __future__ import annotations
 
 import math
+import traceback
 from dataclasses import dataclass
 from enum import Enum
 
 import redis
 
 from fleet import keys
+from fleet.chunkstate import Quarantine
 from fleet.errors import Fault
 from fleet.settings import Settings
+from fleet.store import Store
 
 
 class Action(Enum):
@@ -129,6 +132,20 @@ def record(r: redis.Redis, job: str, index: int, decision: Decision) -> None:
         r.hset(counter(job), index, decision.count)
     elif decision.action is Action.REQUEUE:
         r.hdel(keys.crashes(job), index)
+
+
+def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: int, cause: BaseException,
+           history: History, worker: str | None = None) -> Decision:
+    """Decide a failed run, record what it spends, and write the quarantine record when that
+    is the decision; the caller requeues (after its own backoff) otherwise. The worker and the
+    reaper both come through here, so a failure is settled the same way wherever it is seen."""
+    decision = policy.decide(cause, history)
+    record(r, job, index, decision)
+    if decision.action is Action.QUARANTINE:
+        Quarantine(index=index, error=f"{cause} ({decision.why})", error_type=type(cause).__name__,
+                   attempts=decision.count, traceback="".join(traceback.format_exception(cause)),
+                   worker=worker).write(store, job)
+    return decision
 
 
 def forget(r: redis.Redis, job: str, index: int) -> None:

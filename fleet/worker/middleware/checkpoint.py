@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from fleet import keys
 from fleet.checkpoints import decode_checkpoint, encode_checkpoint
+from fleet.chunkstate import delete_checkpoints
 from fleet.errors import ChunkCorrupt, ObjectMissing
 from fleet.layout import partial_key, partial_prefix
 from fleet.worker.chunk import ChunkRun, sample_key
@@ -73,6 +74,6 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
 
     def after(self, run: ChunkRun, state: CheckpointState, outcome: Outcome) -> None:
         if result_exists(outcome):
-            self.ctx.store.delete_prefix(partial_prefix(run.job, run.index))
+            delete_checkpoints(self.ctx.store, run.job, run.index)
         else:  # failed, handed back, or cancelled: keep what this run generated
             self.flush(run, state)

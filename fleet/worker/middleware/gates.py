@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleet import keys
-from fleet.chunkstate import drop_checkpoints
+from fleet.chunkstate import delete_checkpoints
 from fleet.errors import ManifestMissing
 from fleet.layout import result_key
 from fleet.worker.chunk import ChunkRun
@@ -53,6 +53,6 @@ class ResultGate(Middleware[None]):
         if ctx.store.exists(result_key(run.job, run.index)):
             if not run.assist:
                 ctx.redis.srem(keys.queued(run.job), run.index)  # the message is off the queue
-            drop_checkpoints(ctx.store, run.job, run.index)
+            delete_checkpoints(ctx.store, run.job, run.index)
             return Skipped("already has a result")
         return None
