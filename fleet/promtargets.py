@@ -18,7 +18,7 @@ from fleet.errors import ConfigError
 def worker_targets(hosts: list[str], workers_per_host: int, base_port: int) -> list[dict[str, Any]]:
     if workers_per_host < 1:
         raise ConfigError(f"workers per host must be at least 1, not {workers_per_host}")
-    if not base_port > 0 and base_port + workers_per_host - 1 < 65536:
+    if not (base_port > 0 and base_port + workers_per_host - 1 < 65536):
         raise ConfigError(f"metrics ports {base_port}..{base_port + workers_per_host - 1} are not TCP ports")
     groups = []
     for host in hosts:
