@@ -53,7 +53,6 @@ CHUNKS_DONE = Counter("fleet_chunks_done", "Chunks whose result this worker comm
 CHUNKS_FAILED = Counter("fleet_chunks_failed", "Chunk attempts that failed on this worker")
 RUNNING_CHUNKS = Gauge("fleet_running_chunks", "Chunks this worker runs now (at most K slots)")
 RUNNING_REQUESTS = Gauge("fleet_running_requests", "Requests in flight in this worker's engine")
-ENGINE_SLOTS = Gauge("fleet_engine_slots", "S: requests the engine really runs at once (SGLang's, read back)")
 ACCEPT_LENGTH = Gauge("fleet_spec_accept_length", "Mean tokens per speculative step over the last chunk")
 ACCEPT_LENGTH_CHUNKS = Histogram(
     "fleet_spec_accept_length_chunks",
@@ -65,7 +64,8 @@ CHUNKS_REQUEUED = Counter(
     "fleet_chunks_requeued", "Chunks this process requeued after a lost lease or a stalled job (recovery)"
 )
 ENGINE_MAX_RUNNING = Gauge(
-    "fleet_engine_max_running", "The engine's effective max running requests (what running requests can reach)"
+    "fleet_engine_max_running",
+    "S: requests the engine really runs at once (SGLang's, read back after start); running requests' ceiling",
 )
 USD_PER_GPU_HOUR = Gauge("fleet_usd_per_gpu_hour", "Price of this worker's GPU in USD per hour (settings)")
 WORKER = Info("fleet_worker", "Which worker this is: name, gpu, engine, model")
@@ -109,9 +109,8 @@ def set_worker_info(name: str, *, gpu: str = "", engine: str = "", model: str = 
     WORKER.info({"name": name, "gpu": gpu, "engine": engine, "model": model})
 
 
-def set_capacity(max_running: int, usd_per_gpu_hour: float) -> None:
-    """After the engine started: its effective concurrency, and the GPU's price for $/token."""
-    ENGINE_MAX_RUNNING.set(max_running)
+def set_price(usd_per_gpu_hour: float) -> None:
+    """The GPU's price, so dashboards can turn tokens into dollars."""
     USD_PER_GPU_HOUR.set(usd_per_gpu_hour)
 
 

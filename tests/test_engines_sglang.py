@@ -24,7 +24,7 @@ from fleet.engines import build_engine
 from fleet.engines.base import GenResult, prompt_digest
 from fleet.engines.sglang import SglangEngine, engine_kwargs, is_hybrid
 from fleet.errors import ConfigError, EngineError, RecordError
-from fleet.metrics import ENGINE_SLOTS
+from fleet.metrics import ENGINE_MAX_RUNNING
 from fleet.prompting import load_tokenizer, render_ids
 from fleet.settings import Settings
 from fleet.worker.enginehost import EngineHost, admission_limit
@@ -369,7 +369,7 @@ def test_the_effective_running_limit_is_read_back_and_warned(fake_sglang, tiny_m
         # Then S, and the admission gate sized from it, follow the effective value
         assert host.engine.max_running == 12
         assert host.gate is not None and host.gate._value == admission_limit(12)
-        assert ENGINE_SLOTS._value.get() == 12  # the Prometheus gauge shows the real S
+        assert ENGINE_MAX_RUNNING._value.get() == 12  # the Prometheus gauge shows the real S
         assert any("runs 12 requests at once, not the 64 asked" in r.message and "max_running_requests" in r.message
                    for r in caplog.records)  # fmt: skip
         # And what is submitted beyond it queues inside the engine, never running more than 12

@@ -14,7 +14,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from fleet.engines.base import Engine
-from fleet.metrics import ENGINE_SLOTS
+from fleet.metrics import ENGINE_MAX_RUNNING
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ class EngineHost:
         await self.engine.start()
         # After start: SGLang may run fewer requests than were asked (read back by the engine).
         self.gate = asyncio.Semaphore(admission_limit(self.engine.max_running))
-        ENGINE_SLOTS.set(self.engine.max_running)
+        ENGINE_MAX_RUNNING.set(self.engine.max_running)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

@@ -70,7 +70,7 @@ class Runtime:
             threading.Thread(target=self._assist_loop, name="fleet-assist", daemon=True).start()
         metrics.set_worker_info(self.name, gpu=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                                 engine=self.engine.name, model=self.engine.model_name() or "")
-        metrics.set_capacity(self.engine.max_running, self.settings.usd_per_gpu_hour)
+        metrics.set_price(self.settings.usd_per_gpu_hour)
         port = metrics.start_metrics_server(self.settings.metrics_port)
         log.info("worker %s: CUDA_VISIBLE_DEVICES=%r, metrics %s", self.name,
                  os.environ.get("CUDA_VISIBLE_DEVICES"), f"on :{port}" if port else "off")
