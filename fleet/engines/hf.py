@@ -66,6 +66,10 @@ class RowSampler:
         self.repetition = column("repetition_penalty").float()
         self.presence = column("presence_penalty").float()
         self.frequency = column("frequency_penalty").float()
+        #: any row penalised at all; else the per-step vocabulary-sized penalty tensors are skipped
+        self.penalised = bool(
+            (self.repetition != 1).any() | (self.presence != 0).any() | (self.frequency != 0).any()
+        )
         self.prompt_width: int | None = None  #: input width at the first step: the padded prompts
         self.greedy = self.temp <= 0
         self.generators = [
@@ -79,7 +83,7 @@ class RowSampler:
         scores = scores.float()
         if scores.shape[-1] > self.vocab:  # padded embedding rows are not tokens
             scores[:, self.vocab :] = float("-inf")
-        if input_ids is not None:
+        if input_ids is not None and self.penalised:
             if self.prompt_width is None:
                 self.prompt_width = input_ids.shape[1]
             scores = self._penalise(scores, input_ids[:, self.prompt_width :])
