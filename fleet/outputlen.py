@@ -48,7 +48,8 @@ def _model_types(config: dict[str, Any]) -> list[str]:
     return [s["model_type"] for s in sections if isinstance(s.get("model_type"), str)]
 
 
-def _context(config: dict[str, Any]) -> int | None:
+def context_of(config: dict[str, Any]) -> int | None:
+    """max_position_embeddings of the text model (nested under text_config in VL configs)."""
     for section in (config, config.get("text_config") or {}):
         if isinstance(section.get("max_position_embeddings"), int):
             return section["max_position_embeddings"]
@@ -70,7 +71,7 @@ def default_max_tokens(model_dir: Path | None, job_value: int | None) -> tuple[i
             return THINKING_OUTPUT_TOKENS[model_type], f"recommended thinking length for {model_type}"
     if isinstance(gen.get("max_length"), int):
         return gen["max_length"], "generation_config.json max_length"
-    context = _context(config)
+    context = context_of(config)
     if context is not None:
         return context, "context length (capped per request at context minus prompt)"
     return FALLBACK_MAX_TOKENS, "fallback (the model states no length)"

@@ -19,7 +19,7 @@ from typing import Any
 
 from fleet.engines.base import GenRequest, Sampling
 from fleet.errors import ConfigError, RecordError
-from fleet.outputlen import default_max_tokens
+from fleet.outputlen import context_of, default_max_tokens
 from fleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -92,11 +92,7 @@ def read_config(model: str) -> dict[str, Any]:
 
 def context_length_of(model: str) -> int | None:
     """max_position_embeddings of the text model (nested under text_config in VL configs)."""
-    config = read_config(model)
-    for section in (config, config.get("text_config") or {}):
-        if isinstance(section.get("max_position_embeddings"), int):
-            return section["max_position_embeddings"]
-    return None
+    return context_of(read_config(model))
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -213,6 +209,8 @@ def _model_facts(model: str, sampling_json: str) -> dict[str, Any]:
     template = tokenizer.chat_template
     if template is not None and not isinstance(template, str):
         template = json.dumps(template, sort_keys=True)
+    job = json.loads(sampling_json)
+    max_tokens, max_tokens_from = default_max_tokens(model_dir, job["max_tokens"])
     return {
         "model": {
             "path": model,
@@ -220,13 +218,14 @@ def _model_facts(model: str, sampling_json: str) -> dict[str, Any]:
             "revision": model_revision(model_dir),
             "chat_template_sha256": _sha256(template) if template else None,
         },
-        "sampling": effective_sampling(model_dir, tokenizer, json.loads(sampling_json)),
-        "max_tokens_from": default_max_tokens(model_dir, json.loads(sampling_json)["max_tokens"])[1],
+        "sampling": effective_sampling(model_dir, tokenizer, job, max_tokens),
+        "max_tokens_from": max_tokens_from,
     }
 
 
-def effective_sampling(model_dir: Path, tokenizer: Any, job: dict[str, Any]) -> dict[str, Any]:
-    """generation_config.json values, overridden by the job's non-None settings."""
+def effective_sampling(model_dir: Path, tokenizer: Any, job: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """generation_config.json values, overridden by the job's non-None settings; `max_tokens`
+    is the one fleet.outputlen resolved."""
     from transformers import GenerationConfig
 
     try:
@@ -243,7 +242,7 @@ def effective_sampling(model_dir: Path, tokenizer: Any, job: dict[str, Any]) -> 
         out["temperature"] = 0.0  # the model asks for greedy decoding
     eos = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
     out.update(
-        max_tokens=default_max_tokens(model_dir, job["max_tokens"])[0],
+        max_tokens=max_tokens,
         n=job["n"],
         stop=job.get("stop"),
         eos_token_ids=sorted({eos} if isinstance(eos, int) else set(eos or ())),
