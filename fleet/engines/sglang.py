@@ -20,13 +20,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fleet.capacity import sglang_mem_fraction
 from fleet.engines.base import GenRequest, GenResult, Sampling, prompt_digest
 from fleet.engines.model import ModelEngine
 from fleet.engines.sglang_plan import (
     check_choices,
     is_hybrid,
     local_config,
+    mem_fraction,
     radix_on,
     with_planned_running,
 )
@@ -65,10 +65,10 @@ def engine_kwargs(settings: Settings, gpu: str | None = None) -> dict[str, Any]:
     model = require_model(settings)
     config = local_config(model)
     check_choices(settings, config)
-    settings = with_planned_running(settings, gpu)
+    gpu_mib = gpu_memory_mib(gpu)  # one probe (nvidia-smi where no GPU is named) for the plan and the kwargs
+    settings = with_planned_running(settings, gpu, config=config, gpu_mib=gpu_mib)
     s = settings.sglang
     local = Path(model).expanduser()
-    gpu_mib = gpu_memory_mib(gpu)
     kw: dict[str, Any] = {
         # engine-args on a laptop may name a directory that exists only on the GPU host
         "model_path": str(local.resolve()) if local.is_dir() else model,
@@ -78,7 +78,7 @@ def engine_kwargs(settings: Settings, gpu: str | None = None) -> dict[str, Any]:
         "max_running_requests": s.max_running_requests or DEFAULT_SGLANG_RUNNING,
         "log_level": s.log_level,
     }
-    mfs = s.mem_fraction_static or (sglang_mem_fraction(gpu_mib) if gpu_mib else None)
+    mfs = mem_fraction(settings, gpu_mib)
     if mfs is not None:  # explicit: unset, SGLang cuts it for the vision tower (memory_hook.py)
         kw["mem_fraction_static"] = mfs
     if s.mtp:

@@ -82,13 +82,18 @@ def check_choices(settings: Settings, config: dict[str, Any]) -> None:
         )
 
 
+def mem_fraction(settings: Settings, gpu_mib: float | None) -> float | None:
+    """The setting, else SGLang's own headroom for the card; None where the card is unknown."""
+    s = settings.sglang
+    return s.mem_fraction_static or (sglang_mem_fraction(gpu_mib) if gpu_mib else None)
+
+
 def serving(settings: Settings, config: dict[str, Any], gpu_mib: float | None) -> Serving:
     s = settings.sglang
-    mfs = s.mem_fraction_static or (sglang_mem_fraction(gpu_mib) if gpu_mib else None)
     return Serving(
         mtp=s.mtp,
         radix=radix_on(settings, config),
-        mem_fraction_static=mfs,
+        mem_fraction_static=mem_fraction(settings, gpu_mib),
         mamba_full_memory_ratio=s.mamba_full_memory_ratio,
         draft_tokens=s.speculative_num_draft_tokens,
         max_running_requests=s.max_running_requests,
@@ -96,10 +101,12 @@ def serving(settings: Settings, config: dict[str, Any], gpu_mib: float | None) -
     )
 
 
-def plan_capacity(settings: Settings, gpu: str | None = None) -> Capacity | None:
-    """The batch this model gets on the named GPU (else this host's); None if either is unknown."""
-    config = local_config(settings.model or "")
-    gpu_mib = gpu_memory_mib(gpu)
+def plan_capacity(settings: Settings, gpu: str | None = None, *, config: dict[str, Any] | None = None,
+                  gpu_mib: float | None = None) -> Capacity | None:
+    """The batch this model gets on the named GPU (else this host's); None if either is unknown.
+    A caller that has read config.json or probed the GPU already passes what it found."""
+    config = local_config(settings.model or "") if config is None else config
+    gpu_mib = gpu_memory_mib(gpu) if gpu_mib is None else gpu_mib
     if not gpu_mib or not config.get("text_config", config).get("hidden_size"):
         return None
     return capacity(config, gpu_mib, serving(settings, config, gpu_mib))
@@ -118,12 +125,13 @@ def job_capacity(
     return plan_capacity(settings.model_copy(update={"sglang": sglang}), gpu)
 
 
-def with_planned_running(settings: Settings, gpu: str | None = None) -> Settings:
+def with_planned_running(settings: Settings, gpu: str | None = None, *, config: dict[str, Any] | None = None,
+                         gpu_mib: float | None = None) -> Settings:
     """Settings whose sglang.max_running_requests is the planned batch, so K and every worker
     agree on S before any engine starts; unchanged when it is set or cannot be planned."""
     if settings.engine != "sglang" or settings.sglang.max_running_requests or not settings.model:
         return settings
-    cap = plan_capacity(settings, gpu)
+    cap = plan_capacity(settings, gpu, config=config, gpu_mib=gpu_mib)
     if cap is None:
         return settings
     return settings.model_copy(
