@@ -9,10 +9,9 @@ from fleet.chunkstate import done_indexes
 from fleet.errors import FleetError
 from fleet.exportcheck import ExportCheck
 from fleet.exporters import FORMATS, VOLATILE_FIELDS, ExportRow, Skipped, target
-from fleet.layout import chunk_key, decode_lines
+from fleet.layout import read_chunk
 from fleet.manifest import require_manifest
 from fleet.progress import Progress
-from fleet.records import InputRecord
 from fleet.results import read_result
 from fleet.store import Store
 
@@ -29,9 +28,8 @@ def chunk_rows(
         rows = [r for r in rows if r["finish_reason"] == "stop"]
     if not inputs:
         return [ExportRow(r) for r in rows]
-    key = chunk_key(job, index)
-    records = {rec["pos"]: rec for rec in decode_lines(store.get(key), key)}
-    return [ExportRow(r, InputRecord.model_validate(records[r["pos"]])) for r in rows]
+    records = {rec.pos: rec for rec in read_chunk(store, job, index)}
+    return [ExportRow(r, records[r["pos"]]) for r in rows]
 
 
 def export_job(
@@ -59,10 +57,10 @@ def export_job(
     writer_cls = FORMATS[fmt]
     indexes = [i for i in range(manifest.chunks) if i in done]
     count = 0
-    total = None if missing else manifest.samples  # one checked row per sample
+    check = ExportCheck(manifest, indexes)
+    total = check.expect_samples  # one checked row per sample; unknown for a partial export
     report = progress or (lambda phase, done, total: None)
     report("export", 0, total)
-    check = ExportCheck(manifest, indexes)
     with target(out) as path:
         with writer_cls(path, manifest, stable, skipped or Skipped()) as writer:
             for index in indexes:

@@ -13,8 +13,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import zstandard
+from pydantic import ValidationError
 
 from fleet.errors import ChunkCorrupt
+from fleet.records import InputRecord
+from fleet.store import Store
 
 INDEX_WIDTH = 6
 _ZSTD_LEVEL = 3
@@ -86,3 +89,13 @@ def decode_lines(data: bytes, what: str) -> Iterator[dict[str, Any]]:
     except (zstandard.ZstdError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ChunkCorrupt(f"{what} cannot be decoded: {e}") from e
     yield from rows
+
+
+def read_chunk(store: Store, job: str, index: int) -> list[InputRecord]:
+    """A chunk's input records, in input order; ChunkCorrupt when they cannot be read back."""
+    key = chunk_key(job, index)
+    rows = decode_lines(store.get(key), key)
+    try:
+        return [InputRecord.model_validate(row) for row in rows]
+    except ValidationError as e:
+        raise ChunkCorrupt(f"{key} holds an invalid record: {e}") from e

@@ -8,11 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationError
-
-from fleet.errors import ChunkCorrupt, FleetError
-from fleet.layout import chunk_key, decode_lines, result_key
-from fleet.records import InputRecord
+from fleet.errors import FleetError
+from fleet.layout import read_chunk, result_key
 from fleet.results import chunk_stats, encode_result
 from fleet.store import Store
 from fleet.worker.chunk import ChunkRun
@@ -33,17 +30,9 @@ class ChunkTask:
         self.store, self.host = store, host
 
     def __call__(self, run: ChunkRun, poll: Callable[[], Outcome | None]) -> Outcome:
-        run.records = self.read(run)
+        run.records = read_chunk(self.store, run.job, run.index)
         stop = self.generate(run, poll)
         return stop if stop is not None else self.commit(run)
-
-    def read(self, run: ChunkRun) -> list[InputRecord]:
-        key = chunk_key(run.job, run.index)
-        rows = decode_lines(self.store.get(key), key)
-        try:
-            return [InputRecord.model_validate(row) for row in rows]
-        except ValidationError as e:
-            raise ChunkCorrupt(f"{key} holds an invalid record: {e}") from e
 
     def generate(self, run: ChunkRun, poll: Callable[[], Outcome | None]) -> Outcome | None:
         """Wait for the engine, polling the middleware; stop at once when one says so."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from fleet.layout import read_chunk
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.outcome import Outcome
 from fleet.worker.task import ChunkTask
@@ -35,7 +36,7 @@ def generate_then_raise(task: ChunkTask, exc: BaseException) -> Callable[[ChunkR
     """Generate every sample, then fail before committing (a crash after the work)."""
 
     def run_it(run: ChunkRun, poll: Poll) -> Outcome:
-        run.records = task.read(run)
+        run.records = read_chunk(task.store, run.job, run.index)
         task.generate(run, poll)
         raise exc
 
