@@ -101,6 +101,14 @@ class JsonLinesWriter(Writer):
         self.file.close()
 
 
+def with_sample_and_extra(out: dict[str, Any], line: dict[str, Any]) -> dict[str, Any]:
+    """A training row's tail: the sample number past the first, and the input's passthrough
+    fields; the format's own fields win (an input field named loss_mask must not replace it)."""
+    if out.get("sample"):
+        line["sample"] = out["sample"]
+    return {**(out.get("extra") or {}), **line}
+
+
 @contextmanager
 def target(out: str | Path, max_attempts: int = 10) -> Iterator[Path]:
     """A local path to write; it becomes `out` only when the block succeeds.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.exporters.base import ExportRow, JsonLinesWriter
+from fleet.exporters.base import ExportRow, JsonLinesWriter, with_sample_and_extra
 from fleet.prompting import THINK_CLOSE, THINK_OPEN
 
 
@@ -52,7 +52,4 @@ class SpecForgeWriter(JsonLinesWriter):
             return None
         messages = [m.model_dump(exclude_none=True) for m in record.messages]
         line: dict[str, Any] = {"id": out["id"], "conversations": [*messages, assistant_turn(out)]}
-        if out.get("sample"):
-            line["sample"] = out["sample"]
-        # The format's own fields win: an input field named loss_mask must not replace the mask.
-        return {**(out.get("extra") or {}), **line}
+        return with_sample_and_extra(out, line)

@@ -24,7 +24,7 @@ from typing import Any
 
 from fleet.engines.base import GenRequest, Sampling, prompt_digest
 from fleet.errors import FleetError
-from fleet.exporters.base import ExportRow, JsonLinesWriter, Skipped
+from fleet.exporters.base import ExportRow, JsonLinesWriter, Skipped, with_sample_and_extra
 from fleet.manifest import Manifest
 from fleet.records import InputRecord
 
@@ -111,7 +111,4 @@ class TokensWriter(JsonLinesWriter):
         line: dict[str, Any] = {
             "id": out["id"], "input_ids": prompt + output, "loss_mask": [0] * len(prompt) + [1] * len(output),
         }  # fmt: skip
-        if out.get("sample"):
-            line["sample"] = out["sample"]
-        # The format's own fields win: an input field named loss_mask must not replace the mask.
-        return {**(out.get("extra") or {}), **line}
+        return with_sample_and_extra(out, line)
