@@ -64,6 +64,7 @@ def waiting_messages(r: redis.Redis, queue: str, job: str) -> Waiting:
                 chunk = _chunk(raw)
                 if chunk is not None and chunk[0] == job:
                     found.listed.add(chunk[1])
+    taken_at: dict[bytes, float] | None = None
     for tag, raw in r.hscan_iter(keys.KOMBU_UNACKED, count=PAGE):
         try:
             message = json.loads(raw)[0]
@@ -71,7 +72,9 @@ def waiting_messages(r: redis.Redis, queue: str, job: str) -> Waiting:
             continue
         chunk = chunk_of(message) if isinstance(message, dict) else None
         if chunk is not None and chunk[0] == job:
-            taken = r.zscore(keys.KOMBU_UNACKED_INDEX, tag) or time.time()
+            if taken_at is None:  # one read of the index, only once a message of this job is there
+                taken_at = dict(r.zrange(keys.KOMBU_UNACKED_INDEX, 0, -1, withscores=True))
+            taken = taken_at.get(tag) or time.time()
             found.unacked[chunk[1]] = max(taken, found.unacked.get(chunk[1], 0.0))
     return found
 

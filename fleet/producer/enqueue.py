@@ -32,7 +32,7 @@ from fleet.progress import Progress, counted
 from fleet.queuescan import stale_markers
 from fleet.records import InputRecord
 from fleet.recovery import requeue_expired
-from fleet.retry import forget, next_attempt
+from fleet.retry import forget
 from fleet.settings import Settings
 from fleet.store import Store, open_store
 
@@ -164,6 +164,7 @@ def enqueue_missing(
     report.repaired = repair_markers(r, settings, job, queued - done - failed - running)
     queued -= set(report.repaired)
     r.sadd(keys.jobs(), job)
+    spent = {int(i): int(n) for i, n in r.hgetall(keys.attempts(job)).items()}
     for index in range(manifest.chunks):
         if index in done or index in failed or index in running or index in queued:
             continue
@@ -171,7 +172,7 @@ def enqueue_missing(
         # it sends the chunk (and a consumer's srem never runs before the sadd).
         if not r.sadd(keys.queued(job), index):
             continue
-        send_chunk(app, settings.queue, job, index, next_attempt(r, job, index))
+        send_chunk(app, settings.queue, job, index, 1 + spent.get(index, 0))
         report.enqueued.append(index)
     report.done = len(done)
     report.failed = len(failed - done)
