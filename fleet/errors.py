@@ -1,6 +1,6 @@
 """The error tree. A class decides recovery; code never matches message text.
 
-Each class states whose fault it is (`fault`); fleet.retry reads only that.
+Each class states whose fault it is (`fault`); fleet.coord.retry reads only that.
 """
 
 from __future__ import annotations

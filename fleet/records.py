@@ -1,7 +1,10 @@
-"""Record schemas: the input forms of docs/architecture.md normalised to one shape, and the output record."""
+"""Record schemas: the input forms of docs/architecture.md normalised to one shape, one generation's
+request and result (what the worker, the prompt renderer and the engines pass), and the output record."""
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
@@ -89,3 +92,60 @@ class OutputRecord(BaseModel):
 
 #: fleet's own export columns; `extra` is spread at top level (JSONL) or one JSON column (Parquet)
 EXPORT_FIELDS = [name for name in OutputRecord.model_fields if name not in ("pos", "extra")]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Effective sampling for one request: manifest defaults with the record's overrides."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_tokens: int = 2048
+    stop: tuple[str, ...] | None = None
+    seed: int | None = None
+
+
+@dataclass
+class GenRequest:
+    record_id: str
+    chunk: int
+    sample: int
+    sampling: Sampling
+    messages: list[Message] | None = None
+    prompt: str | None = None
+    #: pre-tokenized prompt: sent to the engine as is
+    input_ids: list[int] | None = None
+    #: chat template's enable_thinking (job setting)
+    enable_thinking: bool = True
+    #: put token ids in the output record
+    return_output_ids: bool = False
+
+
+@dataclass
+class GenResult:
+    text: str
+    completion_tokens: int
+    prompt_tokens: int
+    finish_reason: str  # stop | length | error
+    output_ids: list[int] | None = None
+    error: str | None = None
+    #: reasoning split at </think> when the engine knows the template opened it
+    reasoning: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def prompt_digest(ids: list[int]) -> str:
+    """A short fingerprint of the prompt ids an engine saw, stored on the record so an
+    export that rebuilds the ids (re-rendering the template) can prove it got them exactly."""
+    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+def derive_seed(job_seed: int, record_id: str, sample: int) -> int:
+    """A per-request seed that a regenerated chunk asks for again (stable across processes)."""
+    digest = hashlib.blake2b(f"{job_seed}\x00{record_id}\x00{sample}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") & 0x7FFFFFFF

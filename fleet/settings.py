@@ -80,7 +80,7 @@ class SglangSettings(BaseModel):
     max_running_requests: int | None = Field(
         None, ge=1,
         description="requests the engine runs at once; unset: the most that fit this model on this GPU "
-        "(fleet.capacity), else 256 where no GPU is known. Always passed: SGLang caps it at 48 with MTP",
+        "(fleet.model.capacity), else 256 where no GPU is known. Always passed: SGLang caps it at 48 with MTP",
     )
     mem_fraction_static: float | None = Field(
         None, gt=0, lt=1,
@@ -123,7 +123,7 @@ class SamplingSettings(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="0 = none")
     max_tokens: int | None = Field(
         None, ge=1,
-        description="output tokens per sample; unset: the model's recommended length (fleet.outputlen)",
+        description="output tokens per sample; unset: the model's recommended length (fleet.model.outputlen)",
     )
     n: int = Field(1, ge=1)
     stop: list[str] | None = None

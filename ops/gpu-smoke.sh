@@ -79,7 +79,7 @@ for key, value in json.load(open(sys.argv[1])).items():
 PY
 )
 # The same mapping the engine uses (top_k 0 -> -1, which SGLang requires; the penalties).
-sampling="$("$py" -c 'import json; from fleet.prompting import model_facts, NEUTRAL; from fleet.settings import Settings
+sampling="$("$py" -c 'import json; from fleet.model.prompting import model_facts, NEUTRAL; from fleet.settings import Settings
 from fleet.engines.base import Sampling; from fleet.engines.sglang import sampling_params
 s = model_facts(Settings())["sampling"]; p = sampling_params(Sampling(**{k: s[k] for k in NEUTRAL}), 1, [], False)
 print(json.dumps({k: v for k, v in p.items() if k not in ("max_new_tokens", "stop_token_ids")}))')"

@@ -14,7 +14,7 @@ import boto3
 import pytest
 import requests
 
-from fleet.localredis import LocalRedis, free_port
+from fleet.coord.localredis import LocalRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import redis
 
-from fleet.localredis import LocalRedis
+from fleet.coord.localredis import LocalRedis
 
 FAST_SIM = {
     "FLEET_ENGINE": "sim",

@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
-from fleet.engines.base import GenRequest, Sampling, derive_seed
-from fleet.records import Message
+from fleet.records import GenRequest, Message, Sampling, derive_seed
 
 
 @pytest.fixture(scope="session", name="tiny_model")
 def tiny_model_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fleet.tinymodel import build_tiny_model
+    from fleet.model.tinymodel import build_tiny_model
 
     path = tmp_path_factory.getbasetemp() / "tiny-model"
     if not (path / "model.safetensors").is_file():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from fleet.localredis import LocalRedis
+from fleet.coord.localredis import LocalRedis
 
 
 class RedisProc(LocalRedis):

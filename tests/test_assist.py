@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from fleet.layout import partial_prefix, results_prefix
-from fleet.results import read_result
 from fleet.store import open_store
+from fleet.store.layout import partial_prefix, results_prefix
+from fleet.store.results import read_result
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, read_jsonl, wait_for, write_prompts
 

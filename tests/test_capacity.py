@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fleet.capacity import (
+from fleet.engines.sglang import engine_kwargs
+from fleet.errors import ConfigError
+from fleet.model.capacity import (
     GIB,
     MIB,
     Serving,
@@ -25,9 +27,7 @@ from fleet.capacity import (
     state_bytes_per_slot,
     weight_bytes,
 )
-from fleet.engines.sglang import engine_kwargs
-from fleet.errors import ConfigError
-from fleet.gpus import gpu_spec
+from fleet.model.gpus import gpu_spec
 from fleet.settings import Settings
 
 QWEN = Path(__file__).parent / "fixtures" / "qwen3_6_27b"

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from fleet.layout import chunk_key, decode_lines
 from fleet.producer.chunker import ChunkCounts, write_chunks
 from fleet.records import InputRecord
+from fleet.store.layout import chunk_key, decode_lines
 from fleet.store.local import LocalStore
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import InputError, JobConflict
-from fleet.layout import chunk_key, claim_key, manifest_key
-from fleet.manifest import load_manifest
 from fleet.producer.claim import claim_job
 from fleet.producer.digest import InputDigest
 from fleet.producer.enqueue import job_identity, prepare_job
 from fleet.producer.reader import validate
 from fleet.settings import Settings
+from fleet.store.layout import chunk_key, claim_key, manifest_key
 from fleet.store.local import LocalStore
+from fleet.store.manifest import load_manifest
 from tests.conftest import run_fleet
 from tests.fleetproc import write_prompts
 

@@ -11,9 +11,9 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
-from fleet.doctor import Check, check_broker, check_gpus, check_model, run_checks
-from fleet.localredis import free_port
+from fleet.coord.localredis import free_port
 from fleet.settings import Settings
+from fleet.tools.doctor import Check, check_broker, check_gpus, check_model, run_checks
 from tests.cliload import cli_app
 from tests.redisproc import RedisProc
 

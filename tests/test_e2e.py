@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.layout import results_prefix
 from fleet.store import open_store
+from fleet.store.layout import results_prefix
 from tests.conftest import run_fleet
 from tests.fleetproc import FAST_SIM, Workers, read_jsonl, wait_for, write_prompts
 

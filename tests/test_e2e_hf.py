@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fleet.layout import chunk_key, results_prefix
 from fleet.store import open_store
+from fleet.store.layout import chunk_key, results_prefix
 from tests.conftest import run_fleet
 from tests.fleetproc import FAST_SIM, Workers, read_jsonl, wait_for, write_prompts
 from tests.modelkit import tiny_model_fixture  # noqa: F401

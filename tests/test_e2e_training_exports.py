@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.prompting import THINK_CLOSE, THINK_OPEN, load_tokenizer
+from fleet.model.prompting import THINK_CLOSE, THINK_OPEN, load_tokenizer
 from tests.conftest import run_fleet
 from tests.fleetproc import read_jsonl
 from tests.modelkit import tiny_model_fixture  # noqa: F401

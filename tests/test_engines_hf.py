@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet.engines.base import GenRequest, GenResult, prompt_digest
 from fleet.engines.hf import HfEngine, RowSampler
 from fleet.errors import EngineError, RecordError
-from fleet.prompting import load_tokenizer, render_ids, split_reasoning
+from fleet.model.prompting import load_tokenizer, render_ids, split_reasoning
+from fleet.records import GenRequest, GenResult, prompt_digest
 from fleet.settings import Settings
 from tests.modelkit import LoopThread, chat, raw, tiny_model_fixture  # noqa: F401
 
@@ -246,7 +246,7 @@ def test_shutdown_fails_what_is_still_queued(tiny_model: Path) -> None:
 def test_row_sampler_applies_each_rows_own_settings() -> None:
     import torch
 
-    from fleet.engines.base import Sampling
+    from fleet.records import Sampling
 
     rows = [
         Sampling(temperature=0.0, seed=1),  # greedy
@@ -271,7 +271,7 @@ def test_row_sampler_applies_each_rows_own_settings() -> None:
 def test_row_sampler_penalises_generated_tokens_as_sglang_does() -> None:
     import torch
 
-    from fleet.engines.base import Sampling
+    from fleet.records import Sampling
 
     rows = [
         Sampling(temperature=0.0, repetition_penalty=2.0),  # 3.0 / 2 = 1.5 < 2.0: token 1 wins

@@ -21,11 +21,11 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.engines import build_engine
-from fleet.engines.base import GenResult, prompt_digest
 from fleet.engines.sglang import SglangEngine, engine_kwargs, is_hybrid
 from fleet.errors import ConfigError, EngineError, RecordError
 from fleet.metrics import ENGINE_MAX_RUNNING
-from fleet.prompting import load_tokenizer, render_ids
+from fleet.model.prompting import load_tokenizer, render_ids
+from fleet.records import GenResult, prompt_digest
 from fleet.settings import Settings
 from fleet.worker.enginehost import EngineHost, admission_limit
 from tests.modelkit import LoopThread, chat, loop_thread_fixture, raw, tiny_model_fixture  # noqa: F401
@@ -476,8 +476,8 @@ def test_real_sglang_has_every_arg_and_param_the_stand_in_accepts(real_server_ar
 def test_real_sglang_refuses_top_k_zero_and_takes_what_fleet_sends(real_server_args: type) -> None:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from fleet.engines.base import Sampling
     from fleet.engines.sglang import sampling_params
+    from fleet.records import Sampling
 
     sent = sampling_params(
         Sampling(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.05, presence_penalty=1.5,

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from fleet.layout import chunk_key, claim_key, manifest_key, results_prefix
-from fleet.manifest import load_manifest
 from fleet.producer.enqueue import prepare_job
 from fleet.settings import Settings
 from fleet.store import Store, open_store
+from fleet.store.layout import chunk_key, claim_key, manifest_key, results_prefix
 from fleet.store.local import LocalStore
+from fleet.store.manifest import load_manifest
 from tests.conftest import fleet_cmd, run_fleet
 from tests.fleetproc import FAST_SIM, Workers, read_jsonl, wait_for, write_prompts
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from fleet.chunkstate import Quarantine
+from fleet.coord.chunkstate import Quarantine
 from fleet.errors import FleetError
-from fleet.export import VOLATILE_FIELDS, export_job
-from fleet.layout import manifest_key, result_key
-from fleet.manifest import Manifest, config_hash
+from fleet.export.writer import VOLATILE_FIELDS, export_job
 from fleet.records import EXPORT_FIELDS, OutputRecord
-from fleet.results import encode_result
+from fleet.store.layout import manifest_key, result_key
 from fleet.store.local import LocalStore
+from fleet.store.manifest import Manifest, config_hash
+from fleet.store.results import encode_result
 
 JOB = "j"
 CHUNK = 3

@@ -1,4 +1,4 @@
-"""An export is checked against the manifest before its rename (fleet.exportcheck): a wrong
+"""An export is checked against the manifest before its rename (fleet.export.check): a wrong
 count, a duplicate id or a record out of input order is refused and nothing is written;
 concurrent `fleet export` processes to one path each use their own temp file."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ExportMismatch
-from fleet.export import export_job
-from fleet.layout import result_key
-from fleet.results import encode_result
+from fleet.export.writer import export_job
+from fleet.store.layout import result_key
 from fleet.store.local import LocalStore
+from fleet.store.results import encode_result
 from tests.conftest import fleet_cmd
 from tests.test_export import CHUNK, JOB, build_job, output, read_jsonl
 

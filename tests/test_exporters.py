@@ -11,16 +11,15 @@ from pathlib import Path
 import boto3
 import pytest
 
-from fleet.engines.base import prompt_digest
 from fleet.errors import FleetError
-from fleet.export import export_job
-from fleet.exporters import Skipped
-from fleet.layout import chunk_key, encode_lines, manifest_key, result_key
-from fleet.manifest import Manifest, config_hash
-from fleet.records import InputRecord, OutputRecord
-from fleet.results import chunk_stats, encode_result
-from fleet.status import job_status
+from fleet.export.formats import Skipped
+from fleet.export.writer import export_job
+from fleet.monitor.status import job_status
+from fleet.records import InputRecord, OutputRecord, prompt_digest
+from fleet.store.layout import chunk_key, encode_lines, manifest_key, result_key
 from fleet.store.local import LocalStore
+from fleet.store.manifest import Manifest, config_hash
+from fleet.store.results import chunk_stats, encode_result
 
 JOB = "t"
 USER = [{"role": "user", "content": "hi"}]

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleet import keys
-from fleet.layout import failed_prefix, partial_prefix, result_key, results_prefix
-from fleet.localredis import LocalRedis
-from fleet.results import read_result
+from fleet.coord import keys
+from fleet.coord.localredis import LocalRedis
 from fleet.store import open_store
+from fleet.store.layout import failed_prefix, partial_prefix, result_key, results_prefix
+from fleet.store.results import read_result
 from tests.conftest import run_fleet
 from tests.faultproxy import FaultProxy
 from tests.fleetproc import Workers, clean_reference, wait_for, write_prompts
@@ -272,7 +272,7 @@ def test_two_workers_same_chunk_one_result(tmp_path, redis_server, clean_env):
     try:
         wait_for(lambda: r.exists(keys.lease("faults", 0)), 60, "hostA running chunk 0")
         r.delete(keys.lease("faults", 0))
-        from fleet.broker import make_celery, send_chunk
+        from fleet.coord.broker import make_celery, send_chunk
         from fleet.settings import Settings
 
         send_chunk(make_celery(Settings(broker_url=redis_server.url)), "fleet", "faults", 0, 2)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from fleet.coord.localredis import free_port
 from fleet.errors import ConfigError
-from fleet.flower import flower_app, flower_argv, is_loopback, redact_argv, redact_url
-from fleet.localredis import free_port
+from fleet.monitor.flower import flower_app, flower_argv, is_loopback, redact_argv, redact_url
 from fleet.settings import Settings
 from tests.cliload import SUBPROCESS_CODE, cli_app
 from tests.redisproc import RedisProc

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleet.flower import TASKS_COLUMNS
-from fleet.localredis import free_port
+from fleet.coord.localredis import free_port
+from fleet.monitor.flower import TASKS_COLUMNS
 from tests.browser import render
 from tests.conftest import run_fleet
 from tests.fleetproc import FAST_SIM, Workers, wait_for, write_prompts

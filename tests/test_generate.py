@@ -12,11 +12,10 @@ import sys
 import pytest
 
 from fleet.engines import job_config
-from fleet.engines.base import Sampling, derive_seed
 from fleet.engines.sim import SimEngine
-from fleet.manifest import Manifest, config_hash
-from fleet.records import InputRecord, OutputRecord
+from fleet.records import InputRecord, OutputRecord, Sampling, derive_seed
 from fleet.settings import Settings, SimSettings
+from fleet.store.manifest import Manifest, config_hash
 from fleet.worker.chunk import ChunkRun, sample_key
 from fleet.worker.generate import effective_sampling, generate_chunk, requests_for
 
@@ -71,7 +70,7 @@ def test_derive_seed_is_pinned():
 
 def test_derive_seed_is_stable_across_processes():
     # Given another interpreter with another hash randomisation
-    code = "from fleet.engines.base import derive_seed as d; print(d(0,'a',0), d(42,'rec-7',3))"
+    code = "from fleet.records import derive_seed as d; print(d(0,'a',0), d(42,'rec-7',3))"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleet.errors import ConfigError
-from fleet.gpus import detect_gpus, gpu_spec, parse_gpu_spec, pin_env, query_gpus
+from fleet.model.gpus import detect_gpus, gpu_spec, parse_gpu_spec, pin_env, query_gpus
 
 SIX_B200 = "".join(f"{i}, NVIDIA B200, 183359 MiB\n" for i in range(6))
 

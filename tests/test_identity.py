@@ -1,4 +1,4 @@
-"""Engine identity (fleet.identity): what a worker must share with a job to run it, the
+"""Engine identity (fleet.model.identity): what a worker must share with a job to run it, the
 differing fields when it does not, checkpoints stamped with it, and the mismatched
 workers `fleet status` lists (real redis-server)."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleet.checkpoints import checkpoint_hash, decode_checkpoint, encode_checkpoint
-from fleet.identity import config_mismatch, engine_identity, identity_hash
-from fleet.layout import encode_lines, manifest_key
-from fleet.manifest import Manifest, config_hash
-from fleet.mismatch import clear_mismatch, mismatched_workers, record_mismatch
+from fleet.coord.mismatch import clear_mismatch, mismatched_workers, record_mismatch
+from fleet.model.identity import config_mismatch, engine_identity, identity_hash
+from fleet.monitor.status import job_status
 from fleet.settings import Settings
-from fleet.status import job_status
+from fleet.store.checkpoints import checkpoint_hash, decode_checkpoint, encode_checkpoint
+from fleet.store.layout import encode_lines, manifest_key
 from fleet.store.local import LocalStore
+from fleet.store.manifest import Manifest, config_hash
 from tests.conftest import run_fleet
 from tests.modelkit import tiny_model_fixture  # noqa: F401
 
@@ -169,7 +169,7 @@ def test_status_lists_mismatched_workers(r, tmp_path: Path, redis_server, clean_
 
 def test_an_int_default_and_the_same_value_parsed_from_the_environment_are_one_identity():
     # Given the producer's default (an unvalidated int) and a worker's env-parsed float of the same value
-    from fleet.identity import identity_hash
+    from fleet.model.identity import identity_hash
 
     produced = {"engine": "sim", "sim": {"mean_output_tokens": 256, "sigma": 0.8}}
     parsed = {"engine": "sim", "sim": {"mean_output_tokens": 256.0, "sigma": 0.8}}

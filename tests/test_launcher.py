@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from fleet.layout import results_prefix
-from fleet.localredis import free_port
+from fleet.coord.localredis import free_port
 from fleet.store import open_store
+from fleet.store.layout import results_prefix
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, wait_for, write_prompts
 

@@ -9,7 +9,7 @@ import pytest
 import zstandard
 
 from fleet.errors import ChunkCorrupt
-from fleet.layout import (
+from fleet.store.layout import (
     chunk_key,
     decode_lines,
     encode_lines,
@@ -23,8 +23,8 @@ from fleet.layout import (
     result_key,
     results_prefix,
 )
-from fleet.results import HEADER, decode_result, encode_result, iter_records, read_result
 from fleet.store.local import LocalStore
+from fleet.store.results import HEADER, decode_result, encode_result, iter_records, read_result
 
 # -- keys --------------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Leases (docs/architecture.md, Celery facts) on a real redis-server: SET NX PX per running chunk, renew
 and release by the owner only, expiry after the TTL, a heartbeat that keeps a lease alive.
-Also the local redis-server that `fleet run` and these tests start (fleet.localredis)."""
+Also the local redis-server that `fleet run` and these tests start (fleet.coord.localredis)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 import pytest
 import redis
 
-from fleet import keys
+from fleet.coord import keys
+from fleet.coord.leases import Heartbeat, Lease, holder
+from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import BrokerMissing
-from fleet.leases import Heartbeat, Lease, holder
-from fleet.localredis import LocalRedis, free_port
 
 
 @pytest.fixture
@@ -253,7 +253,7 @@ def test_local_redis_without_persistence(tmp_path):
 
 
 def test_local_redis_missing_binary_is_broker_missing(tmp_path, monkeypatch):
-    monkeypatch.setattr("fleet.localredis.shutil.which", lambda name: None)
+    monkeypatch.setattr("fleet.coord.localredis.shutil.which", lambda name: None)
     with pytest.raises(BrokerMissing, match="redis-server"):
         LocalRedis(tmp_path / "r")
 

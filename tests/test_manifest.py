@@ -9,8 +9,10 @@ import json
 import pytest
 
 from fleet.errors import ConfigError, JobConflict, ObjectMissing
-from fleet.layout import manifest_key
-from fleet.manifest import (
+from fleet.settings import Settings
+from fleet.store.layout import manifest_key
+from fleet.store.local import LocalStore
+from fleet.store.manifest import (
     Manifest,
     check_compatible,
     config_diff,
@@ -19,8 +21,6 @@ from fleet.manifest import (
     load_manifest,
     require_manifest,
 )
-from fleet.settings import Settings
-from fleet.store.local import LocalStore
 
 CONFIG = {
     "engine": "sim",

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleet import keys
-from fleet.broker import make_celery
-from fleet.leases import Lease
+from fleet.coord import keys
+from fleet.coord.broker import make_celery
+from fleet.coord.leases import Lease
+from fleet.coord.queuescan import waiting_messages
 from fleet.producer.enqueue import LOST_AFTER_LEASES, enqueue_missing, prepare_job
-from fleet.queuescan import waiting_messages
 from fleet.settings import Settings
 from fleet.store.local import LocalStore
 from tests.conftest import run_fleet
@@ -60,7 +60,7 @@ def take_and_die(settings: Settings) -> None:
     """A consumer process that takes one message (kombu records it as unacked) and dies."""
     code = textwrap.dedent(f"""
         import os
-        from fleet.broker import make_celery
+        from fleet.coord.broker import make_celery
         from fleet.settings import Settings
         app = make_celery(Settings(broker_url={settings.broker_url!r}, queue={QUEUE!r}))
         with app.connection_for_read() as conn:
@@ -147,7 +147,7 @@ def test_other_jobs_and_foreign_entries_are_not_counted(settings, r, job):
     # Given the job's messages lost, while another job's message and a foreign entry wait
     for name in keys.queue_lists(QUEUE):
         r.delete(name)
-    from fleet.broker import send_chunk
+    from fleet.coord.broker import send_chunk
 
     send_chunk(app, QUEUE, "other-job", 1)
     r.lpush(QUEUE, b"not json at all")

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from fleet import keys
-from fleet.layout import results_prefix
-from fleet.results import read_result
+from fleet.coord import keys
 from fleet.store import open_store
+from fleet.store.layout import results_prefix
+from fleet.store.results import read_result
 from tests.conftest import run_fleet
 from tests.fleetproc import FAST_SIM, Workers, wait_for, write_prompts
 

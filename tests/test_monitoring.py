@@ -17,9 +17,9 @@ import yaml
 from prometheus_client import REGISTRY
 
 from fleet import metrics
-from fleet.jobmetrics import FAMILIES
-from fleet.localredis import free_port
-from fleet.promtargets import worker_targets
+from fleet.coord.localredis import free_port
+from fleet.monitor.jobmetrics import FAMILIES
+from fleet.monitor.promtargets import worker_targets
 from tests.conftest import ROOT, run_fleet
 from tests.fleetproc import FAST_SIM, Workers, wait_for, write_prompts
 from tests.test_ops_scripts import base_env, fleet_shim, settings_file

@@ -20,7 +20,7 @@ import pytest
 import redis
 import yaml
 
-from fleet.localredis import free_port
+from fleet.coord.localredis import free_port
 from tests.cliload import SUBPROCESS_CODE
 from tests.redisproc import RedisProc
 

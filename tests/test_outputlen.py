@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.outputlen import FALLBACK_MAX_TOKENS, default_max_tokens
+from fleet.model.outputlen import FALLBACK_MAX_TOKENS, default_max_tokens
 
 
 def model_dir(tmp_path: Path, config: dict, gen: dict | None = None) -> Path:

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from fleet.errors import ConfigError
-from fleet.gpus import GPU_TABLE
-from fleet.plan import (
+from fleet.model.gpus import GPU_TABLE
+from fleet.tools.plan import (
     ModelFacts,
     kv_bytes_per_token,
     make_plan,

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from fleet.engines import job_config
-from fleet.engines.base import Sampling
 from fleet.errors import ConfigError, RecordError
-from fleet.prompting import (
+from fleet.model.prompting import (
     check_length,
     fill_sampling,
     load_tokenizer,
@@ -24,7 +23,7 @@ from fleet.prompting import (
     split_reasoning,
     trim_at_stop,
 )
-from fleet.records import Message
+from fleet.records import Message, Sampling
 from fleet.settings import Settings
 from tests.modelkit import chat, raw, tiny_model_fixture  # noqa: F401
 

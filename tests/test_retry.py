@@ -1,4 +1,4 @@
-"""fleet.retry: one table of what a failure means, read from the error's class only."""
+"""fleet.coord.retry: one table of what a failure means, read from the error's class only."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import redis as redis_lib
 
+from fleet.coord.retry import Action, History, RetryPolicy, Spend, fault_of
 from fleet.errors import ChunkCorrupt, EngineError, ManifestMissing, ObjectMissing, StoreError, WorkerLost
-from fleet.retry import Action, History, RetryPolicy, Spend, fault_of
 
 POLICY = RetryPolicy(max_attempts=3, max_crashes=5, crash_window_s=10, backoff_s=1, backoff_max_s=30)
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from fleet.localredis import free_port
+from fleet.coord.localredis import free_port
 from tests.conftest import run_fleet
 from tests.fleetproc import FAST_SIM, Workers, read_jsonl, wait_for, write_prompts
 

@@ -10,10 +10,9 @@ import time
 
 import pytest
 
-from fleet.engines.base import GenRequest, GenResult, Sampling, derive_seed, prompt_digest
 from fleet.engines.sim import SimEngine, prompt_size, sim_length, sim_text
 from fleet.errors import RecordError
-from fleet.records import Message
+from fleet.records import GenRequest, GenResult, Message, Sampling, derive_seed, prompt_digest
 from fleet.settings import SimSettings
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleet import keys
-from fleet.layout import failed_prefix, partials_prefix, results_prefix
+from fleet.coord import keys
 from fleet.store import open_store
+from fleet.store.layout import failed_prefix, partials_prefix, results_prefix
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, clean_reference, wait_for
 

@@ -12,16 +12,16 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from fleet import keys
-from fleet.chunkstate import Quarantine
+from fleet.coord import keys
+from fleet.coord.chunkstate import Quarantine
+from fleet.coord.leases import Lease
+from fleet.coord.localredis import free_port
 from fleet.errors import ObjectMissing
-from fleet.layout import encode_lines, manifest_key, result_key
-from fleet.leases import Lease
-from fleet.localredis import free_port
-from fleet.manifest import Manifest, config_hash
-from fleet.results import encode_result
-from fleet.status import RATE_WINDOW_S, job_status, recent_rate
+from fleet.monitor.status import RATE_WINDOW_S, job_status, recent_rate
+from fleet.store.layout import encode_lines, manifest_key, result_key
 from fleet.store.local import LocalStore
+from fleet.store.manifest import Manifest, config_hash
+from fleet.store.results import encode_result
 
 JOB = "j"
 

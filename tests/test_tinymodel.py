@@ -9,7 +9,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from fleet.tinymodel import build_tiny_model
+from fleet.model.tinymodel import build_tiny_model
 from tests.modelkit import tiny_model_fixture  # noqa: F401
 
 FILES = (

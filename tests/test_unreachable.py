@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from fleet.coord.localredis import free_port
 from fleet.errors import BrokerUnreachable, StoreError, StoreUnreachable
-from fleet.localredis import free_port
-from fleet.preflight import unreachable
 from fleet.settings import Settings
+from fleet.tools.preflight import unreachable
 from tests.conftest import run_fleet
 from tests.fleetproc import FAST_SIM, write_prompts
 from tests.redisproc import RedisProc

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fleet.results import read_result
 from fleet.store import Store
+from fleet.store.results import read_result
 
 
 @dataclass

@@ -25,11 +25,10 @@ import time
 from typing import Any
 
 from fleet.bench.report import Figure, Section
-from fleet.engines.base import GenRequest, Sampling
 from fleet.engines.sglang_plan import with_planned_running
 from fleet.errors import ConfigError, FleetError
-from fleet.outputlen import FALLBACK_MAX_TOKENS
-from fleet.records import Message
+from fleet.model.outputlen import FALLBACK_MAX_TOKENS
+from fleet.records import GenRequest, Message, Sampling
 from fleet.settings import Settings, load_settings
 
 TOPICS = ("a sorting algorithm", "the causes of inflation", "how vaccines work", "a proof that sqrt(2) is irrational",

@@ -23,8 +23,8 @@ from fleet.bench.reference import REFERENCE
 from fleet.bench.report import Figure, Section
 from fleet.bench.simjob import SimJob, SimShape, run_sim_job
 from fleet.engines.sim import sim_text
-from fleet.results import encode_result
 from fleet.store import open_store
+from fleet.store.results import encode_result
 
 REF_COMMIT_REPEATS = 5
 

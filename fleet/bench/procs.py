@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
-from fleet.localredis import free_port
 
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0

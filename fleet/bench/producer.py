@@ -15,7 +15,7 @@ from typing import Any
 from fleet.bench.procs import MotoS3, clean_env, patched_environ, run_measured, write_prompts
 from fleet.bench.profile import Profile
 from fleet.bench.report import Figure, Section
-from fleet.localredis import LocalRedis
+from fleet.coord.localredis import LocalRedis
 
 
 def enqueue_once(workdir: Path, records: int, chunk_size: int, store_url: str, extra: dict[str, str]) -> dict[str, Any]:

@@ -18,10 +18,9 @@ import random
 from typing import Any
 
 from fleet.bench.reference import REFERENCE
-from fleet.engines.base import prompt_digest
 from fleet.engines.sim import sim_text
-from fleet.records import OutputRecord
-from fleet.results import chunk_stats, encode_result
+from fleet.records import OutputRecord, prompt_digest
+from fleet.store.results import chunk_stats, encode_result
 
 QWEN_VOCAB = 151_936
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from fleet.bench.jobstats import JobRun, read_job
 from fleet.bench.procs import WorkerHost, clean_env, run_fleet, wait_until, write_prompts
+from fleet.coord.localredis import LocalRedis
 from fleet.errors import FleetError
-from fleet.layout import failed_prefix, results_prefix
-from fleet.localredis import LocalRedis
 from fleet.settings import Settings
 from fleet.store import open_store
+from fleet.store.layout import failed_prefix, results_prefix
 
 #: Larger than any sim length the suite draws: the heavy tail is what is being measured.
 UNCAPPED_TOKENS = 1_000_000

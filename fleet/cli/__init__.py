@@ -9,7 +9,7 @@ from fleet.cli import bench, jobs, models, monitoring, ops, workers  # noqa: E40
 
 
 def main() -> None:
-    from fleet.preflight import CONNECTION_ERRORS
+    from fleet.tools.preflight import CONNECTION_ERRORS
 
     try:
         app()

@@ -63,8 +63,8 @@ def run_guarded(fn, *args: Any, **kwargs: Any) -> Any:
 
 def preflight(settings: Settings, *, broker: bool = False, store: bool = False) -> None:
     """Reach the services a command needs before it does anything (one line if one is down)."""
-    from fleet.preflight import ping_broker, ping_store
-    from fleet.producer.enqueue import store_for
+    from fleet.store import store_for
+    from fleet.tools.preflight import ping_broker, ping_store
 
     if broker:
         run_guarded(ping_broker, settings)
@@ -74,7 +74,7 @@ def preflight(settings: Settings, *, broker: bool = False, store: bool = False) 
 
 def fail_unreachable(exc: BaseException) -> NoReturn:
     """A connection error that escaped a command (a service lost mid-run): one line, no traceback."""
-    from fleet.preflight import unreachable
+    from fleet.tools.preflight import unreachable
 
     message = unreachable(exc, loaded[0] if loaded else None)
     console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)

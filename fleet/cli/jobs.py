@@ -47,7 +47,7 @@ def run(
 ) -> None:
     """Everything on one machine: local Redis if none is set, workers, enqueue, progress."""
     setup_logging()
-    from fleet.localrun import run_local
+    from fleet.tools.localrun import run_local
 
     settings = settings_from(engine=engine, model=model, broker_url=broker_url, store_url=store_url,
                              chunk_size=chunk_size, slots=slots, data_dir=data_dir)
@@ -57,7 +57,7 @@ def run(
     began = time.monotonic()
     gpu_list = None
     if gpus:
-        from fleet.gpus import parse_gpu_spec
+        from fleet.model.gpus import parse_gpu_spec
 
         gpu_list = run_guarded(parse_gpu_spec, gpus)
     st = run_guarded(run_local, settings, input, job, workers=workers or 2, gpus=gpu_list)
@@ -100,16 +100,16 @@ def status(
     broker_url: BrokerOpt = None, store_url: StoreOpt = None,
 ) -> None:
     """Chunks done / running / queued / failed, records, tokens, tok/s, ETA, cost."""
-    from fleet.broker import redis_client
-    from fleet.producer.enqueue import store_for
-    from fleet.status import job_status
+    from fleet.coord.broker import redis_client
+    from fleet.monitor.status import job_status
+    from fleet.store import store_for
 
     settings = settings_from(broker_url=broker_url, store_url=store_url)
     preflight(settings, broker=bool(settings.broker_url), store=True)
     store = store_for(settings)
     r = redis_client(settings) if settings.broker_url else None
 
-    from fleet.manifest import require_manifest
+    from fleet.store.manifest import require_manifest
 
     manifest = run_guarded(require_manifest, store, job)
 
@@ -176,9 +176,9 @@ def export(
     store_url: StoreOpt = None,
 ) -> None:
     """Results in input order."""
-    from fleet.export import export_job
-    from fleet.exporters import Skipped
-    from fleet.producer.enqueue import store_for
+    from fleet.export.formats import Skipped
+    from fleet.export.writer import export_job
+    from fleet.store import store_for
 
     settings = settings_from(store_url=store_url)
     preflight(settings, store=True)

@@ -17,7 +17,7 @@ def tiny_model(
     seed: Annotated[int, typer.Option("--seed", help="weight seed; same seed, same files")] = 0,
 ) -> None:
     """Build a tiny random-weight Qwen3 model with no network (for tests and CPU runs)."""
-    from fleet.tinymodel import build_tiny_model
+    from fleet.model.tinymodel import build_tiny_model
 
     path = build_tiny_model(out_dir, seed=seed)
     typer.echo(str(path))

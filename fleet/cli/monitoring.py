@@ -25,9 +25,9 @@ def job_metrics(
     """Serve job progress (chunks, records, ETA, cost) of every job as Prometheus metrics."""
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from fleet.broker import redis_client
-    from fleet.jobmetrics import JobCollector
-    from fleet.producer.enqueue import store_for
+    from fleet.coord.broker import redis_client
+    from fleet.monitor.jobmetrics import JobCollector
+    from fleet.store import store_for
 
     setup_logging()
     settings = settings_from(broker_url=broker_url, store_url=store_url)
@@ -49,7 +49,7 @@ def prom_targets(
     job_metrics_at: Annotated[str | None, typer.Option("--job-metrics", help="host:port of fleet job-metrics")] = None,
 ) -> None:
     """Write Prometheus' targets: each host's worker ports and the job exporter."""
-    from fleet.promtargets import head_targets, worker_targets, write_targets
+    from fleet.monitor.promtargets import head_targets, worker_targets, write_targets
 
     base = port or settings_from().metrics_port or 9400
     groups = run_guarded(worker_targets, [h for h in hosts.split(",") if h.strip()], workers, base)

@@ -21,8 +21,8 @@ from fleet.cli.app import (
     setup_logging,
 )
 from fleet.errors import FleetError
-from fleet.gpus import GPU_TABLE, gpu_spec
-from fleet.plan import DEFAULT_BATCH, DEFAULT_BYTES_PER_PARAM, ModelFacts, Plan, make_plan, model_facts_from_dir
+from fleet.model.gpus import GPU_TABLE, gpu_spec
+from fleet.tools.plan import DEFAULT_BATCH, DEFAULT_BYTES_PER_PARAM, ModelFacts, Plan, make_plan, model_facts_from_dir
 
 out = Console()  # results go to stdout; app.console (stderr) carries errors and logs
 
@@ -164,7 +164,7 @@ def plan(
 ) -> None:
     """Throughput, wall time and cost of a job on a fleet, next to the roofline.
 
-    With --model, the capacity model (fleet.capacity) says how many requests SGLang really
+    With --model, the capacity model (fleet.model.capacity) says how many requests SGLang really
     runs at once on that GPU, and the roofline is taken at that batch.
     """
     settings = settings_from(model=model)
@@ -215,7 +215,7 @@ def flower(
 
     The credential comes from FLEET_FLOWER_BASIC_AUTH (user:password), never a flag.
     """
-    from fleet.flower import run_flower
+    from fleet.monitor.flower import run_flower
 
     setup_logging()
     settings = settings_from(broker_url=broker_url, flower_address=address, flower_port=port)
@@ -235,7 +235,7 @@ def doctor(
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Pre-flight: broker, store, GPUs, model files and engine args. Exit 1 when one fails."""
-    from fleet.doctor import run_checks
+    from fleet.tools.doctor import run_checks
 
     settings = settings_from(broker_url=broker_url, store_url=store_url, engine=engine, model=model)
     checks = run_checks(settings)

@@ -37,7 +37,7 @@ def worker(
     gpu_list = None
     if gpus:
         from fleet.errors import FleetError
-        from fleet.gpus import parse_gpu_spec
+        from fleet.model.gpus import parse_gpu_spec
 
         try:
             gpu_list = parse_gpu_spec(gpus)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.engines.base import Engine
-from fleet.outputlen import default_max_tokens
+from fleet.model.outputlen import default_max_tokens
 from fleet.settings import Settings
 
 
@@ -53,7 +53,7 @@ def job_config(settings: Settings) -> dict[str, Any]:
             "sigma": settings.sim.sigma,
         }
         return base
-    from fleet.prompting import model_facts
+    from fleet.model.prompting import model_facts
 
     facts = model_facts(settings)
     base["model"] = facts["model"]
@@ -67,6 +67,6 @@ def input_vocab(settings: Settings) -> int | None:
     rows are not tokens), the sim engine's setting, or None where nothing is known."""
     if settings.engine == "sim":
         return settings.sim.vocab_size
-    from fleet.prompting import load_tokenizer, require_model
+    from fleet.model.prompting import load_tokenizer, require_model
 
     return len(load_tokenizer(require_model(settings)))

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from fleet.engines.base import GenRequest, GenResult, Sampling, derive_seed, prompt_digest
 from fleet.engines.model import ModelEngine
 from fleet.errors import EngineError
-from fleet.prompting import (
+from fleet.model.prompting import (
     NEUTRAL,
     Prompt,
     check_length,
@@ -38,6 +37,7 @@ from fleet.prompting import (
     split_reasoning,
     trim_at_stop,
 )
+from fleet.records import GenRequest, GenResult, Sampling, derive_seed, prompt_digest
 from fleet.settings import Settings
 
 #: Tokens of decoded tail, beyond the longest stop string, checked for a stop each step.

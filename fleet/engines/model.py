@@ -1,7 +1,7 @@
 """What the hf and sglang engines share: a model directory and what its files say.
 
 The tokenizer renders prompts (so token counts are exact) and generation_config.json
-gives the sampling defaults; both engines read them the same way, through fleet.prompting.
+gives the sampling defaults; both engines read them the same way, through fleet.model.prompting.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.engines.base import Engine
-from fleet.prompting import load_tokenizer, model_facts, require_model, resolve_model_dir
+from fleet.model.prompting import load_tokenizer, model_facts, require_model, resolve_model_dir
 from fleet.settings import Settings
 
 

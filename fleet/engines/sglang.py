@@ -5,7 +5,7 @@ deployment's exact kwargs on a laptop. `SglangEngine` imports sglang only in `st
 which runs on the worker's long-lived loop thread: the engine's receive loop binds to the
 first event loop that uses it (docs/architecture.md), so every request must come from that loop.
 
-We pass token ids (the prompt is templated once, by `fleet.prompting`) but keep SGLang's
+We pass token ids (the prompt is templated once, by `fleet.model.prompting`) but keep SGLang's
 tokenizer (`skip_tokenizer_init` stays False): stop strings and detokenisation need it,
 and detokenising in SGLang's own process keeps that work off the worker's loop.
 """
@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fleet.engines.base import GenRequest, GenResult, Sampling, prompt_digest
 from fleet.engines.model import ModelEngine
 from fleet.engines.sglang_plan import (
     check_choices,
@@ -31,8 +30,8 @@ from fleet.engines.sglang_plan import (
     with_planned_running,
 )
 from fleet.errors import EngineError, RecordError
-from fleet.gpus import gpu_memory_mib
-from fleet.prompting import (
+from fleet.model.gpus import gpu_memory_mib
+from fleet.model.prompting import (
     Prompt,
     check_length,
     context_length_of,
@@ -41,6 +40,7 @@ from fleet.prompting import (
     require_model,
     split_reasoning,
 )
+from fleet.records import GenRequest, GenResult, Sampling, prompt_digest
 from fleet.settings import DEFAULT_SGLANG_RUNNING, Settings, SglangSettings
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ META_FIELDS = (
 def engine_kwargs(settings: Settings, gpu: str | None = None) -> dict[str, Any]:
     """The exact kwargs the worker passes to `sglang.Engine` on `gpu` (default: this host's).
 
-    mem_fraction_static and max_running_requests are always explicit (fleet.capacity), and
+    mem_fraction_static and max_running_requests are always explicit (fleet.model.capacity), and
     the mamba radix strategy is left to SGLang, which resolves it (extra_buffer under the
     overlap scheduler) where the platform supports it.
     """

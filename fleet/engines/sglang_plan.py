@@ -12,9 +12,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fleet.capacity import Capacity, Serving, capacity, sglang_mem_fraction
 from fleet.errors import ConfigError
-from fleet.gpus import gpu_memory_mib
+from fleet.model.capacity import Capacity, Serving, capacity, sglang_mem_fraction
+from fleet.model.gpus import gpu_memory_mib
 from fleet.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,9 @@ import math
 import random
 import time
 
-from fleet.engines.base import Engine, GenRequest, GenResult, derive_seed, prompt_digest
+from fleet.engines.base import Engine
 from fleet.errors import EngineError, RecordError
+from fleet.records import GenRequest, GenResult, derive_seed, prompt_digest
 from fleet.settings import SimSettings
 
 _WORDS = (

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fleet.layout import chunk_key, encode_lines
 from fleet.records import InputRecord
 from fleet.store import Store
+from fleet.store.layout import chunk_key, encode_lines
 
 
 @dataclass

@@ -15,9 +15,9 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from fleet.errors import JobConflict
-from fleet.layout import claim_key
-from fleet.manifest import Manifest, config_diff
 from fleet.store import Store
+from fleet.store.layout import claim_key
+from fleet.store.manifest import Manifest, config_diff
 
 
 class JobIdentity(BaseModel):

@@ -15,26 +15,26 @@ from typing import Any
 import redis
 from celery import Celery
 
-from fleet import keys
-from fleet.broker import make_celery, redis_client, send_chunk
-from fleet.chunkstate import done_indexes, failed_indexes, queued_indexes, running_indexes
+from fleet.coord import keys
+from fleet.coord.broker import make_celery, redis_client, send_chunk
+from fleet.coord.chunkstate import done_indexes, failed_indexes, queued_indexes, running_indexes
+from fleet.coord.queuescan import stale_markers
+from fleet.coord.recovery import requeue_expired
+from fleet.coord.retry import forget
 from fleet.engines import input_vocab, job_config
 from fleet.errors import InputError
-from fleet.identity import engine_identity, identity_hash
-from fleet.layout import failed_key, manifest_key
-from fleet.manifest import Manifest, check_compatible, config_hash, load_manifest
+from fleet.model.identity import engine_identity, identity_hash
 from fleet.producer.chunker import write_chunks
 from fleet.producer.claim import JobIdentity, check_same_job, claim_job
 from fleet.producer.digest import InputDigest
 from fleet.producer.reader import read_records, validate
 from fleet.producer.source import local_input
 from fleet.progress import Progress, counted
-from fleet.queuescan import stale_markers
 from fleet.records import InputRecord
-from fleet.recovery import requeue_expired
-from fleet.retry import forget
 from fleet.settings import Settings
-from fleet.store import Store, open_store
+from fleet.store import Store, store_for
+from fleet.store.layout import failed_key, manifest_key
+from fleet.store.manifest import Manifest, check_compatible, config_hash, load_manifest
 
 log = logging.getLogger(__name__)
 #: a message taken this many lease TTLs ago whose chunk has no lease lost its worker
@@ -53,15 +53,10 @@ class EnqueueReport:
     created: bool = False
     #: chunks whose "queued" marker had no message behind it (cleared and enqueued again)
     repaired: list[int] = field(default_factory=list)
-    #: the max_tokens in effect for the job, and where it came from (fleet.outputlen)
+    #: the max_tokens in effect for the job, and where it came from (fleet.model.outputlen)
     max_tokens: int | None = None
     max_tokens_from: str | None = None
 
-
-def store_for(settings: Settings) -> Store:
-    return open_store(
-        settings.resolved_store_url, settings.s3_max_attempts, settings.multipart_threshold_mb
-    )
 
 
 def job_identity(

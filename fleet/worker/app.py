@@ -12,7 +12,7 @@ from typing import Any
 
 from celery import signals
 
-from fleet.broker import TASK_NAME, make_celery
+from fleet.coord.broker import TASK_NAME, make_celery
 from fleet.settings import load_settings
 from fleet.worker.runtime import Runtime
 

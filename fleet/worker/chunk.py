@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet import metrics
-from fleet.manifest import Manifest
 from fleet.records import InputRecord
+from fleet.store.manifest import Manifest
 
 
 def sample_key(record_id: str, sample: int) -> str:
@@ -34,7 +34,7 @@ class ChunkRun:
     #: an end-of-job helper run: no chunk lease, first committed result wins
     assist: bool = False
     started: float = field(default_factory=time.time)
-    #: the chunk lease is held: a failure may now be charged to the chunk (fleet.retry)
+    #: the chunk lease is held: a failure may now be charged to the chunk (fleet.coord.retry)
     leased: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     _inflight: int = 0

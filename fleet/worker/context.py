@@ -14,12 +14,12 @@ from typing import Any
 
 import redis
 
-from fleet.chunkqueue import ChunkQueue
-from fleet.leases import Heartbeat
-from fleet.manifest import Manifest, load_manifest
-from fleet.retry import RetryPolicy
+from fleet.coord.chunkqueue import ChunkQueue
+from fleet.coord.leases import Heartbeat
+from fleet.coord.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store import Store
+from fleet.store.manifest import Manifest, load_manifest
 
 #: seconds a worker trusts its copy of a job's manifest before reading it again
 MANIFEST_MAX_AGE_S = 30.0
@@ -66,7 +66,7 @@ class WorkerContext:
     queue: ChunkQueue
     policy: RetryPolicy
     manifests: ManifestCache
-    #: what this worker's engine is (fleet.identity): compared with each job's, stamped on checkpoints
+    #: what this worker's engine is (fleet.model.identity): compared with each job's, stamped on checkpoints
     identity: dict[str, Any] = field(default_factory=dict)
     identity_hash: str = ""
     #: set when running chunks must be handed back (grace period over, or the engine died)

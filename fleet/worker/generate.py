@@ -10,9 +10,9 @@ import asyncio
 import time
 from typing import Any
 
-from fleet.engines.base import Engine, GenRequest, GenResult, Sampling, derive_seed
+from fleet.engines.base import Engine
 from fleet.errors import RecordError
-from fleet.records import InputRecord, OutputRecord
+from fleet.records import GenRequest, GenResult, InputRecord, OutputRecord, Sampling, derive_seed
 from fleet.worker.chunk import ChunkRun, sample_key
 
 _SAMPLING_FIELDS = (

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.engines.sglang_plan import with_planned_running
-from fleet.gpus import pin_env
+from fleet.model.gpus import pin_env
 from fleet.settings import Settings
 from fleet.worker.parent import LAUNCHER_PID_ENV
 
@@ -77,7 +77,7 @@ class _Child:
 class Supervisor:
     def __init__(self, settings: Settings, specs: list[WorkerSpec], log_dir: Path | None = None,
                  concurrency: int | None = None, restart: bool = True):
-        # S (hence K) from what the engine can really run on this host's GPUs (fleet.capacity).
+        # S (hence K) from what the engine can really run on this host's GPUs (fleet.model.capacity).
         self.settings = settings = with_planned_running(settings)
         self.children = [_Child(s) for s in specs]
         self.log_dir = log_dir

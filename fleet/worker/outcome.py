@@ -40,7 +40,7 @@ class Skipped:
 
 @dataclass(frozen=True)
 class Failed:
-    """The run failed; fleet.retry decides from the cause's class what it means."""
+    """The run failed; fleet.coord.retry decides from the cause's class what it means."""
 
     cause: BaseException
 

@@ -15,16 +15,17 @@ from typing import Any
 
 from celery import Celery
 
-from fleet import keys, metrics
-from fleet.broker import redis_client
-from fleet.chunkqueue import ChunkQueue
+from fleet import metrics
+from fleet.coord import keys
+from fleet.coord.broker import redis_client
+from fleet.coord.chunkqueue import ChunkQueue
+from fleet.coord.leases import Heartbeat
+from fleet.coord.recovery import StallWatch, watch_jobs
+from fleet.coord.retry import RetryPolicy
 from fleet.engines import build_engine
-from fleet.identity import engine_identity, identity_hash
-from fleet.leases import Heartbeat
-from fleet.producer.enqueue import store_for
-from fleet.recovery import StallWatch, watch_jobs
-from fleet.retry import RetryPolicy
+from fleet.model.identity import engine_identity, identity_hash
 from fleet.settings import Settings
+from fleet.store import store_for
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.context import ManifestCache, WorkerContext
 from fleet.worker.enginehost import EngineHost

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from fleet.errors import FleetError
-from fleet.layout import read_chunk, result_key
-from fleet.results import chunk_stats, encode_result
 from fleet.store import Store
+from fleet.store.layout import read_chunk, result_key
+from fleet.store.results import chunk_stats, encode_result
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.enginehost import EngineHost
 from fleet.worker.generate import generate_chunk

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleet.broker import make_celery
-from fleet.chunkqueue import ChunkQueue
+from fleet.coord.broker import make_celery
+from fleet.coord.chunkqueue import ChunkQueue
+from fleet.coord.leases import Heartbeat
+from fleet.coord.retry import RetryPolicy
 from fleet.engines import build_engine
-from fleet.identity import engine_identity, identity_hash
-from fleet.leases import Heartbeat
+from fleet.model.identity import engine_identity, identity_hash
 from fleet.producer.enqueue import prepare_job
-from fleet.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store.local import LocalStore
 from fleet.worker.chunk import ChunkRun
@@ -117,7 +117,7 @@ def other(settings, store, r, host, job) -> Iterator[Worker]:
 
 def queued_messages(r: redis.Redis) -> list[dict]:
     """Chunk messages waiting in the Celery queue, over every priority list kombu keeps."""
-    from fleet import keys
+    from fleet.coord import keys
 
     out = []
     for q in keys.queue_lists(QUEUE):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from fleet.layout import read_chunk
+from fleet.store.layout import read_chunk
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.outcome import Outcome
 from fleet.worker.task import ChunkTask

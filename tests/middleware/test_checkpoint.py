@@ -3,8 +3,8 @@ checkpoints go only once the chunk's result exists, on every path that finds it.
 
 from __future__ import annotations
 
-from fleet.layout import partial_prefix, result_key
-from fleet.results import read_result
+from fleet.store.layout import partial_prefix, result_key
+from fleet.store.results import read_result
 from fleet.worker.outcome import Committed, Failed, HandedBack, Skipped
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import generate_then_raise, hold

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from fleet import keys
-from fleet.checkpoints import encode_checkpoint
-from fleet.layout import partial_prefix, result_key
-from fleet.mismatch import mismatched_workers
+from fleet.coord import keys
+from fleet.coord.mismatch import mismatched_workers
+from fleet.store.checkpoints import encode_checkpoint
+from fleet.store.layout import partial_prefix, result_key
 from fleet.worker.outcome import Committed, HandedBack
 from tests.middleware.conftest import JOB, make_worker, queued_messages
 

@@ -3,9 +3,9 @@ run cancelled at once when another worker holds it."""
 
 from __future__ import annotations
 
-from fleet import keys
-from fleet.layout import result_key
-from fleet.leases import holder
+from fleet.coord import keys
+from fleet.coord.leases import holder
+from fleet.store.layout import result_key
 from fleet.worker.outcome import Committed, Skipped
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import hold

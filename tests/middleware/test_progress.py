@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
-from fleet import keys, metrics
-from fleet.layout import partial_prefix, result_key
+from fleet import metrics
+from fleet.coord import keys
+from fleet.store.layout import partial_prefix, result_key
 from fleet.worker.outcome import Committed, Superseded
 from tests.middleware.conftest import JOB
 from tests.middleware.tasks import hold

@@ -1,14 +1,14 @@
-"""RetryMiddleware and the gates: every failure goes through fleet.retry; a hand-back
+"""RetryMiddleware and the gates: every failure goes through fleet.coord.retry; a hand-back
 spends nothing; nothing is quarantined before its lease was taken."""
 
 from __future__ import annotations
 
 import time
 
-from fleet import keys
-from fleet.chunkstate import read_failures
+from fleet.coord import keys
+from fleet.coord.chunkstate import read_failures
 from fleet.errors import EngineError, StoreError
-from fleet.layout import manifest_key, result_key
+from fleet.store.layout import manifest_key, result_key
 from fleet.worker.context import ManifestCache
 from fleet.worker.middleware import Middleware, Order, owner_stack
 from fleet.worker.outcome import Committed, Failed, HandedBack, Outcome

@@ -7,11 +7,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from fleet import keys
-from fleet.checkpoints import decode_checkpoint, encode_checkpoint
-from fleet.chunkstate import delete_checkpoints
+from fleet.coord import keys
+from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ChunkCorrupt, ObjectMissing
-from fleet.layout import partial_key, partial_prefix
+from fleet.store.checkpoints import decode_checkpoint, encode_checkpoint
+from fleet.store.layout import partial_key, partial_prefix
 from fleet.worker.chunk import ChunkRun, sample_key
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Outcome, result_exists

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from fleet.identity import config_mismatch
-from fleet.mismatch import clear_mismatch, record_mismatch
+from fleet.coord.mismatch import clear_mismatch, record_mismatch
+from fleet.model.identity import config_mismatch
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.context import WorkerContext
 from fleet.worker.middleware.base import Middleware, Order
@@ -23,7 +23,7 @@ MISMATCH_HOLD_S = 5.0
 
 class ConfigGate(Middleware[None]):
     """Hand the chunk back, no attempt spent; say it once as CRITICAL and record the worker
-    for `fleet status` (fleet.mismatch)."""
+    for `fleet status` (fleet.coord.mismatch)."""
 
     order = Order.GATE
 

@@ -1,5 +1,5 @@
 """A dead engine stops its worker, so the supervisor starts a fresh one and this process
-takes no more chunks (the failed chunk's own fate is fleet.retry's)."""
+takes no more chunks (the failed chunk's own fate is fleet.coord.retry's)."""
 
 from __future__ import annotations
 

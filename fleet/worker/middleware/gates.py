@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fleet import keys
-from fleet.chunkstate import delete_checkpoints
+from fleet.coord import keys
+from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ManifestMissing
-from fleet.layout import result_key
+from fleet.store.layout import result_key
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Failed, HandedBack, Outcome, Skipped

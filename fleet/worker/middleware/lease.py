@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from fleet import keys
-from fleet.leases import Lease, holder
+from fleet.coord import keys
+from fleet.coord.leases import Lease, holder
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Failed, HandedBack, Outcome, Skipped

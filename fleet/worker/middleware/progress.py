@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from fleet import keys
-from fleet.layout import result_key
+from fleet.coord import keys
+from fleet.store.layout import result_key
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Outcome, Superseded

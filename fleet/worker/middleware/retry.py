@@ -1,4 +1,4 @@
-"""Outcome of an owner's run: requeue a handed-back chunk, and let fleet.retry decide what
+"""Outcome of an owner's run: requeue a handed-back chunk, and let fleet.coord.retry decide what
 a failure means (requeue with or without an attempt spent, or quarantine)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 
 import redis
 
-from fleet.retry import Action, History, settle
+from fleet.coord.retry import Action, History, settle
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Failed, HandedBack, Outcome

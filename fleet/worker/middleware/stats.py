@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fleet import keys
+from fleet.coord import keys
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Committed, Outcome

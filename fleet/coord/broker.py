@@ -1,0 +1,98 @@
+"""The Celery app, built from the one settings object, and the chunk message.
+
+A message names a chunk (job, index, attempt); prompts never travel through Redis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from celery import Celery
+from kombu import Queue
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from fleet.coord import keys
+from fleet.errors import ConfigError
+from fleet.settings import Settings
+
+TASK_NAME = "fleet.run_chunk"
+#: kombu's Redis transport serves priority 0 first. Chunks handed back after a lost or
+#: stopping worker jump the queue, so recovery does not wait behind the whole job.
+PRIORITY_RECOVERY = 0
+PRIORITY_NORMAL = 6
+
+
+def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
+    url = broker_url or settings.broker_url
+    if not url:
+        raise ConfigError("no broker configured: set FLEET_BROKER_URL (redis://host:port/db)")
+    app = Celery("fleet", broker=url, set_as_current=False)
+    transport: dict[str, Any] = {
+        # Redis emulates acks: a message unacked longer than this goes to another worker,
+        # so it must exceed any chunk's run time (docs/architecture.md, Celery facts).
+        "visibility_timeout": settings.visibility_timeout_s,
+        "health_check_interval": 10,
+        "priority_steps": list(keys.PRIORITY_STEPS),
+        "sep": keys.PRIORITY_SEP,
+        "queue_order_strategy": "priority",
+    }
+    app.conf.update(
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,
+        # JSON only: a broker that accepts pickle lets anyone who can write to Redis run code.
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        result_accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_default_queue=settings.queue,
+        task_queues=[Queue(settings.queue)],
+        task_send_sent_event=True,
+        worker_send_task_events=True,
+        worker_pool="threads",
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        broker_pool_limit=None,
+    )
+    return app
+
+
+def chunk_message(job: str, index: int, attempt: int = 1) -> dict[str, Any]:
+    return {"job": job, "index": index, "attempt": attempt}
+
+
+def chunk_label(job: str, index: int) -> str:
+    """What Flower and Celery's logs call a chunk task instead of `fleet.run_chunk`."""
+    return f"chunk {job}/{index}"
+
+
+def send_chunk(
+    app: Celery, queue: str, job: str, index: int, attempt: int = 1, priority: int = PRIORITY_NORMAL
+) -> None:
+    # The shadow name only relabels the task (events, Flower, logs); the worker still runs
+    # TASK_NAME, which the message's `task` header names.
+    app.send_task(
+        TASK_NAME, kwargs=chunk_message(job, index, attempt), queue=queue, priority=priority,
+        shadow=chunk_label(job, index),
+    )
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    """The broker's Redis for leases and queue markers, retrying through short outages."""
+    if not settings.broker_url:
+        raise ConfigError("no broker configured: set FLEET_BROKER_URL (redis://host:port/db)")
+    return redis.Redis.from_url(
+        settings.broker_url,
+        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        socket_timeout=10,
+        socket_connect_timeout=5,
+        health_check_interval=10,
+    )

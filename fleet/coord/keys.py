@@ -1,0 +1,113 @@
+"""Every Redis key fleet uses, in one place (the broker's own keys belong to kombu).
+
+Keys live in the broker's Redis, so losing the broker loses them together with the queue:
+the store stays the source of truth and `fleet enqueue` rebuilds both.
+"""
+
+from __future__ import annotations
+
+PREFIX = "fleet"
+#: kombu's Redis transport keeps one list per priority step: "<queue>", "<queue><sep><p>".
+PRIORITY_STEPS = (0, 3, 6, 9)
+PRIORITY_SEP = "\x06\x16"
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists that hold a Celery queue's waiting messages (kombu's naming)."""
+    return [queue if p == 0 else f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]
+
+
+def lease(job: str, index: int) -> str:
+    """String key held by the worker running a chunk (SET NX PX, renewed by a heartbeat)."""
+    return f"{PREFIX}:{job}:lease:{index}"
+
+
+def running() -> str:
+    """Set of "job/index" members with a lease taken; the reaper scans it for expired leases."""
+    return f"{PREFIX}:running"
+
+
+def queued(job: str) -> str:
+    """Set of chunk indexes with a message in the queue not yet started (avoids double enqueue)."""
+    return f"{PREFIX}:{job}:queued"
+
+
+def attempts(job: str) -> str:
+    """Hash index -> attempts spent on the chunk's own failures (fleet.coord.retry); at the
+    budget it is quarantined. Infra errors and worker loss spend none."""
+    return f"{PREFIX}:{job}:attempts"
+
+
+def crashes(job: str) -> str:
+    """Hash index -> consecutive worker losses or engine deaths the chunk is suspected of
+    (the process died within the crash window of starting it); its own, larger budget."""
+    return f"{PREFIX}:{job}:crashes"
+
+
+def retries(job: str) -> str:
+    """Hash index -> requeues for faults not the chunk's (infra); sets the backoff."""
+    return f"{PREFIX}:{job}:retries"
+
+
+def lease_started() -> str:
+    """Hash "job/index" -> ms epoch the current lease was taken; with lease_beat, how long
+    a lost worker ran the chunk (the evidence fleet.coord.retry blames a crash on)."""
+    return f"{PREFIX}:lease-started"
+
+
+def lease_beat() -> str:
+    """Hash "job/index" -> ms epoch of the lease's last renewal (its holder was alive then)."""
+    return f"{PREFIX}:lease-beat"
+
+
+def requeue_guard(job: str, index: int) -> str:
+    """Short-lived key so that only one reaper re-enqueues an expired chunk."""
+    return f"{PREFIX}:{job}:requeued:{index}"
+
+
+def progress(job: str) -> str:
+    """Hash index -> samples a running chunk still lacks; idle workers pick whom to assist."""
+    return f"{PREFIX}:{job}:progress"
+
+
+def assist(job: str, index: int) -> str:
+    """Lease of the one idle worker helping a straggler chunk at the end of a job."""
+    return f"{PREFIX}:{job}:assist:{index}"
+
+
+def stall_guard(job: str) -> str:
+    """Short-lived key so that only one process re-enqueues a stalled job's chunks."""
+    return f"{PREFIX}:{job}:stall-resync"
+
+
+def chunk_stats(job: str) -> str:
+    """Hash index -> result stats JSON; a cache of the result headers for `fleet status`."""
+    return f"{PREFIX}:{job}:stats"
+
+
+def jobs() -> str:
+    """Set of job names known to this broker (the reaper and Flower views walk it)."""
+    return f"{PREFIX}:jobs"
+
+
+def member(job: str, index: int) -> str:
+    return f"{job}/{index}"
+
+
+def parse_member(value: str) -> tuple[str, int]:
+    job, _, index = value.rpartition("/")
+    return job, int(index)
+
+
+def mismatched_workers() -> str:
+    """Hash worker name -> JSON {job, identity_hash, differences, at}: workers whose engine
+    settings differ from a job's (fleet.model.identity); `fleet status` lists them."""
+    return f"{PREFIX}:mismatched-workers"
+
+
+#: kombu's Redis transport (Channel.unacked_key / unacked_index_key, kombu 5.x): a hash
+#: delivery tag -> JSON [message, exchange, routing key] of messages a consumer took and
+#: has not acked, and a zset delivery tag -> time taken. kombu restores an entry to its
+#: queue only after the visibility timeout; `fleet enqueue` reads both to repair markers.
+KOMBU_UNACKED = "unacked"
+KOMBU_UNACKED_INDEX = "unacked_index"

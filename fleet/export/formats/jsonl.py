@@ -1,0 +1,33 @@
+"""fleet's own record shape (fleet.records.OutputRecord), one JSON object per line.
+
+Input passthrough fields (metadata, source...) follow the record's own fields at top level.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fleet.export.formats.base import ExportRow, JsonLinesWriter, Skipped
+from fleet.records import EXPORT_FIELDS
+from fleet.store.manifest import Manifest
+
+#: run facts that differ between two runs of the same job; `stable` exports leave them out
+VOLATILE_FIELDS = ("worker", "latency_s")
+
+
+def export_fields(stable: bool) -> list[str]:
+    return [f for f in EXPORT_FIELDS if not (stable and f in VOLATILE_FIELDS)]
+
+
+def flat_record(row: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    return {**{k: row.get(k) for k in fields}, **(row.get("extra") or {})}
+
+
+class JsonlWriter(JsonLinesWriter):
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
+        super().__init__(path, manifest, stable, skipped)
+        self.fields = export_fields(stable)
+
+    def line(self, row: ExportRow) -> dict[str, Any]:
+        return flat_record(row.out, self.fields)

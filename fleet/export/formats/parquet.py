@@ -1,0 +1,50 @@
+"""fleet's record shape as Parquet (zstd), one row group per chunk.
+
+Passthrough input fields have no fixed schema, so they travel as one JSON string column,
+`extra`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fleet.export.formats.base import ExportRow, Skipped, Writer
+from fleet.export.formats.jsonl import export_fields
+from fleet.records import EXPORT_FIELDS
+from fleet.store.manifest import Manifest
+
+PARQUET_SCHEMA = pa.schema([
+    ("id", pa.string()), ("sample", pa.int32()), ("output", pa.string()),
+    ("reasoning", pa.string()), ("output_ids", pa.list_(pa.int32())),
+    ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
+    ("finish_reason", pa.string()), ("error", pa.string()), ("chunk", pa.int32()),
+    ("worker", pa.string()), ("model", pa.string()), ("cached_tokens", pa.int32()),
+    ("spec_accept_length", pa.float64()), ("spec_verify_ct", pa.int32()), ("latency_s", pa.float64()),
+    ("prompt_digest", pa.string()),
+])  # fmt: skip
+assert PARQUET_SCHEMA.names == EXPORT_FIELDS
+EXTRA_COLUMN = pa.field("extra", pa.string())
+
+
+class ParquetWriter(Writer):
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
+        super().__init__(path, manifest, stable, skipped)
+        self.fields = export_fields(stable)
+        self.schema = pa.schema([*(PARQUET_SCHEMA.field(f) for f in self.fields), EXTRA_COLUMN])
+        self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
+
+    def write(self, rows: list[ExportRow]) -> int:
+        table = [
+            {**{k: r.out.get(k) for k in self.fields},
+             "extra": json.dumps(r.out["extra"], ensure_ascii=False) if r.out.get("extra") else None}
+            for r in rows
+        ]  # fmt: skip
+        self.writer.write_table(pa.Table.from_pylist(table, schema=self.schema))
+        return len(rows)
+
+    def close(self) -> None:
+        self.writer.close()

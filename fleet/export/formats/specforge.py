@@ -1,0 +1,55 @@
+"""SpecForge's conversation rows: the input messages plus one regenerated assistant turn.
+
+Shape: `{"id", "conversations": [...input messages..., {"role": "assistant", "content":
+<answer>, "reasoning_content": <thinking>}]}`, the "Conversation Format" of
+sgl-project/SpecForge `docs/basic_usage/data_preparation.md`, with the assistant turn as
+its `scripts/regenerate_train_data.py --reasoning save` writes it and as
+`specforge/data/parse.py` (ThinkingParser: role, content, tool_calls, reasoning_content)
+reads it for the qwen3.5 thinking template. The template re-inserts the think markers
+around `reasoning_content`, so markers left in `content` would train the drafter on
+`<think>` twice (SpecForge#296, #455): such rows are skipped and counted, as
+SpecForge's regeneration does.
+
+Records without messages (a raw prompt or pre-tokenized ids) have no conversation to
+extend, and a file mixing SpecForge's pre-formatted `{"id", "text"}` rows with
+conversation rows cannot be loaded (`is_preformatted` is per dataset), so they are
+skipped and counted; `--format tokens` covers every record. Error rows are skipped too.
+Passthrough input fields follow at top level; `sample` is added to every sample after
+a record's first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet.export.formats.base import ExportRow, JsonLinesWriter, with_sample_and_extra
+from fleet.model.prompting import THINK_CLOSE, THINK_OPEN
+
+
+def assistant_turn(out: dict[str, Any]) -> dict[str, Any]:
+    turn: dict[str, Any] = {"role": "assistant", "content": out["output"]}
+    if out.get("reasoning") is not None:
+        turn["reasoning_content"] = out["reasoning"]
+    return turn
+
+
+def has_marker(text: str | None) -> bool:
+    return bool(text) and (THINK_OPEN in text or THINK_CLOSE in text)  # type: ignore[operator]
+
+
+class SpecForgeWriter(JsonLinesWriter):
+    needs_inputs = True
+    skip_errors = True
+
+    def line(self, row: ExportRow) -> dict[str, Any] | None:
+        out, record = row.out, row.record
+        assert record is not None
+        if not record.messages:
+            self.skipped.add("records without messages (raw prompt or input_ids): use --format tokens")
+            return None
+        if has_marker(out["output"]) or has_marker(out.get("reasoning")):
+            self.skipped.add("a think marker left in the answer or the reasoning")
+            return None
+        messages = [m.model_dump(exclude_none=True) for m in record.messages]
+        line: dict[str, Any] = {"id": out["id"], "conversations": [*messages, assistant_turn(out)]}
+        return with_sample_and_extra(out, line)

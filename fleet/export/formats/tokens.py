@@ -1,0 +1,113 @@
+"""Token rows for drafter training: the exact ids the engine saw and produced.
+
+Shape: `{"id", "input_ids": prompt ids + output ids, "loss_mask": 0 per prompt id, 1 per
+output id}`, the tokenized-sample shape of vllm-project/speculators' data generation
+(`scripts/DATAGEN.md`: input_ids with a loss mask over the trainable tokens).
+
+Output ids come from the results (the job must run with `return_output_ids`). Prompt ids
+are not stored per record, to keep results small: pre-tokenized input ids come from the
+chunk objects, and chat/raw prompts are rendered again with the model's tokenizer and
+chat template, which is deterministic. The rebuild is proven, not trusted: each record
+carries a digest of the ids the engine saw (`prompt_digest`), and a mismatch (other
+tokenizer files, another transformers version) fails the export instead of writing a
+subtly different prompt (the SpecForge#296 class of mismatch). The chat template's hash
+must also equal the manifest's. Error rows are skipped and counted; passthrough input
+fields follow at top level, and `sample` is added to every sample after a record's first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from fleet.errors import FleetError
+from fleet.export.formats.base import ExportRow, JsonLinesWriter, Skipped, with_sample_and_extra
+from fleet.records import GenRequest, InputRecord, Sampling, prompt_digest
+from fleet.store.manifest import Manifest
+
+
+class PromptIds:
+    """The prompt ids a job's engine saw, rebuilt per record and checked against its digest."""
+
+    def __init__(self, manifest: Manifest):
+        self.manifest = manifest
+        self.tokenizer: Any = None
+        self.last: tuple[int, list[int]] | None = None
+
+    def of(self, record: InputRecord, digest: str | None) -> list[int]:
+        if self.last is not None and self.last[0] == record.pos:
+            ids = self.last[1]
+        else:
+            ids = list(record.input_ids) if record.input_ids is not None else self.render(record)
+            self.last = (record.pos, ids)
+        if digest is not None and prompt_digest(ids) != digest:
+            raise FleetError(
+                f"record {record.id!r}: the rebuilt prompt ids differ from those the engine saw "
+                "(tokenizer or chat template changed since the job ran); export with the job's model files"
+            )
+        return ids
+
+    def render(self, record: InputRecord) -> list[int]:
+        from fleet.model.prompting import render_ids
+
+        config = self.manifest.config
+        request = GenRequest(
+            record_id=record.id, chunk=0, sample=0, sampling=Sampling(), messages=record.messages,
+            prompt=record.prompt, enable_thinking=config.get("enable_thinking", True),
+        )  # fmt: skip
+        return render_ids(self._tokenizer(), request)
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            self.tokenizer = job_tokenizer(self.manifest)
+        return self.tokenizer
+
+
+def job_tokenizer(manifest: Manifest) -> Any:
+    """The tokenizer of the job's model, refused when its chat template is not the job's."""
+    from fleet.model.prompting import load_tokenizer
+
+    model = manifest.config.get("model") or {}
+    if manifest.config.get("engine") == "sim" or not model.get("path"):
+        raise FleetError(
+            f"job {manifest.job!r} ran on the sim engine, which has no tokenizer: only "
+            "pre-tokenized (input_ids) records have exact prompt ids"
+        )
+    tokenizer = load_tokenizer(model["path"])
+    template = tokenizer.chat_template
+    if template is not None and not isinstance(template, str):
+        template = json.dumps(template, sort_keys=True)
+    sha = hashlib.sha256(template.encode()).hexdigest() if template else None
+    if model.get("chat_template_sha256") not in (None, sha):
+        raise FleetError(
+            f"the chat template at {model['path']!r} is not the one job {manifest.job!r} ran with "
+            "(sha256 differs from the manifest's)"
+        )
+    return tokenizer
+
+
+class TokensWriter(JsonLinesWriter):
+    needs_inputs = True
+    skip_errors = True
+    separators = (",", ":")
+
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
+        super().__init__(path, manifest, stable, skipped)
+        self.prompts = PromptIds(manifest)
+
+    def line(self, row: ExportRow) -> dict[str, Any] | None:
+        out, record = row.out, row.record
+        assert record is not None
+        output = out.get("output_ids")
+        if output is None:
+            raise FleetError(
+                f"job {self.manifest.job!r} stored no output ids: run it with return_output_ids "
+                "(FLEET_RETURN_OUTPUT_IDS=true) for --format tokens"
+            )
+        prompt = self.prompts.of(record, out.get("prompt_digest"))
+        line: dict[str, Any] = {
+            "id": out["id"], "input_ids": prompt + output, "loss_mask": [0] * len(prompt) + [1] * len(output),
+        }  # fmt: skip
+        return with_sample_and_extra(out, line)

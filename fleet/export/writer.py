@@ -1,0 +1,71 @@
+"""Write a job's results in input order in one of the formats of fleet.export.formats,
+streaming chunk by chunk to a local path or an s3:// URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleet.coord.chunkstate import done_indexes
+from fleet.errors import FleetError
+from fleet.export.check import ExportCheck
+from fleet.export.formats import FORMATS, VOLATILE_FIELDS, ExportRow, Skipped, target
+from fleet.progress import Progress
+from fleet.store import Store
+from fleet.store.layout import read_chunk
+from fleet.store.manifest import require_manifest
+from fleet.store.results import read_result
+
+__all__ = ["VOLATILE_FIELDS", "export_job"]
+
+
+def chunk_rows(
+    store: Store, job: str, index: int, inputs: bool, only_finished: bool, check: ExportCheck
+) -> list[ExportRow]:
+    """One chunk's samples in input order, each with its input record when `inputs`; every
+    row passes `check` before any filter, so the manifest's counts hold for every format."""
+    rows = list(check.rows(read_result(store, job, index)[1]))
+    if only_finished:
+        rows = [r for r in rows if r["finish_reason"] == "stop"]
+    if not inputs:
+        return [ExportRow(r) for r in rows]
+    records = {rec.pos: rec for rec in read_chunk(store, job, index)}
+    return [ExportRow(r, records[r["pos"]]) for r in rows]
+
+
+def export_job(
+    store: Store, job: str, out: Path | str, fmt: str | None = None, partial: bool = False,
+    stable: bool = False, only_finished: bool = False, skipped: Skipped | None = None, progress: Progress | None = None,
+) -> int:
+    """Returns the number of lines written; refuses an unfinished job unless `partial`.
+
+    `stable` leaves out the volatile run facts, so two runs of one job export the same bytes;
+    `only_finished` keeps only samples that stopped on their own (not at max tokens, not
+    failed); rows a format cannot hold are counted in `skipped`.
+    """
+    manifest = require_manifest(store, job)
+    done = done_indexes(store, job)
+    missing = [i for i in range(manifest.chunks) if i not in done]
+    if missing and not partial:
+        head = ", ".join(map(str, missing[:10]))
+        raise FleetError(
+            f"job {job!r} has {len(missing)} of {manifest.chunks} chunks without a result "
+            f"(first: {head}); wait for them, or pass --partial"
+        )
+    fmt = fmt or ("parquet" if str(out).endswith(".parquet") else "jsonl")
+    if fmt not in FORMATS:
+        raise FleetError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
+    writer_cls = FORMATS[fmt]
+    indexes = [i for i in range(manifest.chunks) if i in done]
+    count = 0
+    check = ExportCheck(manifest, indexes)
+    total = check.expect_samples  # one checked row per sample; unknown for a partial export
+    report = progress or (lambda phase, done, total: None)
+    report("export", 0, total)
+    with target(out) as path:
+        with writer_cls(path, manifest, stable, skipped or Skipped()) as writer:
+            for index in indexes:
+                count += writer.write(chunk_rows(store, job, index, writer_cls.needs_inputs, only_finished, check))
+                report("export", check.samples, total)
+        check.verify(out)  # raising here leaves `out` as it was
+    report("export", check.samples, check.samples)
+    return count

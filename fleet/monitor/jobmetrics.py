@@ -1,0 +1,88 @@
+"""Job-level Prometheus metrics for the head: what only the store and Redis know (chunks by
+state, records, ETA, cost), for every job the broker knows, computed by `fleet status`'s
+own `job_status` at scrape time. Workers export per-GPU figures (fleet.metrics); this
+exporter adds the job's progress, so one dashboard shows both.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+import redis
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fleet.coord import keys
+from fleet.monitor.status import JobStatus, job_status
+from fleet.settings import Settings
+from fleet.store import Store
+
+log = logging.getLogger(__name__)
+
+#: Listing a big job's results costs seconds: one computation serves scrapes this long.
+CACHE_S = 30.0
+
+#: metric name -> help, every family this collector yields (the dashboard test reads it)
+FAMILIES = {
+    "fleet_job_chunks": "Chunks of the job by state (done, failed, running, queued, total)",
+    "fleet_job_records": "Records of the job (total, done)",
+    "fleet_job_output_tokens_per_second": "Job output tokens per second over the recent window",
+    "fleet_job_eta_seconds": "Estimated seconds until every chunk has a result",
+    "fleet_job_cost_usd": "USD spent on GPUs so far (settings.usd_per_gpu_hour)",
+    "fleet_job_usd_per_million_tokens": "USD per million output tokens so far",
+}
+
+
+class JobCollector(Collector):
+    def __init__(self, store: Store, r: redis.Redis, settings: Settings) -> None:
+        self.store, self.r, self.settings = store, r, settings
+        self._cache: tuple[float, list[JobStatus]] = (0.0, [])
+
+    def statuses(self) -> list[JobStatus]:
+        at, cached = self._cache
+        if time.monotonic() - at < CACHE_S:
+            return cached
+        out = []
+        try:
+            jobs = sorted(m.decode() if isinstance(m, bytes) else m for m in self.r.smembers(keys.jobs()))
+        except redis.RedisError as e:  # the broker is down: say so in the log, serve the last figures
+            log.warning("no job list from the broker: %s: %s", type(e).__name__, e)
+            return cached
+        for job in jobs:
+            try:
+                out.append(job_status(self.store, self.r, job, self.settings.usd_per_gpu_hour))
+            except Exception as e:  # one unreadable job must not blank the others
+                log.warning("job %s: no metrics: %s: %s", job, type(e).__name__, e)
+        self._cache = (time.monotonic(), out)
+        return out
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        for name, text in FAMILIES.items():
+            yield GaugeMetricFamily(name, text, labels=self._labels(name))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fam = {name: GaugeMetricFamily(name, text, labels=self._labels(name)) for name, text in FAMILIES.items()}
+        for st in self.statuses():
+            for state, n in (
+                ("done", st.chunks_done),
+                ("failed", st.chunks_failed),
+                ("running", st.chunks_running),
+                ("queued", st.chunks_queued),
+                ("total", st.chunks_total),
+            ):
+                fam["fleet_job_chunks"].add_metric([st.job, state], n)
+            fam["fleet_job_records"].add_metric([st.job, "total"], st.records_total)
+            fam["fleet_job_records"].add_metric([st.job, "done"], st.records_done)
+            fam["fleet_job_output_tokens_per_second"].add_metric([st.job], st.tok_s)
+            fam["fleet_job_cost_usd"].add_metric([st.job], st.cost_usd)
+            if st.eta_s is not None:
+                fam["fleet_job_eta_seconds"].add_metric([st.job], st.eta_s)
+            if st.usd_per_m_tokens is not None:
+                fam["fleet_job_usd_per_million_tokens"].add_metric([st.job], st.usd_per_m_tokens)
+        yield from fam.values()
+
+    @staticmethod
+    def _labels(name: str) -> list[str]:
+        return {"fleet_job_chunks": ["job", "state"], "fleet_job_records": ["job", "kind"]}.get(name, ["job"])

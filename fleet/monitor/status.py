@@ -1,0 +1,156 @@
+"""Job progress from the store (done, failed) and Redis (running, queued, cached stats).
+
+Never asks Flower or the workers: inspect calls with other transport options would
+shorten the visibility timeout (docs/architecture.md, Celery facts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+from fleet.coord import keys
+from fleet.coord.chunkstate import (
+    done_indexes,
+    failed_indexes,
+    queued_indexes,
+    read_failures,
+    running_indexes,
+)
+from fleet.coord.mismatch import mismatched_workers
+from fleet.errors import StoreError
+from fleet.store import Store
+from fleet.store.manifest import Manifest, require_manifest
+from fleet.store.results import read_result
+
+RATE_WINDOW_S = 300.0
+
+
+@dataclass
+class JobStatus:
+    job: str
+    chunks_total: int
+    chunks_done: int = 0
+    chunks_failed: int = 0
+    chunks_running: int = 0
+    chunks_queued: int = 0
+    records_total: int = 0
+    samples_total: int = 0
+    records_done: int = 0
+    samples_done: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    record_errors: int = 0
+    #: samples that stopped at max tokens, and those of them cut before the think block closed
+    records_truncated: int = 0
+    records_truncated_in_thinking: int = 0
+    elapsed_s: float = 0.0
+    tok_s: float = 0.0
+    eta_s: float | None = None
+    workers: list[str] = field(default_factory=list)
+    #: output tok/s per worker over the recent window
+    worker_tok_s: dict[str, float] = field(default_factory=dict)
+    #: mean speculative accept length over done chunks, when the engine reports it
+    spec_accept_length: float | None = None
+    cost_usd: float = 0.0
+    projected_cost_usd: float | None = None
+    usd_per_m_tokens: float | None = None
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    #: workers whose engine settings differ from the job's: {worker, differences, at, ...}
+    mismatched_workers: list[dict[str, Any]] = field(default_factory=list)
+    broker: bool = True
+    done: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def chunk_stats(store: Store, r: redis.Redis | None, job: str, done: set[int]) -> list[dict[str, Any]]:
+    """Result headers of done chunks: cached in Redis, read from the store when missing."""
+    cached: dict[int, dict[str, Any]] = {}
+    if r is not None:
+        cached = {int(k): json.loads(v) for k, v in r.hgetall(keys.chunk_stats(job)).items()}
+    out = []
+    for index in sorted(done):
+        stats = cached.get(index)
+        if stats is None:
+            stats = read_result(store, job, index)[0]
+            if r is not None and stats:
+                r.hset(keys.chunk_stats(job), index, json.dumps(stats))
+        out.append(stats)
+    return out
+
+
+def recent_rate(stats: list[dict[str, Any]], now: float, window_s: float = RATE_WINDOW_S,
+                finished: bool = False) -> float:
+    """Output tok/s over the recent window ending now (over the whole run while it is
+    younger); for a finished job, over the window ending at its last result."""
+    if not stats:
+        return 0.0
+    first = min(s.get("started", now) for s in stats)
+    last = max(s.get("finished", now) for s in stats)
+    end = last if finished or now - last >= window_s else max(last, now)
+    start = max(first, end - window_s)
+    tokens = sum(s.get("completion_tokens", 0) for s in stats if s.get("finished", 0) >= start)
+    return tokens / max(end - start, 1e-6)
+
+
+def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: float = 0.0,
+               manifest: Manifest | None = None) -> JobStatus:
+    """`manifest` saves a read of it per call where the caller polls (fleet run, --watch)."""
+    manifest = manifest or require_manifest(store, job)
+    done = done_indexes(store, job)
+    failed = failed_indexes(store, job) - done
+    st = JobStatus(job=job, chunks_total=manifest.chunks, records_total=manifest.records,
+                   samples_total=manifest.samples)
+    st.chunks_done, st.chunks_failed = len(done), len(failed)
+    if r is not None:
+        try:
+            st.chunks_running = len(running_indexes(r, job) - done)
+            st.chunks_queued = len(queued_indexes(r, job) - done - failed)
+            st.mismatched_workers = mismatched_workers(r, job)
+        except redis.RedisError:
+            st.broker, r = False, None
+    stats = [s for s in chunk_stats(store, r, job, done) if s]
+    now = time.time()
+    for s in stats:
+        st.records_done += s.get("records", 0)
+        st.samples_done += s.get("samples", 0)
+        st.prompt_tokens += s.get("prompt_tokens", 0)
+        st.completion_tokens += s.get("completion_tokens", 0)
+        st.record_errors += s.get("errors", 0)
+        st.records_truncated += s.get("records_truncated", 0)
+        st.records_truncated_in_thinking += s.get("records_truncated_in_thinking", 0)
+    st.workers = sorted({s["worker"] for s in stats if "worker" in s})
+    timed = [s for s in stats if "started" in s and "finished" in s]
+    if timed:
+        first = min(s["started"] for s in timed)
+        last = max(s["finished"] for s in timed)
+        st.elapsed_s = round((last if len(done) == manifest.chunks else now) - first, 3)
+        finished = len(done) == manifest.chunks
+        st.tok_s = round(recent_rate(timed, now, finished=finished), 2)
+        for worker in st.workers:
+            mine = [s for s in timed if s.get("worker") == worker]
+            st.worker_tok_s[worker] = round(recent_rate(mine, now, finished=finished), 2)
+        accept = [s["spec_accept_length"] for s in stats if s.get("spec_accept_length")]
+        st.spec_accept_length = round(sum(accept) / len(accept), 3) if accept else None
+        remaining = manifest.samples - st.samples_done
+        if st.tok_s > 0 and st.samples_done:
+            per_sample = st.completion_tokens / st.samples_done
+            st.eta_s = round(remaining * per_sample / st.tok_s, 1)
+        gpus = max(1, len(st.workers))
+        st.cost_usd = round(usd_per_gpu_hour * gpus * st.elapsed_s / 3600, 4)
+        if st.eta_s is not None:
+            st.projected_cost_usd = round(st.cost_usd + usd_per_gpu_hour * gpus * st.eta_s / 3600, 4)
+        if st.completion_tokens and usd_per_gpu_hour:
+            st.usd_per_m_tokens = round(st.cost_usd / st.completion_tokens * 1e6, 4)
+    with contextlib.suppress(StoreError):
+        st.failed = [{k: f.get(k) for k in ("index", "error_type", "error", "attempts")}
+                     for f in read_failures(store, job, failed)]
+    st.done = st.chunks_done == manifest.chunks
+    return st

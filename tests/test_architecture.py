@@ -1,0 +1,80 @@
+"""The layout shows the architecture: few top-level modules, and parts that never import in a circle.
+
+A part is a package under fleet/ (coord, store, model, engines, ...) or a top-level module.
+Every import counts, including those inside functions and under TYPE_CHECKING.
+"""
+
+from __future__ import annotations
+
+import ast
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+FLEET = Path(__file__).resolve().parent.parent / "fleet"
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def part_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "fleet" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(FLEET.parent).with_suffix("")
+    name = ".".join(rel.parts)
+    return name.removesuffix(".__init__")
+
+
+def imported_modules(path: Path) -> set[str]:
+    out: set[str] = set()
+    pkg = module_name(path) if path.name == "__init__.py" else module_name(path).rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def part_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in FLEET.rglob("*.py"):
+        src = part_of(module_name(path))
+        if src is None:
+            continue
+        graph.setdefault(src, set())
+        for target in imported_modules(path):
+            dst = part_of(target)
+            # `from fleet import x` names the part x (a module or a package), never fleet itself
+            if dst is None or dst == src or dst == "__version__":
+                continue
+            if (FLEET / dst).is_dir() or (FLEET / f"{dst}.py").exists():
+                graph[src].add(dst)
+    return graph
+
+
+def test_no_circle_between_parts():
+    try:
+        tuple(TopologicalSorter(part_graph()).static_order())
+    except CycleError as e:
+        pytest.fail(f"parts import each other in a circle: {e.args[1]}")
+
+
+def test_the_top_level_names_the_parts():
+    loose = [p.name for p in FLEET.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert len(loose) <= MAX_TOP_LEVEL_MODULES, sorted(loose)
+
+
+@pytest.mark.parametrize("package", sorted(p.name for p in FLEET.iterdir() if (p / "__init__.py").exists()))
+def test_every_part_says_what_it_holds(package):
+    init = (FLEET / package / "__init__.py").read_text(encoding="utf-8")
+    assert ast.get_docstring(ast.parse(init)), f"fleet/{package}/__init__.py has no docstring"
