@@ -161,7 +161,7 @@ class Settings(BaseSettings):
         5, ge=1, description="consecutive worker losses or engine deaths a chunk is suspected of before quarantine"
     )
     crash_window_s: float = Field(
-        10.0, ge=0, description="seconds: a process dying this soon after starting a chunk is evidence against it"
+        10.0, ge=0, description="seconds: a process dying this soon after taking a chunk's lease is evidence against it"
     )
     retry_backoff_s: float = Field(1.0, ge=0, description="seconds before the first requeue after an infra error")
     retry_backoff_max_s: float = Field(30.0, ge=0, description="seconds: cap of the doubling infra-error backoff")

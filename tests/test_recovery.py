@@ -15,8 +15,8 @@ import redis
 
 from fleet.coord import keys
 from fleet.coord.broker import TASK_NAME, make_celery
+from fleet.coord.chunks import Lease
 from fleet.coord.chunkstate import Quarantine, read_failures
-from fleet.coord.leases import Lease
 from fleet.coord.recovery import StallWatch, requeue_expired, watch_jobs
 from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
@@ -186,7 +186,7 @@ def test_chunk_killing_its_workers_within_seconds_is_quarantined_on_its_own_budg
 
 def test_reaper_never_drops_a_new_owner(r, store, app, settings):
     # Given an expired chunk that a new owner leases between the reaper's scan and its removal
-    from fleet.coord.recovery import forget_unleased
+    from fleet.coord.chunks import forget_unleased
 
     expired_lease(r, "j", 3, attempts_started=0)
     assert Lease(r, "j", 3, "gpu1@new:2", ttl_s=30).acquire()

@@ -13,8 +13,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from fleet.coord import keys
+from fleet.coord.chunks import Lease
 from fleet.coord.chunkstate import Quarantine
-from fleet.coord.leases import Lease
 from fleet.coord.localredis import free_port
 from fleet.errors import ObjectMissing
 from fleet.monitor.status import RATE_WINDOW_S, job_status, recent_rate
