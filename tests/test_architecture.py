@@ -82,7 +82,7 @@ def test_every_part_says_what_it_holds(package):
 
 #: a chunk's state in Redis (docs/architecture.md, "Coordination"): only its owner names these keys
 CHUNK_STATE_KEYS = ("queued", "running", "lease", "lease_started", "lease_beat", "attempts", "crashes", "retries",
-                    "requeue_guard", "assist", "jobs")
+                    "requeue_guard", "assist", "jobs", "progress", "chunk_stats")
 CHUNK_STATE_OWNER = FLEET / "coord" / "chunks.py"
 
 

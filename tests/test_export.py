@@ -18,7 +18,7 @@ from fleet.records import EXPORT_FIELDS, OutputRecord
 from fleet.store.layout import manifest_key, result_key
 from fleet.store.local import LocalStore
 from fleet.store.manifest import Manifest, config_hash
-from fleet.store.results import encode_result
+from fleet.store.results import ChunkStats, encode_result
 
 JOB = "j"
 CHUNK = 3
@@ -73,7 +73,7 @@ def build_job(
         if c in done:
             expected += [(r["id"], r["sample"]) for r in rows]
             rng.shuffle(rows)
-            store.put(result_key(JOB, c), encode_result({"chunk": c, "records": len(rows)}, rows))
+            store.put(result_key(JOB, c), encode_result(ChunkStats(chunk=c, records=len(rows)), rows))
     return expected
 
 

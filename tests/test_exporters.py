@@ -19,7 +19,7 @@ from fleet.records import InputRecord, OutputRecord, prompt_digest
 from fleet.store.layout import chunk_key, encode_lines, manifest_key, result_key
 from fleet.store.local import LocalStore
 from fleet.store.manifest import Manifest, config_hash
-from fleet.store.results import chunk_stats, encode_result
+from fleet.store.results import ChunkStats, encode_result, sample_counts
 
 JOB = "t"
 USER = [{"role": "user", "content": "hi"}]
@@ -45,7 +45,7 @@ def build(store: LocalStore, records: list[InputRecord], rows: list[dict]) -> No
                                           records=len(records), samples=len(rows), config=config,
                                           config_hash=config_hash(config)).to_bytes())
     store.put(chunk_key(JOB, 0), encode_lines(r.model_dump(mode="json", exclude_none=True) for r in records))
-    store.put(result_key(JOB, 0), encode_result({"records": len(records), **chunk_stats(rows)}, rows))
+    store.put(result_key(JOB, 0), encode_result(ChunkStats(records=len(records), **sample_counts(rows)), rows))
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def test_only_finished_and_status_agree_on_truncation(store, tmp_path):
             out(records[3], 0, "error", error="x", reasoning=None, output="")]  # fmt: skip
     build(store, records, rows)
     # Then the chunk's stats count both cuts, one inside the thinking
-    assert chunk_stats(rows)["records_truncated"] == 2 and chunk_stats(rows)["records_truncated_in_thinking"] == 1
+    assert sample_counts(rows)["records_truncated"] == 2 and sample_counts(rows)["records_truncated_in_thinking"] == 1
     st = job_status(store, None, JOB)
     assert (st.records_truncated, st.records_truncated_in_thinking, st.record_errors) == (2, 1, 1)
     # And --only-finished keeps exactly the row that stopped on its own

@@ -24,7 +24,7 @@ from fleet.store.layout import (
     results_prefix,
 )
 from fleet.store.local import LocalStore
-from fleet.store.results import HEADER, decode_result, encode_result, iter_records, read_result
+from fleet.store.results import HEADER, ChunkStats, decode_result, encode_result, iter_records, read_result
 
 # -- keys --------------------------------------------------------------------------------
 
@@ -126,7 +126,7 @@ def out(pos: int, sample: int, rid: str | None = None) -> dict:
 
 def test_result_header_is_separate_from_records():
     # Given stats and rows
-    stats = {"records": 2, "samples": 3, "completion_tokens": 7, "worker": "gpu0@h"}
+    stats = ChunkStats(records=2, samples=3, completion_tokens=7, worker="gpu0@h")
     rows = [out(0, 0), out(0, 1), out(1, 0)]
     # When encoded and decoded
     header, records = decode_result(encode_result(stats, rows), "r")
@@ -140,7 +140,7 @@ def test_result_records_are_ordered_by_pos_then_sample():
     # Given rows in the order samples finished
     rows = [out(2, 1), out(0, 1), out(2, 0), out(1, 0), out(0, 0), out(10, 0)]
     # When encoded
-    _, records = decode_result(encode_result({}, rows), "r")
+    _, records = decode_result(encode_result(ChunkStats(), rows), "r")
     # Then they come back in input order, samples ascending
     assert [(r["pos"], r["sample"]) for r in records] == [
         (0, 0),
@@ -154,17 +154,17 @@ def test_result_records_are_ordered_by_pos_then_sample():
 
 def test_a_headerless_result_decodes_as_records_only():
     _, records = decode_result(encode_lines([out(0, 0)]), "r")
-    assert decode_result(encode_lines([out(0, 0)]), "r")[0] == {}
+    assert decode_result(encode_lines([out(0, 0)]), "r")[0] is None
     assert records == [out(0, 0)]
 
 
 def test_read_result_and_iter_records_from_a_store(tmp_path):
     # Given two result objects in a store
     store = LocalStore(tmp_path)
-    store.put(result_key("j", 0), encode_result({"chunk": 0}, [out(1, 0), out(0, 0)]))
-    store.put(result_key("j", 1), encode_result({"chunk": 1}, [out(2, 0)]))
+    store.put(result_key("j", 0), encode_result(ChunkStats(chunk=0), [out(1, 0), out(0, 0)]))
+    store.put(result_key("j", 1), encode_result(ChunkStats(chunk=1), [out(2, 0)]))
     # Then read_result splits header and records, iter_records follows the given index order
-    assert read_result(store, "j", 1) == ({"chunk": 1}, [out(2, 0)])
+    assert read_result(store, "j", 1) == (ChunkStats(chunk=1), [out(2, 0)])
     assert [r["pos"] for r in iter_records(store, "j", [1, 0])] == [2, 0, 1]
 
 

@@ -21,7 +21,7 @@ from fleet.coord.recovery import StallWatch, requeue_expired, watch_jobs
 from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
 from fleet.store.local import LocalStore
-from fleet.store.results import encode_result
+from fleet.store.results import ChunkStats, encode_result
 
 QUEUE = "fleet-test-q"
 
@@ -79,7 +79,7 @@ def expired_lease(r: redis.Redis, job: str, index: int, attempts_started: int) -
 
 
 def put_result(store: LocalStore, job: str, index: int) -> None:
-    store.put(result_key(job, index), encode_result({"chunk": index}, []))
+    store.put(result_key(job, index), encode_result(ChunkStats(chunk=index), []))
 
 
 # -- requeue_expired ---------------------------------------------------------------------

@@ -115,8 +115,7 @@ class Runtime:
         """The running chunk of another worker with the most unstarted samples."""
         r, best = self.ctx.redis, None
         for job in chunks.known_jobs(r):
-            for index_raw, unstarted_raw in r.hgetall(keys.progress(job)).items():
-                index, unstarted = int(index_raw), int(unstarted_raw)
+            for index, unstarted in chunks.unstarted(r, job).items():
                 if unstarted <= 0 or (best and unstarted <= best[0]) or (job, index) in self._assisted:
                     continue
                 owner = chunks.holder(r, job, index)

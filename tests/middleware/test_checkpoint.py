@@ -23,7 +23,7 @@ def test_failed_run_keeps_its_records_and_the_rerun_resumes_them(worker, store):
     # Then it resumes all of them, commits, and the checkpoints are gone
     assert isinstance(again, Committed)
     stats, rows = read_result(store, JOB, 0)
-    assert stats["resumed"] == len(rows) == 4
+    assert stats is not None and stats.resumed == len(rows) == 4
     assert partials(store, 0) == []
 
 
