@@ -9,9 +9,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from fleet.settings import IN_FLIGHT_FACTOR, Settings, load_settings
 
@@ -290,3 +291,29 @@ def test_validation_error_from_toml_names_the_field(tmp_path):
     with pytest.raises(ValidationError) as info:
         Settings()
     assert "sampling.max_tokens" in str(info.value)
+
+
+def undescribed(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every field, at any depth, that has no description (a nested model counts, and so do its fields)."""
+    missing = []
+    for name, info in model.model_fields.items():
+        if not (info.description or "").strip():
+            missing.append(prefix + name)
+        for nested in (info.annotation, *get_args(info.annotation)):
+            if isinstance(nested, type) and issubclass(nested, BaseModel):
+                missing += undescribed(nested, f"{prefix}{name}.")
+    return missing
+
+
+def test_every_setting_has_a_description():
+    assert undescribed(Settings) == []
+
+
+def test_the_description_check_sees_nested_fields():
+    class Inner(BaseModel):
+        bare: int = 0
+
+    class Outer(BaseModel):
+        inner: Inner = Field(default_factory=Inner, description="a section")
+
+    assert undescribed(Outer) == ["inner.bare"]
