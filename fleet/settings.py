@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -54,8 +54,10 @@ class SimSettings(BaseModel):
     engine_error_chunks: list[int] = Field(
         default_factory=list, description="chunk indexes whose run kills the engine (fault tests)"
     )
-    crash_chunks: list[int] = Field(
-        default_factory=list, description="chunk indexes whose run raises an engine error (fault tests)"
+    fault_chunks: list[int] = Field(
+        default_factory=list, validation_alias=AliasChoices("fault_chunks", "crash_chunks"),
+        description="chunk indexes whose run fails by the chunk's own fault, spending attempts (fault tests; "
+        "old name crash_chunks still read)",
     )
 
 
@@ -174,7 +176,7 @@ class Settings(BaseSettings):
     retry_backoff_s: float = Field(1.0, ge=0, description="seconds before the first requeue after an infra error")
     retry_backoff_max_s: float = Field(30.0, ge=0, description="seconds: cap of the doubling infra-error backoff")
     grace_s: float = Field(30.0, ge=0, description="on SIGTERM, seconds running chunks may finish")
-    checkpoint_interval_s: float = Field(30.0, gt=0, description="seconds between partial-chunk flushes")
+    checkpoint_interval_s: float = Field(30.0, gt=0, description="seconds between a running chunk's checkpoints")
 
     assist: bool = Field(True, description="idle workers help straggler chunks once the queue is empty")
     assist_poll_s: float = Field(2.0, gt=0, description="seconds between an idle worker's looks for a straggler")

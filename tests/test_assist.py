@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fleet.store import open_store
-from fleet.store.layout import partial_prefix, results_prefix
+from fleet.store.layout import checkpoint_prefix, results_prefix
 from fleet.store.results import read_result
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, read_jsonl, wait_for, write_prompts
@@ -44,5 +44,5 @@ def test_idle_worker_assists_saturated_owner(tmp_path, redis_server, clean_env):
     out = tmp_path / "o.jsonl"
     assert run_fleet("export", "--job", "tail", "--out", str(out), env=env).returncode == 0
     assert [r["id"] for r in read_jsonl(out)] == [f"r{i:05d}" for i in range(32)]
-    assert not any(list(store.list(partial_prefix("tail", s.chunk))) for s in stats)
+    assert not any(list(store.list(checkpoint_prefix("tail", s.chunk))) for s in stats)
     json.dumps([s.model_dump() for s in stats])

@@ -68,13 +68,13 @@ def test_a_missing_sample_is_refused(store, tmp_path):
         export_job(store, JOB, tmp_path / "out.jsonl")
 
 
-def test_a_partial_export_checks_the_records_of_its_chunks(store, tmp_path):
+def test_an_incomplete_export_checks_the_records_of_its_chunks(store, tmp_path):
     build_job(store, 8, {1: 3}, done=[0, 2])
-    assert export_job(store, JOB, tmp_path / "p.jsonl", partial=True) == 3 + 2 + 2
+    assert export_job(store, JOB, tmp_path / "p.jsonl", allow_incomplete=True) == 3 + 2 + 2
     rows = [output(p, 0, 2) for p in range(6, 8)][:1]
     store.put(result_key(JOB, 2), encode_result(ChunkStats(chunk=2), rows))
     with pytest.raises(ExportMismatch, match="4 records, the manifest says 5"):
-        export_job(store, JOB, tmp_path / "p2.jsonl", partial=True)
+        export_job(store, JOB, tmp_path / "p2.jsonl", allow_incomplete=True)
 
 
 def test_concurrent_exports_to_one_path(store, tmp_path):

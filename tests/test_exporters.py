@@ -12,7 +12,7 @@ import boto3
 import pytest
 
 from fleet.errors import FleetError
-from fleet.export.formats import Skipped
+from fleet.export.formats import LeftOut
 from fleet.export.writer import export_job
 from fleet.monitor.status import job_status
 from fleet.records import InputRecord, OutputRecord, prompt_digest
@@ -88,9 +88,9 @@ def test_specforge_skips_what_it_cannot_hold_and_counts_it(store, tmp_path):
     marker, failed, tok = rec(1, messages=USER), rec(2, messages=USER), rec(3, input_ids=[1, 2])
     rows = [out(good), out(good, 1), out(marker, output="a </think> b"), out(failed, 0, "error", error="x"), out(tok)]
     build(store, [good, marker, failed, tok], rows)
-    skipped = Skipped()
+    left_out = LeftOut()
     # When exported for SpecForge
-    n = export_job(store, JOB, tmp_path / "s.jsonl", fmt="specforge", skipped=skipped)
+    n = export_job(store, JOB, tmp_path / "s.jsonl", fmt="specforge", left_out=left_out)
     first, second = lines(tmp_path / "s.jsonl")
     # Then only the good record's samples are written, messages plus the assistant turn
     assert n == 2 and first == {"id": "r0", "conversations": [
@@ -98,19 +98,19 @@ def test_specforge_skips_what_it_cannot_hold_and_counts_it(store, tmp_path):
         {"role": "assistant", "content": "answer 0", "reasoning_content": "think 0"}], "metadata": {"k": 1}}
     assert second["sample"] == 1 and "sample" not in first
     # And every other row is counted by reason
-    assert skipped.total == 3 and any("input_ids" in k for k in skipped.reasons)
+    assert left_out.total == 3 and any("input_ids" in k for k in left_out.reasons)
 
 
 def test_tokens_from_given_ids_and_refusals(store, tmp_path):
     # Given a pre-tokenized record on the sim engine, and a failed one
     tok, failed = rec(0, input_ids=[5, 6], extra={"source": "s3"}), rec(1, input_ids=[1])
     build(store, [tok, failed], [out(tok), out(failed, 0, "error", error="x", output_ids=None)])
-    skipped = Skipped()
+    left_out = LeftOut()
     # Then its token row is the given ids, then the output ids, masked over the output
-    assert export_job(store, JOB, tmp_path / "t.jsonl", fmt="tokens", skipped=skipped) == 1
+    assert export_job(store, JOB, tmp_path / "t.jsonl", fmt="tokens", left_out=left_out) == 1
     assert lines(tmp_path / "t.jsonl") == [{"id": "r0", "input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 1],
                                             "source": "s3"}]
-    assert skipped.reasons == {"error records": 1}
+    assert left_out.reasons == {"error records": 1}
     # And ids that are not what the engine saw (digest differs) fail the export, leaving no file
     build(store, [tok], [out(tok, prompt_digest="0" * 16)])
     with pytest.raises(FleetError, match="differ from those the engine saw"):

@@ -10,6 +10,8 @@ import zstandard
 
 from fleet.errors import ChunkCorrupt
 from fleet.store.layout import (
+    checkpoint_key,
+    checkpoint_prefix,
     chunk_key,
     decode_lines,
     encode_lines,
@@ -18,8 +20,6 @@ from fleet.store.layout import (
     idx,
     index_of,
     manifest_key,
-    partial_key,
-    partial_prefix,
     result_key,
     results_prefix,
 )
@@ -37,7 +37,7 @@ def test_keys_follow_the_documented_layout():
     assert results_prefix("j") == "j/results/"
     assert failed_key("j", 12) == "j/failed/000012.json"
     assert failed_prefix("j") == "j/failed/"
-    assert partial_prefix("j", 3) == "j/partial/000003/"
+    assert checkpoint_prefix("j", 3) == "j/partial/000003/"
 
 
 def test_zero_padding_keeps_lexicographic_equal_to_numeric_order():
@@ -46,9 +46,9 @@ def test_zero_padding_keeps_lexicographic_equal_to_numeric_order():
 
 
 def test_partial_key_is_one_safe_path_segment_per_worker():
-    key = partial_key("j", 3, 12, "gpu0@host/a")
+    key = checkpoint_key("j", 3, 12, "gpu0@host/a")
     assert key == "j/partial/000003/000012-gpu0_at_host_a"
-    assert key.startswith(partial_prefix("j", 3))
+    assert key.startswith(checkpoint_prefix("j", 3))
     assert key.count("/") == 3
 
 

@@ -199,13 +199,13 @@ def test_reaper_never_drops_a_new_owner(r, store, app, settings):
 
 
 def test_expired_lease_with_result_drops_leftover_checkpoints(r, store, app, settings):
-    from fleet.store.layout import partial_prefix
+    from fleet.store.layout import checkpoint_prefix
 
     expired_lease(r, "j", 4, attempts_started=0)
-    store.put(partial_prefix("j", 4) + "000001-w", b"x")
+    store.put(checkpoint_prefix("j", 4) + "000001-w", b"x")
     put_result(store, "j", 4)
     requeue_expired(r, store, app, settings)
-    assert list(store.list(partial_prefix("j", 4))) == []
+    assert list(store.list(checkpoint_prefix("j", 4))) == []
 
 
 def test_jobs_are_kept_apart(r, store, app, settings):
@@ -325,10 +325,10 @@ def test_a_job_without_manifest_is_pruned_and_does_not_stop_the_others(r, store,
 
 
 def test_job_end_drops_every_checkpoint(r, store, app, settings):
-    from fleet.store.layout import partial_prefix, partials_prefix
+    from fleet.store.layout import checkpoint_prefix, checkpoints_prefix
 
     for i in range(2):
         put_result(store, "j", i)
-        store.put(partial_prefix("j", i) + "000001-w", b"x")
+        store.put(checkpoint_prefix("j", i) + "000001-w", b"x")
     StallWatch().check(r, store, app, settings, "j", 2)
-    assert list(store.list(partials_prefix("j"))) == []
+    assert list(store.list(checkpoints_prefix("j"))) == []

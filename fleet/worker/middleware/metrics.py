@@ -24,5 +24,5 @@ class MetricsMiddleware(Middleware[None]):
                 records_ok=s.samples - s.errors, records_error=s.errors, accept_length=s.spec_accept_length,
             )
         elif isinstance(outcome, Failed):
-            metrics.CHUNKS_FAILED.inc()
+            metrics.RUNS_FAILED.inc()
             metrics.count_error(outcome.cause)
