@@ -173,3 +173,22 @@ def test_corrupt_result_in_store_names_its_key(tmp_path):
     store.put(result_key("j", 4), b"\x28\xb5\x2f\xfdjunk")
     with pytest.raises(ChunkCorrupt, match="j/results/000004"):
         read_result(store, "j", 4)
+
+
+def test_records_are_zstd_json_lines_and_the_small_documents_plain_json(tmp_path, clean_env):
+    """docs/architecture.md, Store layout: which objects are compressed and which people read."""
+    from fleet.coord.chunkstate import Quarantine
+    from fleet.producer.enqueue import prepare_job
+    from fleet.settings import Settings
+    from tests.fleetproc import write_prompts
+
+    # Given a job written by the producer, with one quarantined chunk
+    store = LocalStore(tmp_path / "store")
+    settings = Settings(store_url=str(tmp_path / "store"), chunk_size=4)
+    prepare_job(settings, store, str(write_prompts(tmp_path / "p.jsonl", 6)), "j")
+    Quarantine(index=1, error="x", error_type="RuntimeError", attempts=3).write(store, "j")
+    # Then the chunk objects are zstd frames, and the claim, manifest and quarantine record plain JSON
+    zstd_magic = b"\x28\xb5\x2f\xfd"
+    assert all(store.get(k).startswith(zstd_magic) for k in store.list("j/chunks/"))
+    for key in ("j/claim.json", "j/manifest.json", "j/failed/000001.json"):
+        assert isinstance(json.loads(store.get(key)), dict), key
