@@ -115,7 +115,8 @@ def test_template_renders_the_qwen36_format(tiny_model: Path) -> None:
     # Then the turn after the last user turn has its think block, trimmed; earlier ones only
     # their answer unless preserve_thinking is on; a think block inside content is split out
     head = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    last = "<|im_start|>user\nA joke?<|im_end|>\n<|im_start|>assistant\n<think>\nthink hard\n</think>\n\nA joke.<|im_end|>\n"
+    last = "<|im_start|>user\nA joke?<|im_end|>\n<|im_start|>assistant\n"
+    last += "<think>\nthink hard\n</think>\n\nA joke.<|im_end|>\n"
     assert text == head + "Hello!<|im_end|>\n" + last
     assert kept == head + "<think>\na greeting\n</think>\n\nHello!<|im_end|>\n" + last
     assert inline == text
@@ -128,8 +129,8 @@ def test_sampled_rows_think_answer_end_and_run_on(tiny_model: Path) -> None:
     # Given 24 chat prompts sampled with the model's own generation config, 300 tokens at most
     tok = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {i} times 7?"}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=True)["input_ids"] for i in range(24)]  # fmt: skip
+    chats = [[{"role": "user", "content": f"What is {i} times 7?"}] for i in range(24)]
+    prompts = [tok.apply_chat_template(c, add_generation_prompt=True, return_dict=True)["input_ids"] for c in chats]
     width = max(map(len, prompts))
     pad, close, end = tok.convert_tokens_to_ids(["<|endoftext|>", "</think>", "<|im_end|>"])
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
