@@ -77,7 +77,7 @@ def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean
     lines = mixed_input(tokenizer)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_RETURN_OUTPUT_IDS": "true"}
+    env = {"FLEET_DATA_DIR": str(tmp_path / "data")}  # default settings: output ids are stored
     # When it runs on the hf engine with rows cut at 12 tokens and rows stopped by a stop string
     run = run_fleet("run", str(prompts), "--job", "mix", "--engine", "hf", "--model", str(tiny_model),
                     "--chunk-size", "3", "--max-tokens", "12", env=env, timeout=600)
