@@ -92,6 +92,7 @@ def test_concurrent_requests_are_batched_into_real_tokens(tiny_model: Path, runn
         assert result.meta["latency_s"] > 0
         # thinking on: the prompt opened <think>, so the output starts as reasoning
         assert result.reasoning is not None
+        assert result.in_thinking == ("</think>" not in tok.decode(result.output_ids))
     assert 3 <= running.engine.batches < 20
 
 

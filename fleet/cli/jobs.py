@@ -144,6 +144,7 @@ def status_table(st) -> Table:
         ("records", f"{st.records_done}/{st.records_total} ({st.samples_done}/{st.samples_total} samples, "
                     f"{st.record_errors} record errors)"),
         ("truncated", f"{st.records_truncated} at max tokens ({st.records_truncated_in_thinking} inside the thinking)"),
+        ("no answer", f"{st.records_ended_in_thinking} ended inside the thinking"),
         ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out"),
         ("rate", f"{st.tok_s:,.1f} output tok/s, ETA {eta}"),
         ("cost", f"${st.cost_usd:,.2f} spent" + (f", ${st.projected_cost_usd:,.2f} projected"
@@ -172,7 +173,8 @@ def export(
     partial: Annotated[bool, typer.Option("--partial", help="export what is done so far")] = False,
     stable: Annotated[bool, typer.Option("--stable", help="omit worker and latency, for byte comparison")] = False,
     only_finished: Annotated[bool, typer.Option(
-        "--only-finished", help="only samples that stopped on their own (no max-tokens cuts, no errors)")] = False,
+        "--only-finished", help="only samples that stopped on their own with an answer (no max-tokens cuts, none ended "
+        "inside the thinking, no errors)")] = False,
     store_url: StoreOpt = None,
 ) -> None:
     """Results in input order."""

@@ -15,9 +15,28 @@ from fleet.store.layout import decode_lines, encode_lines, result_key
 HEADER = "_fleet_result"
 
 
+def in_thinking(row: dict[str, Any]) -> bool:
+    """The row ended inside its think block; rows written before the flag existed are
+    judged by their text (reasoning and no answer)."""
+    if "in_thinking" in row:
+        return bool(row["in_thinking"])
+    return row.get("reasoning") is not None and not row.get("output")
+
+
 def cut_in_thinking(row: dict[str, Any]) -> bool:
     """A row stopped at max tokens before its think block closed: all reasoning, no answer."""
-    return row.get("finish_reason") == "length" and row.get("reasoning") is not None and not row.get("output")
+    return row.get("finish_reason") == "length" and in_thinking(row)
+
+
+def ended_in_thinking(row: dict[str, Any]) -> bool:
+    """A row whose model ended it (end of sequence or a stop string) before its think block
+    closed: not a finished answer, and a trainer would add a `</think>` it never produced."""
+    return row.get("finish_reason") == "stop" and in_thinking(row)
+
+
+def finished(row: dict[str, Any]) -> bool:
+    """A row that stopped on its own with an answer: what `--only-finished` keeps."""
+    return row.get("finish_reason") == "stop" and not in_thinking(row)
 
 
 def chunk_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -33,6 +52,7 @@ def chunk_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "errors": sum(1 for r in rows if r["finish_reason"] == "error"),
         "records_truncated": sum(1 for r in rows if r["finish_reason"] == "length"),
         "records_truncated_in_thinking": sum(1 for r in rows if cut_in_thinking(r)),
+        "records_ended_in_thinking": sum(1 for r in rows if ended_in_thinking(r)),
     }
 
 
