@@ -73,9 +73,10 @@ def test_openai_groups_samples_as_choices_and_failed_records_as_errors(store, tm
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
     assert body["choices"][1]["message"] == {"role": "assistant", "content": "answer 0", "reasoning_content": "think 0"}
     # And a failed record is response null with an error object; a raw prompt a text completion
+    # whose text is all it generated (a sim job has no tokenizer: reasoning and answer joined)
     assert b["response"] is None and b["error"] == {"code": "record_error", "message": "too long"}
     text = c["response"]["body"]
-    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "answer 2"
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "think 2\n</think>\n\nanswer 2"
     # And a second export is byte-identical (ids derive from job and record)
     export_job(store, JOB, tmp_path / "b2.jsonl", fmt="openai")
     assert (tmp_path / "b.jsonl").read_bytes() == (tmp_path / "b2.jsonl").read_bytes()
