@@ -43,7 +43,7 @@ INIT_RANGE = 0.2
 #: Logits (at the usual scale: the top one near 8, the 20th near 5) that `steer` gives its
 #: tokens. `</think>` and `<|im_end|>` while thinking sit just under the top-20 cut, so they
 #: are sampled now and then; answering, word tokens gain ANSWER_BOOST over the rest.
-CLOSE_THINKING, END_THINKING = 4.2, 3.8
+CLOSE_THINKING, END_THINKING = 4.0, 3.5
 END_ANSWERING, ANSWER_BOOST = 11.5, 8.0
 #: Answer tokens: a space and a lowercase word, so answers read as words, reasoning as noise.
 ANSWER_TOKEN = re.compile(r"\u0120[a-z]{2,}")
@@ -205,7 +205,7 @@ def steer(model: Any, tokenizer: Any) -> None:
     s, b = hidden - 2, hidden - 1
     ids = tokenizer.convert_tokens_to_ids
     close, end = ids(THINK_TOKENS[1]), ids("<|im_end|>")
-    banned = [ids(t) for t in (*SPECIAL_TOKENS, THINK_TOKENS[0]) if t != "<|im_end|>"]
+    banned = [ids(t) for t in (*SPECIAL_TOKENS, THINK_TOKENS[0]) if t != "<|im_end|>"] + unprintable(tokenizer)
     words = [i for t, i in tokenizer.get_vocab().items() if ANSWER_TOKEN.fullmatch(t)]
     embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
     with torch.no_grad():
@@ -224,6 +224,17 @@ def steer(model: Any, tokenizer: Any) -> None:
             head[token, s] = (answering - thinking) / 2 / scale
         head[banned, :] = 0
         head[banned, b] = -30.0 / scale
+
+
+def unprintable(tokenizer: Any) -> list[int]:
+    """Tokens that decode to part of a UTF-8 character or to a control character: text made
+    of them prints as replacement marks, which no real model's output is full of."""
+    out = []
+    for token_id in range(len(tokenizer)):
+        text = tokenizer.decode([token_id])
+        if "\ufffd" in text or any(ord(c) < 32 and c not in "\n\t" for c in text):
+            out.append(token_id)
+    return out
 
 
 def _channel_scale(model: Any, tokenizer: Any, channel: int) -> float:
