@@ -1,4 +1,4 @@
-"""Job commands: run, enqueue, status, export."""
+"""Job commands: run, validate, enqueue, status, export."""
 
 from __future__ import annotations
 
@@ -90,6 +90,40 @@ def enqueue(
         + (f"; repaired {len(report.repaired)} stale queued marker(s)" if report.repaired else "")
     )
     console.print(f"max_tokens {report.max_tokens} ({report.max_tokens_from or 'as stored'})")
+
+
+@app.command()
+def validate(
+    input: InputArg,
+    engine: EngineOpt = None, model: ModelOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+) -> None:
+    """Check an input as `fleet enqueue` would, with nothing running: every bad line, the
+    record count, the forms seen, and prompt tokens with the model's tokenizer (--model)."""
+    from fleet.producer.survey import survey
+
+    report = run_guarded(survey, settings_from(engine=engine, model=model), input)
+    typer.echo(json.dumps({**asdict(report), "ok": report.ok}, indent=2) if as_json else survey_text(report))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def survey_text(report) -> str:
+    verdict = "no bad lines" if report.ok else f"{report.bad_lines} bad line(s)"
+    out = [f"{report.input}: {report.records:,} records ({report.samples:,} samples), {verdict}",
+           "forms: " + (", ".join(f"{k} {v:,}" for k, v in report.forms.items()) or "-")]  # fmt: skip
+    t = report.prompt_tokens
+    if t is not None:
+        counted = f" ({report.model})" if report.model else ""
+        out.append(f"prompt tokens{counted}: mean {t['mean']:,}, p50 {t['p50']:,}, p99 {t['p99']:,}, "
+                   f"max {t['max']:,}; total {t['total']:,}")
+    elif report.records:
+        out.append("prompt tokens: give --model to count them with the model's tokenizer")
+    if report.over_context:
+        out.append(f"{report.over_context:,} prompt(s) fill the context of {report.context:,} tokens "
+                   "and would fail alone")
+    out += [f"  {line}" for line in [*report.rejected, *report.problems]]
+    return "\n".join(out)
 
 
 @app.command()
