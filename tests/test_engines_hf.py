@@ -200,7 +200,10 @@ def test_requests_from_many_threads_share_one_loop(running: Running) -> None:
         t.join(60)
 
     assert sorted(results) == [0, 1, 2, 3]
-    assert all(isinstance(r, GenResult) and r.completion_tokens == 6 for rs in results.values() for r in rs)
+    assert all(isinstance(r, GenResult) for rs in results.values() for r in rs)
+    # each ran to its budget or stopped on its own (the tiny model may end a row early)
+    assert all(r.completion_tokens == 6 or (r.finish_reason == "stop" and r.completion_tokens < 6)
+               for rs in results.values() for r in rs)  # fmt: skip
 
 
 def test_the_loop_stays_responsive_while_a_batch_runs(running: Running) -> None:

@@ -142,11 +142,14 @@ def test_sampled_rows_think_answer_end_and_run_on(tiny_model: Path) -> None:
 
     # Then there are rows of every kind a thinking model produces
     kinds = {"answered": 0, "ended in thinking": 0, "cut": 0}
+    answers = []
     for row in rows:
         row = row[: row.index(end) + 1] if end in row else row
         assert row.count(close) <= 1 and pad not in row
         kinds["cut" if end not in row else "answered" if close in row else "ended in thinking"] += 1
         if close in row and end in row:
-            answer = tok.decode(row[row.index(close) + 1 : -1])
-            assert answer.strip() and all(w.isalpha() for w in answer.split())
+            answers.append(tok.decode(row[row.index(close) + 1 : -1]))
     assert kinds["answered"] >= len(rows) // 2 and kinds["ended in thinking"] >= 1 and kinds["cut"] >= 1, kinds
+    # and an answer is words (rarely none: the model may end right after </think>)
+    assert all(w.isalpha() for a in answers for w in a.split())
+    assert sum(1 for a in answers if a.strip()) >= len(answers) * 3 // 4

@@ -43,7 +43,7 @@ INIT_RANGE = 0.2
 #: Logits (at the usual scale: the top one near 8, the 20th near 5) that `steer` gives its
 #: tokens. `</think>` and `<|im_end|>` while thinking sit just under the top-20 cut, so they
 #: are sampled now and then; answering, word tokens gain ANSWER_BOOST over the rest.
-CLOSE_THINKING, END_THINKING = 4.0, 3.5
+CLOSE_THINKING, END_THINKING = 4.3, 3.7
 END_ANSWERING, ANSWER_BOOST = 11.5, 8.0
 #: Answer tokens: a space and a lowercase word, so answers read as words, reasoning as noise.
 ANSWER_TOKEN = re.compile(r"\u0120[a-z]{2,}")
