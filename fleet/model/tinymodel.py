@@ -238,15 +238,25 @@ def unprintable(tokenizer: Any) -> list[int]:
 
 
 def _channel_scale(model: Any, tokenizer: Any, channel: int) -> float:
-    """Mean size of `channel` after the final norm, over a rendered prompt's positions."""
+    """Mean size of `channel` after the final norm, over a rendered prompt's positions;
+    refuses a model where some layer still writes the channel (a residual write that is not
+    an nn.Linear, such as fused expert weights, needs zeroing too)."""
     import torch
 
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is the answer?"}], add_generation_prompt=True, tokenize=True,
         return_dict=True,
     )["input_ids"]
-    out = model(torch.tensor([prompt]), output_hidden_states=True)
-    return float(out.hidden_states[-1][0, :, channel].abs().mean())
+    seen: list[tuple[Any, Any]] = []
+    hook = model.model.norm.register_forward_hook(lambda _module, args, out: seen.append((args[0], out)))
+    try:
+        model(torch.tensor([prompt]))
+    finally:
+        hook.remove()
+    before, after = seen[-1]
+    if not torch.allclose(before[0, :, channel], torch.full_like(before[0, :, channel], INIT_RANGE), atol=1e-5):
+        raise RuntimeError(f"a decoder layer writes residual channel {channel}; steer cannot hold its state there")
+    return float(after[0, :, channel].abs().mean())
 
 
 def _pin_json(out_dir: Path) -> None:
