@@ -61,6 +61,7 @@ class OpenAIBatchWriter(JsonLinesWriter):
         self.tokenizer: Any = None
 
     def completion_text(self, row: ExportRow) -> str:
+        """All a completion generated (module docstring): what `usage` counts."""
         out = row.out
         if out.get("reasoning") is None:
             return out["output"]
