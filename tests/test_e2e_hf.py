@@ -27,7 +27,7 @@ def test_fleet_run_hf_generates_real_tokens(tmp_path: Path, tiny_model: Path, cl
         {"id": "two", "messages": [{"role": "user", "content": "Pick a word."}], "sampling": {"n": 2}},
     ] + [{"id": f"x{i}", "messages": [{"role": "user", "content": f"Say {i}."}]} for i in range(8)]
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_RETURN_OUTPUT_IDS": "true"}
+    env = {"FLEET_DATA_DIR": str(tmp_path / "data")}  # output ids are stored by default
     # When it runs with the hf engine
     run = run_fleet("run", str(prompts), "--job", "hf", "--engine", "hf", "--model", str(tiny_model),
                     "--chunk-size", "4", "--max-tokens", "24", env=env, timeout=600)

@@ -73,9 +73,10 @@ def test_openai_groups_samples_as_choices_and_failed_records_as_errors(store, tm
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
     assert body["choices"][1]["message"] == {"role": "assistant", "content": "answer 0", "reasoning_content": "think 0"}
     # And a failed record is response null with an error object; a raw prompt a text completion
+    # whose text is all it generated (a sim job has no tokenizer: reasoning and answer joined)
     assert b["response"] is None and b["error"] == {"code": "record_error", "message": "too long"}
     text = c["response"]["body"]
-    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "answer 2"
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "think 2\n</think>\n\nanswer 2"
     # And a second export is byte-identical (ids derive from job and record)
     export_job(store, JOB, tmp_path / "b2.jsonl", fmt="openai")
     assert (tmp_path / "b.jsonl").read_bytes() == (tmp_path / "b2.jsonl").read_bytes()
@@ -139,19 +140,28 @@ def test_a_passthrough_field_never_replaces_what_the_format_computes(store, tmp_
 
 
 def test_only_finished_and_status_agree_on_truncation(store, tmp_path):
-    # Given rows that stopped, were cut in the answer, cut inside the thinking, and failed
-    records = [rec(i, prompt="p") for i in range(4)]
+    # Given rows that stopped, were cut in the answer, cut inside the thinking, failed, ended
+    # inside the thinking, closed the thinking with an empty answer, and one written before
+    # the in_thinking flag existed that ended with reasoning only
+    records = [rec(i, prompt="p") for i in range(7)]
+    legacy = out(records[6], 0, "stop", output="", reasoning="old thought")
+    del legacy["in_thinking"]
     rows = [out(records[0]), out(records[1], 0, "length"),
-            out(records[2], 0, "length", output="", reasoning="half a thought"),
-            out(records[3], 0, "error", error="x", reasoning=None, output="")]  # fmt: skip
+            out(records[2], 0, "length", output="", reasoning="half a thought", in_thinking=True),
+            out(records[3], 0, "error", error="x", reasoning=None, output=""),
+            out(records[4], 0, "stop", output="", reasoning="a whole thought", in_thinking=True),
+            out(records[5], 0, "stop", output="", reasoning="closed, then nothing"), legacy]  # fmt: skip
     build(store, records, rows)
-    # Then the chunk's stats count both cuts, one inside the thinking
-    assert sample_counts(rows)["records_truncated"] == 2 and sample_counts(rows)["records_truncated_in_thinking"] == 1
+    # Then the chunk's stats count both cuts, one inside the thinking, and the two rows ended there
+    stats = sample_counts(rows)
+    assert (stats["records_truncated"], stats["records_truncated_in_thinking"], stats["records_ended_in_thinking"]) \
+        == (2, 1, 2)
     st = job_status(store, None, JOB)
-    assert (st.records_truncated, st.records_truncated_in_thinking, st.record_errors) == (2, 1, 1)
-    # And --only-finished keeps exactly the row that stopped on its own
-    assert export_job(store, JOB, tmp_path / "f.jsonl", only_finished=True) == 1
-    assert [r["id"] for r in lines(tmp_path / "f.jsonl")] == ["r0"]
+    assert (st.records_truncated, st.records_truncated_in_thinking, st.records_ended_in_thinking, st.record_errors) \
+        == (2, 1, 2, 1)
+    # And --only-finished keeps exactly the rows that stopped on their own after their thinking
+    assert export_job(store, JOB, tmp_path / "f.jsonl", only_finished=True) == 2
+    assert [r["id"] for r in lines(tmp_path / "f.jsonl")] == ["r0", "r5"]
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "openai", "parquet"])

@@ -222,7 +222,7 @@ def test_to_env_rebuilds_the_same_settings_in_a_child(tmp_path):
         slots=3,
         seed=11,
         enable_thinking=False,
-        return_output_ids=True,
+        return_output_ids=False,
         queue="jobs-a",
         lease_ttl_s=2.5,
         flower_basic_auth="u:p",

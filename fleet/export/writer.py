@@ -13,7 +13,7 @@ from fleet.progress import Progress
 from fleet.store import Store
 from fleet.store.layout import read_chunk
 from fleet.store.manifest import require_manifest
-from fleet.store.results import read_result
+from fleet.store.results import finished, read_result
 
 __all__ = ["VOLATILE_FIELDS", "export_job"]
 
@@ -25,7 +25,7 @@ def chunk_rows(
     row passes `check` before any filter, so the manifest's counts hold for every format."""
     rows = list(check.rows(read_result(store, job, index)[1]))
     if only_finished:
-        rows = [r for r in rows if r["finish_reason"] == "stop"]
+        rows = [r for r in rows if finished(r)]
     if not inputs:
         return [ExportRow(r) for r in rows]
     records = {rec.pos: rec for rec in read_chunk(store, job, index)}
@@ -40,8 +40,8 @@ def export_job(
     """Returns the number of lines written; refuses an unfinished job unless `allow_incomplete`.
 
     `stable` leaves out the volatile run facts, so two runs of one job export the same bytes;
-    `only_finished` keeps only samples that stopped on their own (not at max tokens, not
-    failed); rows a format cannot hold are counted in `left_out`.
+    `only_finished` keeps only samples that stopped on their own with an answer (not at max
+    tokens, not inside the thinking, not failed); rows a format cannot hold are counted in `left_out`.
     """
     manifest = require_manifest(store, job)
     done = done_indexes(store, job)

@@ -70,6 +70,7 @@ def to_output(run: ChunkRun, record: InputRecord, req: GenRequest, res: GenResul
         prompt_tokens=res.prompt_tokens,
         completion_tokens=res.completion_tokens,
         finish_reason=res.finish_reason,  # type: ignore[arg-type]
+        in_thinking=res.in_thinking,
         error=res.error,
         chunk=run.index,
         worker=run.worker,

@@ -21,7 +21,7 @@ PARQUET_SCHEMA = pa.schema([
     ("id", pa.string()), ("sample", pa.int32()), ("output", pa.string()),
     ("reasoning", pa.string()), ("output_ids", pa.list_(pa.int32())),
     ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
-    ("finish_reason", pa.string()), ("error", pa.string()), ("chunk", pa.int32()),
+    ("finish_reason", pa.string()), ("in_thinking", pa.bool_()), ("error", pa.string()), ("chunk", pa.int32()),
     ("worker", pa.string()), ("model", pa.string()), ("cached_tokens", pa.int32()),
     ("spec_accept_length", pa.float64()), ("spec_verify_ct", pa.int32()), ("latency_s", pa.float64()),
     ("prompt_digest", pa.string()),

@@ -4,7 +4,7 @@ Shape: `{"id", "input_ids": prompt ids + output ids, "loss_mask": 0 per prompt i
 output id}`, the tokenized-sample shape of vllm-project/speculators' data generation
 (`scripts/DATAGEN.md`: input_ids with a loss mask over the trainable tokens).
 
-Output ids come from the results (the job must run with `return_output_ids`). Prompt ids
+Output ids come from the results (stored unless the job turned `return_output_ids` off). Prompt ids
 are not stored per record, to keep results small: pre-tokenized input ids come from the
 chunk objects, and chat/raw prompts are rendered again with the model's tokenizer and
 chat template, which is deterministic. The rebuild is proven, not trusted: each record
@@ -103,8 +103,8 @@ class TokensWriter(JsonLinesWriter):
         output = out.get("output_ids")
         if output is None:
             raise FleetError(
-                f"job {self.manifest.job!r} stored no output ids: run it with return_output_ids "
-                "(FLEET_RETURN_OUTPUT_IDS=true) for --format tokens"
+                f"job {self.manifest.job!r} stored no output ids (it ran with return_output_ids off): "
+                "run it again with FLEET_RETURN_OUTPUT_IDS=true, the default, for --format tokens"
             )
         prompt = self.prompts.of(record, out.get("prompt_digest"))
         line: dict[str, Any] = {
