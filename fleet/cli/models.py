@@ -31,14 +31,15 @@ def engine_args(
         str | None, typer.Option("--gpu", help="GPU kind (h100, h200, b200, ...); default: this host's GPU")
     ] = None,
 ) -> None:
-    """Print, as JSON, the kwargs the worker would pass to sglang.Engine (sglang not needed).
+    """Print, as JSON, the kwargs the worker would pass to its engine (the engine need not be installed).
 
-    max_running_requests and mem_fraction_static come from the capacity model for that GPU.
+    sglang: max_running_requests and mem_fraction_static come from the capacity model for that GPU.
     """
-    if engine != "sglang":
-        fail(f"engine-args describes the sglang engine only, not {engine!r}")
     settings = settings_from(engine=engine, model=model)
-    from fleet.engines.sglang import engine_kwargs
+    from fleet.engines.specs import spec_for
 
-    kwargs = run_guarded(engine_kwargs, settings, gpu)
+    spec = spec_for(settings)
+    kwargs = run_guarded(spec.engine_args, settings, gpu)
+    if kwargs is None:
+        fail(f"engine {engine!r} takes no engine args")
     typer.echo(json.dumps(kwargs, indent=2, sort_keys=True))
