@@ -15,11 +15,17 @@ from fleet.cli.app import EngineOpt, ModelOpt, app, fail, run_guarded, settings_
 def tiny_model(
     out_dir: Annotated[Path, typer.Argument(help="directory to write the model to")],
     seed: Annotated[int, typer.Option("--seed", help="weight seed; same seed, same files")] = 0,
+    hybrid: Annotated[
+        bool, typer.Option("--hybrid", help="linear-attention layers, MoE and an MTP layer (for vllm), bf16")
+    ] = False,
 ) -> None:
-    """Build a tiny random-weight Qwen3 model with no network (for tests and CPU runs)."""
-    from fleet.model.tinymodel import build_tiny_model
+    """Build a tiny random-weight Qwen3 model (or, --hybrid, a Qwen3.5-shaped hybrid) with no network."""
+    if hybrid:
+        from fleet.model.tinyhybrid import build_tiny_hybrid_model as build
+    else:
+        from fleet.model.tinymodel import build_tiny_model as build
 
-    path = build_tiny_model(out_dir, seed=seed)
+    path = build(out_dir, seed=seed)
     typer.echo(str(path))
 
 

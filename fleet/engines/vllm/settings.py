@@ -37,6 +37,11 @@ class VllmSettings(BaseModel):
         "prefixes or n > 1, like sglang.radix_cache",
     )
     shared_prefixes: bool = Field(False, description="prompts share long prefixes (prefix_caching auto turns it on)")
+    context_tokens: int = Field(
+        4096, ge=1,
+        description="tokens, prompt + output, one running request holds: with the KV capacity vLLM reports "
+        "after start, it bounds the requests fleet lets in at once",
+    )
     context_length: int | None = Field(None, ge=1, description="max_model_len; unset: the model's")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per scheduler step")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs per engine")
