@@ -81,6 +81,19 @@ def test_a_checkpoint_with_an_mtp_head_speculates_by_default_and_hybrids_drop_th
     assert engine_kwargs(vllm_settings(hybrid_model, engine_kwargs={"enforce_eager": True}))["enforce_eager"] is True
 
 
+def test_the_cpu_build_gets_a_bounded_kv_cache_unless_memory_is_set(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet.engines.vllm import plan
+
+    monkeypatch.setattr(plan, "cpu_build", lambda: True)
+    assert engine_kwargs(vllm_settings(tiny_model))["kv_cache_memory_bytes"] == plan.CPU_KV_CACHE_BYTES
+    assert engine_kwargs(vllm_settings(tiny_model, kv_cache_memory_bytes=KV_BYTES))["kv_cache_memory_bytes"] == KV_BYTES
+    assert "kv_cache_memory_bytes" not in engine_kwargs(vllm_settings(tiny_model, gpu_memory_utilization=0.5))
+    monkeypatch.setattr(plan, "cpu_build", lambda: False)
+    assert "kv_cache_memory_bytes" not in engine_kwargs(vllm_settings(tiny_model))
+
+
 def test_env_settings_reach_the_kwargs(tiny_model: Path, monkeypatch: pytest.MonkeyPatch, clean_env) -> None:
     monkeypatch.setenv("FLEET_VLLM__DTYPE", "float32")
     monkeypatch.setenv("FLEET_VLLM__MAX_NUM_SEQS", "12")

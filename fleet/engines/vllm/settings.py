@@ -26,7 +26,8 @@ class VllmSettings(BaseModel):
         None, ge=1, description=f"requests the engine runs at once; unset: {DEFAULT_VLLM_RUNNING}"
     )
     kv_cache_memory_bytes: int | None = Field(
-        None, ge=1, description="bytes of KV cache (bounds it on a CPU); unset: gpu_memory_utilization decides"
+        None, ge=1, description="bytes of KV cache (bounds it on a CPU); unset: gpu_memory_utilization decides, "
+        "and vLLM's CPU build gets 1 GiB"
     )
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="fraction of GPU memory vLLM may use; unset: vLLM's default (0.9)"

