@@ -78,10 +78,10 @@ def _vllm(out: Path | None, quick: bool) -> None:
     from fleet.errors import FleetError
 
     console = Console()
-    prompts, max_tokens, chunk = (32, 32, 16) if quick else (256, 64, 64)
+    prompts, max_tokens, chunk, repeats = (32, 32, 16, 1) if quick else (256, 64, 64, 2)
     with tempfile.TemporaryDirectory(prefix="fleet-bench-vllm-") as tmp:
         try:
-            section = measure_vllm(prompts, max_tokens, chunk, Path(tmp))
+            section = measure_vllm(prompts, max_tokens, chunk, Path(tmp), repeats)
         except FleetError as e:
             fail(str(e))
             return
