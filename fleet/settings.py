@@ -16,13 +16,25 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from fleet.engines.hf.settings import HfSettings
+from fleet.engines.registry import ENGINES
+from fleet.engines.sglang.settings import DEFAULT_SGLANG_RUNNING, SglangSettings
+from fleet.engines.sim.settings import SimSettings
+from fleet.engines.vllm.settings import VllmSettings
+
+#: re-exported: callers name the engine sections from here
+__all__ = [
+    "DEFAULT_SGLANG_RUNNING", "EngineName", "HfSettings", "SamplingSettings", "Settings", "SglangSettings",
+    "SimSettings", "VllmSettings", "load_settings",
+]
 
 DEFAULT_DATA_DIR = Path("fleet-data")
 DEFAULT_CHUNK_SIZE = 256
@@ -32,93 +44,8 @@ DEFAULT_VISIBILITY_TIMEOUT_S = 12 * 3600
 #: (and `fleet bench projection` at the reference shape) gives 0.81 busy at 8 and 0.97-0.99
 #: at 16, so the default is 16.
 IN_FLIGHT_FACTOR = 16
-#: S for sglang where neither the setting nor a known GPU sizes it.
-DEFAULT_SGLANG_RUNNING = 256
-EngineName = Literal["sim", "hf", "sglang"]
-
-
-class SimSettings(BaseModel):
-    """A simulated GPU: continuous batching with a slot limit and a fixed step time."""
-
-    max_running: int = Field(256, ge=1, description="concurrent requests (engine slots)")
-    step_s: float = Field(0.0005, ge=0, description="seconds per decode step (one token per running request)")
-    prefill_s: float = Field(0.0, ge=0, description="seconds of prefill per request")
-    mean_output_tokens: float = Field(256, gt=0, description="mean output length, tokens")
-    sigma: float = Field(0.8, ge=0, description="log-normal spread of output length")
-    vocab_size: int | None = Field(
-        None, ge=1, description="token ids, for checking pre-tokenized input; unset: not checked"
-    )
-    fail_ids: list[str] = Field(
-        default_factory=list, description="record ids the engine rejects (fault tests)"
-    )
-    engine_error_chunks: list[int] = Field(
-        default_factory=list, description="chunk indexes whose run kills the engine (fault tests)"
-    )
-    fault_chunks: list[int] = Field(
-        default_factory=list, validation_alias=AliasChoices("fault_chunks", "crash_chunks"),
-        description="chunk indexes whose run fails by the chunk's own fault, spending attempts (fault tests; "
-        "old name crash_chunks still read)",
-    )
-
-
-class HfSettings(BaseModel):
-    """transformers on a CPU or GPU: batched generate with left padding."""
-
-    device: str = Field("auto", description="'auto', 'cpu' or 'cuda'")
-    max_batch: int = Field(16, ge=1, description="requests per generate() call (the engine's slots)")
-    batch_wait_s: float = Field(0.01, ge=0, description="seconds to wait for a batch to fill")
-    context_length: int | None = Field(None, description="prompt + output limit; default from model config")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads per worker; default cores / workers")
-
-
-class SglangSettings(BaseModel):
-    """Kwargs for the embedded `sglang.Engine` (docs/architecture.md, SGLang facts)."""
-
-    dtype: str = Field("bfloat16", description="weights and activations dtype")
-    mtp: bool = Field(True, description="multi-token-prediction speculative decoding (NEXTN)")
-    speculative_num_steps: int = Field(3, ge=1, description="MTP: draft steps per decode step")
-    speculative_eagle_topk: int = Field(1, ge=1, description="MTP: draft candidates kept per step")
-    speculative_num_draft_tokens: int = Field(
-        4, ge=1, description="MTP: draft tokens verified per decode step (reserved per request)"
-    )
-    max_running_requests: int | None = Field(
-        None, ge=1,
-        description="requests the engine runs at once; unset: the most that fit this model on this GPU "
-        "(fleet.model.capacity), else 256 where no GPU is known. Always passed: SGLang caps it at 48 with MTP",
-    )
-    mem_fraction_static: float | None = Field(
-        None, gt=0, lt=1,
-        description="fraction of GPU memory for weights + KV + state; unset: SGLang's own headroom for "
-        "this GPU, passed explicitly so SGLang does not cut it for a vision tower fleet never feeds",
-    )
-    radix_cache: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="prefix cache. auto: off for hybrid (mamba-state) models unless prompts share prefixes "
-        "or n > 1, since with it on SGLang keeps 5 state slots per request instead of 1",
-    )
-    shared_prefixes: bool = Field(False, description="prompts share long prefixes (radix_cache auto turns it on)")
-    mamba_full_memory_ratio: float = Field(
-        0.9, gt=0, description="radix on: state pool / KV pool memory ratio (SGLang's default 0.9)"
-    )
-    context_tokens: int = Field(
-        4096, ge=1, description="tokens, prompt + output, one running request holds; sizes the batch"
-    )
-    log_level: str = Field("warning", description="SGLang's log level (its own default, error, hides its warnings)")
-    context_length: int | None = Field(
-        None, ge=1, description="tokens, prompt + output, SGLang accepts per request; unset: the model's"
-    )
-    chunked_prefill_size: int | None = Field(
-        None, description="tokens of prompt prefilled per step; unset: SGLang's default for the GPU"
-    )
-    tp_size: int = Field(1, ge=1, description="GPUs one engine spans (tensor parallel)")
-    enable_hierarchical_cache: bool = Field(False, description="spill the prefix cache to host memory (HiCache)")
-    hicache_ratio: float | None = Field(None, gt=0, description="HiCache: host cache size as a ratio of the GPU cache")
-    hicache_size: int | None = Field(None, ge=0, description="GB of host memory for the cache")
-    hicache_write_policy: str | None = Field(
-        None, description="HiCache: when GPU cache pages are written to host (SGLang's write_through, ...)"
-    )
-    deterministic: bool = Field(False, description="enable_deterministic_inference (needed for seeds)")
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through as is")
+#: "sim", "hf", "sglang", "vllm": the names in fleet.engines.registry
+EngineName = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
 
 
 class SamplingSettings(BaseModel):
@@ -139,7 +66,7 @@ class SamplingSettings(BaseModel):
     stop: list[str] | None = Field(None, description="strings that end a sample (not included in the output)")
 
 
-class Settings(BaseSettings):
+class _Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="FLEET_",
         env_nested_delimiter="__",
@@ -150,7 +77,7 @@ class Settings(BaseSettings):
     broker_url: str | None = Field(None, description="redis:// or rediss://; unset for `fleet run` = local Redis")
     store_url: str | None = Field(None, description="directory, file://... or s3://bucket/prefix")
     data_dir: Path = Field(DEFAULT_DATA_DIR, description="local runtime files: store default, local Redis")
-    engine: EngineName = Field("sim", description="sim (simulated GPU), hf (transformers) or sglang")
+    engine: EngineName = Field("sim", description="sim (simulated GPU), hf (transformers), sglang or vllm")
     model: str | None = Field(None, description="model directory (or hub id where a hub is reachable)")
     chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1, description="records per chunk")
     slots: int | None = Field(None, ge=1, description="K chunks a worker runs at once; default derived")
@@ -195,9 +122,7 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(None, description="Prometheus port per worker (+ worker number)")
 
     sampling: SamplingSettings = Field(default_factory=SamplingSettings, description="job-wide sampling")
-    sim: SimSettings = Field(default_factory=SimSettings, description="engine sim")
-    hf: HfSettings = Field(default_factory=HfSettings, description="engine hf")
-    sglang: SglangSettings = Field(default_factory=SglangSettings, description="engine sglang")
+    # One section per engine (sim, hf, sglang, vllm) is added below, from fleet.engines.registry.
 
     @classmethod
     def settings_customise_sources(
@@ -219,12 +144,8 @@ class Settings(BaseSettings):
 
     @property
     def engine_max_running(self) -> int:
-        """S: requests the engine runs at once."""
-        return {
-            "sim": self.sim.max_running,
-            "hf": self.hf.max_batch,
-            "sglang": self.sglang.max_running_requests or DEFAULT_SGLANG_RUNNING,
-        }[self.engine]
+        """S: requests the engine runs at once, as its settings section says."""
+        return getattr(self, self.engine).requests_at_once()
 
     def resolved_slots(self, chunk_size: int | None = None) -> int:
         """K: explicit, else ceil(in_flight_factor x S / C) bounded by max_slots
@@ -255,6 +176,19 @@ class Settings(BaseSettings):
             else:
                 env[f"FLEET_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
         return env
+
+
+#: The settings every process reads: the fields above plus one section per registered engine
+#: (`settings.sglang`, FLEET_SGLANG__*), so adding an engine is a registry line, not an edit here.
+Settings = create_model(
+    "Settings",
+    __base__=_Settings,
+    __module__=__name__,
+    **{
+        name: (entry.settings, Field(default_factory=entry.settings, description=f"the {name} engine's settings"))
+        for name, entry in ENGINES.items()
+    },
+)  # type: ignore[call-overload]
 
 
 def load_settings(**overrides: Any) -> Settings:

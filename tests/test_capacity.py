@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fleet.engines.sglang import engine_kwargs
+from fleet.engines.sglang.engine import engine_kwargs
 from fleet.errors import ConfigError
 from fleet.model.capacity import (
     GIB,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.engines.hf import HfEngine, RowSampler
+from fleet.engines.hf.engine import HfEngine, RowSampler
 from fleet.errors import EngineError, RecordError
 from fleet.model.prompting import load_tokenizer, render_ids, split_reasoning
 from fleet.records import GenRequest, GenResult, prompt_digest

@@ -20,8 +20,8 @@ from types import ModuleType
 import pytest
 from typer.testing import CliRunner
 
-from fleet.engines import build_engine
-from fleet.engines.sglang import SglangEngine, engine_kwargs, is_hybrid
+from fleet.engines.sglang.engine import SglangEngine, engine_kwargs, is_hybrid
+from fleet.engines.specs import build_engine
 from fleet.errors import ConfigError, EngineError, RecordError
 from fleet.metrics import ENGINE_MAX_RUNNING
 from fleet.model.prompting import load_tokenizer, render_ids
@@ -363,7 +363,7 @@ def test_the_effective_running_limit_is_read_back_and_warned(fake_sglang, tiny_m
     settings = sg_settings(tiny_model, mtp=False, max_running_requests=64,
                            engine_kwargs={"fake_effective_running": 12, "fake_step_s": 0.002})  # fmt: skip
     host = EngineHost(build_engine(settings))
-    with caplog.at_level(logging.WARNING, logger="fleet.engines.sglang"):
+    with caplog.at_level(logging.WARNING, logger="fleet.engines.sglang.engine"):
         host.start(timeout_s=60)
     try:
         # Then S, and the admission gate sized from it, follow the effective value
@@ -476,7 +476,7 @@ def test_real_sglang_has_every_arg_and_param_the_stand_in_accepts(real_server_ar
 def test_real_sglang_refuses_top_k_zero_and_takes_what_fleet_sends(real_server_args: type) -> None:
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from fleet.engines.sglang import sampling_params
+    from fleet.engines.sglang.engine import sampling_params
     from fleet.records import Sampling
 
     sent = sampling_params(

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from fleet.engines import job_config
-from fleet.engines.sim import SimEngine
+from fleet.engines.sim.engine import SimEngine
+from fleet.engines.specs import job_config
 from fleet.records import InputRecord, OutputRecord, Sampling, derive_seed
 from fleet.settings import Settings, SimSettings
 from fleet.store.manifest import Manifest, config_hash

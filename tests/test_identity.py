@@ -1,4 +1,4 @@
-"""Engine identity (fleet.model.identity): what a worker must share with a job to run it, the
+"""Engine identity (fleet.engines.identity): what a worker must share with a job to run it, the
 differing fields when it does not, checkpoints stamped with it, and the mismatched
 workers `fleet status` lists (real redis-server)."""
 
@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from fleet.coord.mismatch import clear_mismatch, mismatched_workers, record_mismatch
-from fleet.model.identity import config_mismatch, engine_identity, identity_hash
+from fleet.engines.identity import config_mismatch, engine_identity, identity_hash
 from fleet.monitor.status import job_status
 from fleet.settings import Settings
 from fleet.store.checkpoints import checkpoint_hash, decode_checkpoint, encode_checkpoint
@@ -169,7 +169,7 @@ def test_status_lists_mismatched_workers(r, tmp_path: Path, redis_server, clean_
 
 def test_an_int_default_and_the_same_value_parsed_from_the_environment_are_one_identity():
     # Given the producer's default (an unvalidated int) and a worker's env-parsed float of the same value
-    from fleet.model.identity import identity_hash
+    from fleet.engines.identity import identity_hash
 
     produced = {"engine": "sim", "sim": {"mean_output_tokens": 256, "sigma": 0.8}}
     parsed = {"engine": "sim", "sim": {"mean_output_tokens": 256.0, "sigma": 0.8}}

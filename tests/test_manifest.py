@@ -135,7 +135,7 @@ def test_check_compatible_raises_job_conflict_naming_differences():
 
 def test_check_compatible_with_real_job_configs():
     # Given job configs from Settings through the engine registry
-    from fleet.engines import job_config
+    from fleet.engines.specs import job_config
 
     a = job_config(Settings(engine="sim", chunk_size=64))
     b = job_config(Settings(engine="sim", chunk_size=64, sim={"sigma": 1.5, "step_s": 0.9}))

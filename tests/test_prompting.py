@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.engines import job_config
+from fleet.engines.specs import job_config
 from fleet.errors import ConfigError, RecordError
 from fleet.model.prompting import (
     check_length,

@@ -266,7 +266,7 @@ def test_to_env_leaves_out_unset_values():
     [
         ("FLEET_CHUNK_SIZE", "0", "chunk_size"),
         ("FLEET_CHUNK_SIZE", "many", "chunk_size"),
-        ("FLEET_ENGINE", "vllm", "engine"),
+        ("FLEET_ENGINE", "tgi", "engine"),
         ("FLEET_LEASE_TTL_S", "-1", "lease_ttl_s"),
         ("FLEET_SIM__STEP_S", "-0.1", "step_s"),
         ("FLEET_SIM__MAX_RUNNING", "0", "max_running"),

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fleet.engines.sim import SimEngine, prompt_size, sim_length, sim_text
+from fleet.engines.sim.engine import SimEngine, prompt_size, sim_length, sim_text
 from fleet.errors import RecordError
 from fleet.records import GenRequest, GenResult, Message, Sampling, derive_seed, prompt_digest
 from fleet.settings import SimSettings

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from fleet.bench.report import Figure, Section
-from fleet.engines.sglang_plan import with_planned_running
+from fleet.engines.sglang.plan import with_planned_running
 from fleet.errors import ConfigError, FleetError
 from fleet.model.outputlen import FALLBACK_MAX_TOKENS
 from fleet.records import GenRequest, Message, Sampling
@@ -54,7 +54,7 @@ def requests_for(n: int, max_tokens: int) -> list[GenRequest]:
 
 
 async def run_side(settings: Settings, requests: int, max_tokens: int, warmup: int) -> dict[str, Any]:
-    from fleet.engines.sglang import SglangEngine
+    from fleet.engines.sglang.engine import SglangEngine
 
     engine = SglangEngine(settings)
     await engine.start()

@@ -22,7 +22,7 @@ from fleet.bench.profile import Profile
 from fleet.bench.reference import REFERENCE
 from fleet.bench.report import Figure, Section
 from fleet.bench.simjob import SimJob, SimShape, run_sim_job
-from fleet.engines.sim import sim_text
+from fleet.engines.sim.engine import sim_text
 from fleet.store import open_store
 from fleet.store.results import ChunkStats, encode_result
 

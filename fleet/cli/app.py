@@ -27,7 +27,7 @@ EXIT_UNREACHABLE = 3
 loaded: list[Settings] = []
 
 JobOpt = Annotated[str, typer.Option("--job", "-j", help="job name")]
-EngineOpt = Annotated[str | None, typer.Option("--engine", help="sim, hf or sglang")]
+EngineOpt = Annotated[str | None, typer.Option("--engine", help="sim, hf, sglang or vllm")]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="model directory")]
 BrokerOpt = Annotated[str | None, typer.Option("--broker-url", help="redis:// URL (FLEET_BROKER_URL)")]
 StoreOpt = Annotated[str | None, typer.Option("--store-url", help="directory or s3://bucket/prefix")]

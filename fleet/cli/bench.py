@@ -46,7 +46,8 @@ def bench(
     out: OutOpt = None,
     keep: KeepOpt = False,
     engine: Annotated[str, typer.Option("--engine", help="sim: the whole suite; hf: fleet vs bare "
-                                        "engine only; sglang: MTP on vs off on this GPU host")] = "sim",
+                                        "engine only; vllm: fleet vs a bare AsyncLLM loop (needs vllm); "
+                                        "sglang: MTP on vs off on this GPU host")] = "sim",
     requests: Annotated[int | None, typer.Option("--requests", help="sglang: requests per side "
                                                  "(default 2 x max_running_requests)")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sglang: max tokens per request")] = None,
@@ -59,10 +60,34 @@ def bench(
         _mtp(out, requests, max_tokens)
     elif engine == "hf":
         _run(["hf"], quick, out, keep)
+    elif engine == "vllm":
+        _vllm(out, quick)
     elif engine == "sim":
         _run(list(MEASUREMENTS), quick, out, keep)
     else:
-        fail(f"unknown engine {engine!r}: sim, hf or sglang")
+        fail(f"unknown engine {engine!r}: sim, hf, vllm or sglang")
+
+
+def _vllm(out: Path | None, quick: bool) -> None:
+    import tempfile
+
+    from rich.console import Console
+
+    from fleet.bench.report import print_table, write_json
+    from fleet.bench.vllmcompare import measure_vllm
+    from fleet.errors import FleetError
+
+    console = Console()
+    prompts, max_tokens, chunk, repeats = (32, 32, 16, 1) if quick else (256, 64, 64, 2)
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-vllm-") as tmp:
+        try:
+            section = measure_vllm(prompts, max_tokens, chunk, Path(tmp), repeats)
+        except FleetError as e:
+            fail(str(e))
+            return
+    print_table([section], console)
+    path = write_json((out or DEFAULT_OUT) / "vllm.json", [section], {"command": "fleet bench --engine vllm"})
+    console.print(f"wrote {path}")
 
 
 def _mtp(out: Path | None, requests: int | None, max_tokens: int | None) -> None:

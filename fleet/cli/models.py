@@ -15,11 +15,17 @@ from fleet.cli.app import EngineOpt, ModelOpt, app, fail, run_guarded, settings_
 def tiny_model(
     out_dir: Annotated[Path, typer.Argument(help="directory to write the model to")],
     seed: Annotated[int, typer.Option("--seed", help="weight seed; same seed, same files")] = 0,
+    hybrid: Annotated[
+        bool, typer.Option("--hybrid", help="linear-attention layers, MoE and an MTP layer (for vllm), bf16")
+    ] = False,
 ) -> None:
-    """Build a tiny random-weight Qwen3 model with no network (for tests and CPU runs)."""
-    from fleet.model.tinymodel import build_tiny_model
+    """Build a tiny random-weight Qwen3 model (or, --hybrid, a Qwen3.5-shaped hybrid) with no network."""
+    if hybrid:
+        from fleet.model.tinyhybrid import build_tiny_hybrid_model as build
+    else:
+        from fleet.model.tinymodel import build_tiny_model as build
 
-    path = build_tiny_model(out_dir, seed=seed)
+    path = build(out_dir, seed=seed)
     typer.echo(str(path))
 
 
@@ -31,14 +37,15 @@ def engine_args(
         str | None, typer.Option("--gpu", help="GPU kind (h100, h200, b200, ...); default: this host's GPU")
     ] = None,
 ) -> None:
-    """Print, as JSON, the kwargs the worker would pass to sglang.Engine (sglang not needed).
+    """Print, as JSON, the kwargs the worker would pass to its engine (the engine need not be installed).
 
-    max_running_requests and mem_fraction_static come from the capacity model for that GPU.
+    sglang: max_running_requests and mem_fraction_static come from the capacity model for that GPU.
     """
-    if engine != "sglang":
-        fail(f"engine-args describes the sglang engine only, not {engine!r}")
     settings = settings_from(engine=engine, model=model)
-    from fleet.engines.sglang import engine_kwargs
+    from fleet.engines.specs import spec_for
 
-    kwargs = run_guarded(engine_kwargs, settings, gpu)
+    spec = spec_for(settings)
+    kwargs = run_guarded(spec.engine_args, settings, gpu)
+    if kwargs is None:
+        fail(f"engine {engine!r} takes no engine args")
     typer.echo(json.dumps(kwargs, indent=2, sort_keys=True))

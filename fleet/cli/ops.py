@@ -173,7 +173,7 @@ def plan(
     try:
         cap = None
         if model:
-            from fleet.engines.sglang_plan import job_capacity
+            from fleet.engines.sglang.plan import job_capacity
 
             cap = job_capacity(settings, gpu, prompt_tokens + output_tokens, mtp=mtp, radix=radix)
         if batch is None:

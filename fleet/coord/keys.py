@@ -101,7 +101,7 @@ def parse_member(value: str) -> tuple[str, int]:
 
 def mismatched_workers() -> str:
     """Hash worker name -> JSON {job, identity_hash, differences, at}: workers whose engine
-    settings differ from a job's (fleet.model.identity); `fleet status` lists them."""
+    settings differ from a job's (fleet.engines.identity); `fleet status` lists them."""
     return f"{PREFIX}:mismatched-workers"
 
 

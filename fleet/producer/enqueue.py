@@ -21,9 +21,9 @@ from fleet.coord.chunks import ChunkQueue
 from fleet.coord.chunkstate import done_indexes, failed_indexes
 from fleet.coord.queuescan import stale_markers
 from fleet.coord.recovery import Reaper
-from fleet.engines import input_vocab, job_config
+from fleet.engines.identity import engine_identity, identity_hash
+from fleet.engines.specs import input_vocab, job_config
 from fleet.errors import InputError
-from fleet.model.identity import engine_identity, identity_hash
 from fleet.producer.chunker import write_chunks
 from fleet.producer.claim import JobIdentity, check_same_job, claim_job
 from fleet.producer.digest import InputDigest

@@ -89,7 +89,7 @@ class PromptLengths:
 
 def survey(settings: Settings, input_url: str) -> InputSurvey:
     """Check `input_url` (local or s3://) as `fleet enqueue` would, and count what it holds."""
-    from fleet.engines import input_vocab
+    from fleet.engines.specs import input_vocab
 
     report = InputSurvey(input=input_url, model=settings.model)
     tokenizer = None

@@ -51,7 +51,7 @@ class Manifest(BaseModel):
     samples: int
     config: dict[str, Any]
     config_hash: str
-    #: what a worker's engine must match to run this job (fleet.model.identity), and its hash
+    #: what a worker's engine must match to run this job (fleet.engines.identity), and its hash
     engine_identity: dict[str, Any] | None = None
     engine_identity_hash: str | None = None
     #: blake2b of the canonical records (fleet.producer.digest): a changed input is refused

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from fleet.engines.specs import spec_for
 from fleet.errors import ConfigError
 from fleet.model.gpus import query_gpus
 from fleet.monitor.flower import is_loopback
@@ -130,7 +131,7 @@ def check_store(settings: Settings) -> Check:
 
 
 def check_gpus(settings: Settings) -> Check:
-    if settings.engine != "sglang":
+    if not spec_for(settings).needs_gpu:
         return _skip("gpus", f"engine {settings.engine} does not need a GPU")
     gpus, source = query_gpus()
     if not gpus:
@@ -214,38 +215,14 @@ def check_model(settings: Settings) -> Check:
 
 
 def check_engine_args(settings: Settings) -> Check:
-    if settings.engine != "sglang":
+    """The engine's own validation of the kwargs fleet builds (its spec's validate_args)."""
+    try:
+        detail = spec_for(settings).validate_args(settings)
+    except Exception as e:
+        return Check("engine args", False, f"{type(e).__name__}: {e}")
+    if detail is None:
         return _skip("engine args", f"engine {settings.engine} has no engine args to validate")
-    try:
-        from fleet.engines.sglang import engine_kwargs
-    except ImportError as e:
-        return _skip("engine args", f"fleet.engines.sglang not importable: {e}")
-    try:
-        kwargs = engine_kwargs(settings)
-    except Exception as e:
-        return Check("engine args", False, f"building kwargs: {type(e).__name__}: {e}")
-    try:
-        from sglang.srt.server_args import ServerArgs
-    except ImportError:
-        return Check("engine args", True, f"{len(kwargs)} kwargs built; sglang not installed, not validated")
-    try:
-        validate_server_args(ServerArgs, kwargs)
-    except Exception as e:
-        return Check("engine args", False, f"sglang ServerArgs refused them: {type(e).__name__}: {e}")
-    return Check("engine args", True, f"{len(kwargs)} kwargs accepted by sglang ServerArgs")
-
-
-def validate_server_args(server_args_cls: Callable[..., Any], kwargs: dict[str, Any]) -> None:
-    """SGLang's own checks (docs/architecture.md: ServerArgs, resolve_once, check_server_args); on a
-    host without a GPU they run with device="cpu", which validates in seconds."""
-    args = dict(kwargs)
-    if "device" not in args and not query_gpus()[0]:
-        args["device"] = "cpu"
-    server_args = server_args_cls(**args)
-    for step in ("resolve_once", "check_server_args"):
-        fn = getattr(server_args, step, None)
-        if callable(fn):
-            fn()
+    return Check("engine args", True, detail)
 
 
 CHECKS: tuple[Callable[[Settings], Check], ...] = (

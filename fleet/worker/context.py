@@ -66,7 +66,7 @@ class WorkerContext:
     queue: ChunkQueue
     policy: RetryPolicy
     manifests: ManifestCache
-    #: what this worker's engine is (fleet.model.identity): compared with each job's, stamped on checkpoints
+    #: what this worker's engine is (fleet.engines.identity): compared with each job's, stamped on checkpoints
     identity: dict[str, Any] = field(default_factory=dict)
     identity_hash: str = ""
     #: set when running chunks must be handed back (grace period over, or the engine died)

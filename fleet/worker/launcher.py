@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleet.engines.sglang_plan import with_planned_running
+from fleet.engines.specs import spec_for
 from fleet.model.gpus import pin_env
 from fleet.settings import Settings
 from fleet.worker.parent import LAUNCHER_PID_ENV
@@ -78,7 +78,7 @@ class Supervisor:
     def __init__(self, settings: Settings, specs: list[WorkerSpec], log_dir: Path | None = None,
                  concurrency: int | None = None, restart: bool = True):
         # S (hence K) from what the engine can really run on this host's GPUs (fleet.model.capacity).
-        self.settings = settings = with_planned_running(settings)
+        self.settings = settings = spec_for(settings).planned(settings)
         self.children = [_Child(s) for s in specs]
         self.log_dir = log_dir
         self.concurrency = concurrency or settings.resolved_slots()

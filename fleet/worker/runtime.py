@@ -22,8 +22,8 @@ from fleet.coord.chunks import ChunkQueue
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.recovery import Reaper
 from fleet.coord.retry import RetryPolicy
-from fleet.engines import build_engine
-from fleet.model.identity import engine_identity, identity_hash
+from fleet.engines.identity import engine_identity, identity_hash
+from fleet.engines.specs import build_engine
 from fleet.settings import Settings
 from fleet.store import store_for
 from fleet.worker.chunk import ChunkRun

@@ -16,8 +16,8 @@ from fleet.coord.broker import make_celery
 from fleet.coord.chunks import ChunkQueue
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.retry import RetryPolicy
-from fleet.engines import build_engine
-from fleet.model.identity import engine_identity, identity_hash
+from fleet.engines.identity import engine_identity, identity_hash
+from fleet.engines.specs import build_engine
 from fleet.producer.enqueue import prepare_job
 from fleet.settings import Settings
 from fleet.store.local import LocalStore

@@ -8,7 +8,7 @@ import logging
 import threading
 
 from fleet.coord.mismatch import clear_mismatch, record_mismatch
-from fleet.model.identity import config_mismatch
+from fleet.engines.identity import config_mismatch
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.context import WorkerContext
 from fleet.worker.middleware.base import Middleware, Order

@@ -12,51 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleet.engines.specs import spec_for
 from fleet.settings import Settings
 from fleet.store.manifest import Manifest, config_diff, config_hash
 
-#: sglang settings (and engine_kwargs keys) that change throughput and memory, not tokens
-SGLANG_SPEED_ONLY = frozenset({
-    "max_running_requests", "mem_fraction_static", "chunked_prefill_size",
-    "enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_write_policy",
-    "log_level", "cuda_graph_max_bs", "disable_cuda_graph", "enable_metrics", "watchdog_timeout",
-    "engine_kwargs", "radix_cache", "shared_prefixes", "mamba_full_memory_ratio", "context_tokens",
-})
-
-
-def _model(settings: Settings) -> dict[str, Any]:
-    """Model files by revision, not by path: hosts may keep one snapshot in other directories."""
-    from fleet.model.prompting import model_facts
-
-    facts = model_facts(settings)["model"]
-    # Not the directory name either: one snapshot copied to /models/qwen on one host and
-    # /data/Qwen3.6-27B on another is one model.
-    return {k: facts.get(k) for k in ("revision", "chat_template_sha256")}
-
 
 def engine_identity(settings: Settings) -> dict[str, Any]:
-    """The settings of this process's engine that shape its output (reads model files)."""
-    identity: dict[str, Any] = {"engine": settings.engine}
-    if settings.engine == "sim":
-        identity["sim"] = {
-            "mean_output_tokens": settings.sim.mean_output_tokens,
-            "sigma": settings.sim.sigma,
-        }
-        return identity
-    identity["model"] = _model(settings)
-    if settings.engine == "hf":
-        # HfEngine picks bfloat16 on CUDA and float32 on CPU: the device is the dtype.
-        identity["hf"] = {"device": settings.hf.device, "context_length": settings.hf.context_length}
-    else:
-        sg = settings.sglang.model_dump()
-        shaped = {k: v for k, v in sg.items() if k not in SGLANG_SPEED_ONLY}
-        if not settings.sglang.mtp:
-            shaped = {k: v for k, v in shaped.items() if not k.startswith("speculative_")}
-        shaped["engine_kwargs"] = {
-            k: v for k, v in settings.sglang.engine_kwargs.items() if k not in SGLANG_SPEED_ONLY
-        }
-        identity["sglang"] = shaped
-    return identity
+    """The settings of this process's engine that shape its output (reads model files);
+    each engine's spec says which of its settings those are."""
+    return {"engine": settings.engine} | spec_for(settings).identity(settings)
 
 
 def _canonical(value: Any) -> Any:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.engines.model import ModelEngine
-from fleet.engines.sglang_plan import (
+from fleet.engines.sglang.plan import (
     check_choices,
     is_hybrid,
     local_config,

@@ -1,0 +1,25 @@
+"""What fleet asks of the hf engine (transformers on a CPU or GPU)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet.engines.base import Engine
+from fleet.engines.model import ModelEngineSpec
+from fleet.settings import Settings
+
+
+class HfSpec(ModelEngineSpec):
+    name = "hf"
+
+    def build(self, settings: Settings) -> Engine:
+        from fleet.engines.hf.engine import HfEngine
+
+        return HfEngine(settings)
+
+    def shaping(self, settings: Settings) -> dict[str, Any]:
+        # HfEngine picks bfloat16 on CUDA and float32 on CPU: the device is the dtype.
+        return {"device": settings.hf.device, "context_length": settings.hf.context_length}
+
+
+SPEC = HfSpec()

@@ -1,0 +1,76 @@
+"""What fleet asks of the sglang engine: identity, capacity plan, engine kwargs and their check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fleet.engines.base import Engine
+from fleet.engines.model import ModelEngineSpec
+from fleet.model.gpus import query_gpus
+from fleet.settings import Settings
+
+#: sglang settings (and engine_kwargs keys) that change throughput and memory, not tokens
+SGLANG_SPEED_ONLY = frozenset({
+    "max_running_requests", "mem_fraction_static", "chunked_prefill_size",
+    "enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_write_policy",
+    "log_level", "cuda_graph_max_bs", "disable_cuda_graph", "enable_metrics", "watchdog_timeout",
+    "engine_kwargs", "radix_cache", "shared_prefixes", "mamba_full_memory_ratio", "context_tokens",
+})
+
+
+class SglangSpec(ModelEngineSpec):
+    name = "sglang"
+    needs_gpu = True
+
+    def build(self, settings: Settings) -> Engine:
+        from fleet.engines.sglang.engine import SglangEngine
+
+        return SglangEngine(settings)
+
+    def shaping(self, settings: Settings) -> dict[str, Any]:
+        shaped = {k: v for k, v in settings.sglang.model_dump().items() if k not in SGLANG_SPEED_ONLY}
+        if not settings.sglang.mtp:
+            shaped = {k: v for k, v in shaped.items() if not k.startswith("speculative_")}
+        shaped["engine_kwargs"] = {
+            k: v for k, v in settings.sglang.engine_kwargs.items() if k not in SGLANG_SPEED_ONLY
+        }
+        return shaped
+
+    def planned(self, settings: Settings, gpu: str | None = None) -> Settings:
+        from fleet.engines.sglang.plan import with_planned_running
+
+        return with_planned_running(settings, gpu)
+
+    def engine_args(self, settings: Settings, gpu: str | None = None) -> dict[str, Any]:
+        from fleet.engines.sglang.engine import engine_kwargs
+
+        return engine_kwargs(settings, gpu)
+
+    def validate_args(self, settings: Settings) -> str:
+        kwargs = self.engine_args(settings)
+        try:
+            from sglang.srt.server_args import ServerArgs
+        except ImportError:
+            return f"{len(kwargs)} kwargs built; sglang not installed, not validated"
+        try:
+            validate_server_args(ServerArgs, kwargs)
+        except Exception as e:
+            raise ValueError(f"sglang ServerArgs refused them: {type(e).__name__}: {e}") from e
+        return f"{len(kwargs)} kwargs accepted by sglang ServerArgs"
+
+
+def validate_server_args(server_args_cls: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """SGLang's own checks (docs/architecture.md: ServerArgs, resolve_once, check_server_args); on a
+    host without a GPU they run with device="cpu", which validates in seconds."""
+    args = dict(kwargs)
+    if "device" not in args and not query_gpus()[0]:
+        args["device"] = "cpu"
+    server_args = server_args_cls(**args)
+    for step in ("resolve_once", "check_server_args"):
+        fn = getattr(server_args, step, None)
+        if callable(fn):
+            fn()
+
+
+SPEC = SglangSpec()

@@ -1,0 +1,37 @@
+"""The sim engine's settings (FLEET_SIM__*).
+
+A leaf schema module: it imports nothing from fleet, so fleet.settings can compose it
+without a circle (tests/test_architecture.py).
+"""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, BaseModel, Field
+
+
+class SimSettings(BaseModel):
+    """A simulated GPU: continuous batching with a slot limit and a fixed step time."""
+
+    max_running: int = Field(256, ge=1, description="concurrent requests (engine slots)")
+    step_s: float = Field(0.0005, ge=0, description="seconds per decode step (one token per running request)")
+    prefill_s: float = Field(0.0, ge=0, description="seconds of prefill per request")
+    mean_output_tokens: float = Field(256, gt=0, description="mean output length, tokens")
+    sigma: float = Field(0.8, ge=0, description="log-normal spread of output length")
+    vocab_size: int | None = Field(
+        None, ge=1, description="token ids, for checking pre-tokenized input; unset: not checked"
+    )
+    fail_ids: list[str] = Field(
+        default_factory=list, description="record ids the engine rejects (fault tests)"
+    )
+    engine_error_chunks: list[int] = Field(
+        default_factory=list, description="chunk indexes whose run kills the engine (fault tests)"
+    )
+    fault_chunks: list[int] = Field(
+        default_factory=list, validation_alias=AliasChoices("fault_chunks", "crash_chunks"),
+        description="chunk indexes whose run fails by the chunk's own fault, spending attempts (fault tests; "
+        "old name crash_chunks still read)",
+    )
+
+    def requests_at_once(self) -> int:
+        """S, the requests the engine runs at once."""
+        return self.max_running

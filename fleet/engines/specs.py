@@ -1,0 +1,52 @@
+"""What the rest of fleet asks of the configured engine, through its spec (fleet.engines.registry).
+
+Spec modules are imported by name when first used: they read fleet.settings, which composes
+the registry's settings models, so the registry cannot import them. Heavy engines (hf,
+sglang, vllm) import their packages only when built, so fleet installs and imports without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from fleet.engines.base import Engine, EngineSpec
+from fleet.engines.registry import ENGINES
+from fleet.errors import ConfigError
+from fleet.settings import Settings
+
+
+def spec_for(engine: Settings | str) -> EngineSpec:
+    """The spec of an engine, by name or from the settings' `engine`."""
+    name = engine.engine if isinstance(engine, Settings) else engine
+    entry = ENGINES.get(name)
+    if entry is None:
+        raise ConfigError(f"unknown engine {name!r}: one of {', '.join(ENGINES)}")
+    return importlib.import_module(entry.spec).SPEC
+
+
+def build_engine(settings: Settings) -> Engine:
+    return spec_for(settings).build(settings)
+
+
+def job_config(settings: Settings) -> dict[str, Any]:
+    """What shapes the output for this engine; hashed into the job manifest.
+
+    For model engines this reads the model's own files (chat template, generation config),
+    so the effective sampling values land in the manifest.
+    """
+    base: dict[str, Any] = {
+        "engine": settings.engine,
+        "chunk_size": settings.chunk_size,
+        "seed": settings.seed,
+        "sampling": settings.sampling.model_dump(),
+        "enable_thinking": settings.enable_thinking,
+        "return_output_ids": settings.return_output_ids,
+    }
+    return base | spec_for(settings).job_model(settings)
+
+
+def input_vocab(settings: Settings) -> int | None:
+    """Token ids a pre-tokenized input may hold: the tokenizer's size (padded embedding
+    rows are not tokens), the sim engine's setting, or None where nothing is known."""
+    return spec_for(settings).input_vocab(settings)

