@@ -542,7 +542,10 @@ def test_pre_tokenized_ids_are_sent_as_given(fake_sglang, tiny_model: Path, loop
     # Then SGLang got exactly those ids, and the record counts and fingerprints them
     assert fake_sglang.instances[0].requests[-1]["input_ids"] == [5, 900, 17, 3]
     assert result.prompt_tokens == 4 and result.meta["prompt_digest"] == prompt_digest([5, 900, 17, 3])
-    # And an id past the model's vocabulary fails this record alone, as SGLang refuses it
+    # And an id past the model's vocabulary fails this record alone, checked by fleet: SGLang
+    # does not check it, and its scheduler's death would take the worker with it
+    calls = fake_sglang.instances[0].calls
     request.input_ids = [5, 10**6]
-    with pytest.raises(RecordError, match="vocab size"):
+    with pytest.raises(RecordError, match=r"outside the model's vocab size \(1088\)"):
         loop_thread.run(engine.generate(request))
+    assert fake_sglang.instances[0].calls == calls
