@@ -133,6 +133,9 @@ def test_real_sglang_job_finishes_through_real_workers(real_job: dict[str, Any])
 
 def test_real_sglang_greedy_records_are_the_bare_engines_tokens(real_job: dict[str, Any]) -> None:
     rows, ids, bare = real_job["rows"], real_job["ids"], real_job["bare"]["greedy"]
+    # every answer says how often SGLang retracted it, which fleet keeps per record
+    assert all("num_retractions" in r["meta_keys"] for r in bare)
+    assert all(rows[f"g{i}"]["retractions"] == 0 for i in range(GREEDY))
     for i in range(GREEDY):
         row = rows[f"g{i}"]
         # the engine saw exactly the ids the bare engine got

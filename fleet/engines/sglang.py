@@ -55,6 +55,7 @@ META_FIELDS = (
     ("spec_accept_length", "spec_accept_length"),
     ("spec_verify_ct", "spec_verify_ct"),
     ("latency_s", "e2e_latency"),
+    ("retractions", "num_retractions"),
 )
 
 

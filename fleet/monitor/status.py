@@ -49,6 +49,8 @@ class JobStatus:
     #: samples that stopped at max tokens, and those of them cut before the think block closed
     records_truncated: int = 0
     records_truncated_in_thinking: int = 0
+    #: times the engine retracted a running request for KV room (SGLang): the batch is too big
+    retractions: int = 0
     elapsed_s: float = 0.0
     tok_s: float = 0.0
     eta_s: float | None = None
@@ -126,6 +128,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.record_errors += s.get("errors", 0)
         st.records_truncated += s.get("records_truncated", 0)
         st.records_truncated_in_thinking += s.get("records_truncated_in_thinking", 0)
+        st.retractions += s.get("retractions", 0)
     st.workers = sorted({s["worker"] for s in stats if "worker" in s})
     timed = [s for s in stats if "started" in s and "finished" in s]
     if timed:

@@ -33,6 +33,7 @@ def chunk_stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "errors": sum(1 for r in rows if r["finish_reason"] == "error"),
         "records_truncated": sum(1 for r in rows if r["finish_reason"] == "length"),
         "records_truncated_in_thinking": sum(1 for r in rows if cut_in_thinking(r)),
+        "retractions": sum(r.get("retractions") or 0 for r in rows),
     }
 
 

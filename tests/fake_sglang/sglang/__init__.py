@@ -30,7 +30,8 @@ Same surface, and the same sharp edges, as the real thing (paths inside the 0.5.
 
 Kwargs starting with `fake_` steer it: `fake_step_s` (seconds per token), `fake_tokens`
 (natural output length), `fake_fail_start`, `fake_abort_over` (prompt length above which a
-request is aborted with HTTP 500), `fake_effective_running` (what the scheduler settles on).
+request is aborted with HTTP 500), `fake_effective_running` (what the scheduler settles on),
+`fake_retractions` (times each request was retracted, meta_info `num_retractions`).
 `crash(message)` makes every request from then on raise. With FAKE_SGLANG_JOURNAL set, each
 engine start and each request appends a JSON line there, for tests that run real worker
 processes and cannot see `instances`.
@@ -165,6 +166,7 @@ class Engine:
         self.step_s = float(fake.get("fake_step_s", 0.001))
         self.natural_tokens = int(fake.get("fake_tokens", 16))
         self.abort_over = fake.get("fake_abort_over")
+        self.retractions = int(fake.get("fake_retractions", 0))
         asked = kwargs["max_running_requests"]
         self.effective = min(asked, int(fake.get("fake_effective_running", asked)))
         self.tokenizer_manager = TokenizerManager(kwargs.get("context_length") or 2048, reserved_tokens(kwargs), self)
@@ -255,6 +257,7 @@ class Engine:
                 "spec_accept_length": 2.5,
                 "spec_verify_ct": max(1, n * 2 // 5),
                 "e2e_latency": latency,
+                "num_retractions": self.retractions,
             },
         }
 
