@@ -14,6 +14,8 @@ venv="${1:-$root/.venv-sglang}"
 python="${PYTHON:-python3.11}"
 command -v "$python" >/dev/null || python="python3"
 
+# Nothing outside the venv: no pip cache in ~/.cache (the venv itself is what CI caches).
+export PIP_NO_CACHE_DIR=1
 echo "creating $venv with $("$python" --version) and sglang==$SGLANG_VERSION" >&2
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
