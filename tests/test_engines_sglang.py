@@ -548,6 +548,7 @@ def test_pre_tokenized_ids_are_sent_as_given(fake_sglang, tiny_model: Path, loop
     # does not check it, and its scheduler's death would take the worker with it
     calls = fake_sglang.instances[0].calls
     request.input_ids = [5, 10**6]
-    with pytest.raises(RecordError, match=r"outside the model's vocab size \(1088\)"):
+    vocab = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
+    with pytest.raises(RecordError, match=rf"outside the model's vocab size \({vocab}\)"):
         loop_thread.run(engine.generate(request))
     assert fake_sglang.instances[0].calls == calls
