@@ -75,6 +75,8 @@ class OutputRecord(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: FinishReason
+    #: the sample ended inside its think block (no `</think>`): it has reasoning and no answer
+    in_thinking: bool = False
     error: str | None = None
     chunk: int
     worker: str
@@ -139,6 +141,8 @@ class GenResult:
     error: str | None = None
     #: reasoning split at </think> when the engine knows the template opened it
     reasoning: str | None = None
+    #: the output ended inside its think block (no </think>): reasoning only, no answer
+    in_thinking: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
 
 

@@ -2,7 +2,8 @@
 # Installs what fleet needs on a fresh Debian/Ubuntu machine (Debian 12, Ubuntu 22.04 and
 # 24.04; as root or through sudo) into a project virtualenv, never into the system
 # interpreter and never with --break-system-packages (PEP 668): redis-server (the local
-# broker of `fleet run` and the tests), a CPU build of torch, and fleet with its extras.
+# broker of `fleet run` and the tests), a CPU build of torch, fleet with its extras, and
+# SpecForge's data code for the training-export tests.
 #
 # fleet needs Python >= 3.11. Debian 12 (3.11) and Ubuntu 24.04 (3.12) ship one as python3;
 # Ubuntu 22.04 ships 3.10, so there the distribution's own python3.11 package is installed
@@ -91,5 +92,9 @@ fi
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first and pinned: without it pip resolves the hf extra to a multi-GB CUDA build.
 "${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -e ".[hf,dev]"
+"${pip[@]}" -e ".[hf,dev,train]"
+# SpecForge's own data code (specforge.data) checks the training exports; its declared
+# dependencies pin sglang and a CUDA torch, and its data modules need none of them, only
+# the train extra's datasets with torch and transformers.
+"${pip[@]}" --no-deps "specforge==0.2.0"
 echo "ops/setup.sh: ready; run fleet as $venv/bin/fleet" >&2

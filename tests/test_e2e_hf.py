@@ -27,7 +27,7 @@ def test_fleet_run_hf_generates_real_tokens(tmp_path: Path, tiny_model: Path, cl
         {"id": "two", "messages": [{"role": "user", "content": "Pick a word."}], "sampling": {"n": 2}},
     ] + [{"id": f"x{i}", "messages": [{"role": "user", "content": f"Say {i}."}]} for i in range(8)]
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_RETURN_OUTPUT_IDS": "true"}
+    env = {"FLEET_DATA_DIR": str(tmp_path / "data")}  # output ids are stored by default
     # When it runs with the hf engine
     run = run_fleet("run", str(prompts), "--job", "hf", "--engine", "hf", "--model", str(tiny_model),
                     "--chunk-size", "4", "--max-tokens", "24", env=env, timeout=600)
@@ -80,6 +80,6 @@ def test_rejected_record_fails_alone_and_corrupt_chunk_is_quarantined(tmp_path, 
 
 def read_jsonl_export(env: dict[str, str], tmp_path: Path) -> list[dict]:
     out = tmp_path / "partial.jsonl"
-    res = run_fleet("export", "--job", "bad", "--out", str(out), "--partial", env=env)
+    res = run_fleet("export", "--job", "bad", "--out", str(out), "--allow-incomplete", env=env)
     assert res.returncode == 0, res.stderr
     return read_jsonl(out)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.model.prompting import THINK_CLOSE, THINK_OPEN, load_tokenizer
+from fleet.model.prompting import THINK_CLOSE, THINK_OPEN, load_tokenizer, trim_at_stop
 from tests.conftest import run_fleet
 from tests.fleetproc import read_jsonl
 from tests.modelkit import tiny_model_fixture  # noqa: F401
@@ -24,6 +24,8 @@ STOPS = {"stop": ["e", "a"]}  # noise text hits one within a few tokens: rows th
 
 def mixed_input(tokenizer) -> list[dict]:
     ids = tokenizer("def main():\n    return 1")["input_ids"]
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "Why?"}], add_generation_prompt=True,
+                                             return_dict=True)["input_ids"]  # opens <think>: a completion that reasons
     return [
         {"id": "chat", "messages": [SYSTEM, {"role": "user", "content": "Explain binary search."}],
          "metadata": {"split": "train", "n": 1}},
@@ -38,6 +40,7 @@ def mixed_input(tokenizer) -> list[dict]:
         {"id": "conv", "conversations": [{"role": "user", "content": "Count to three."}], "sampling": STOPS},
         {"id": "tok", "input_ids": ids, "metadata": {"origin": "s3"}},
         {"id": "tok-stop", "input_ids": ids[:4], "sampling": STOPS},
+        {"id": "tok-chat", "input_ids": list(rendered), "sampling": {"max_tokens": 200}},
     ]
 
 
@@ -77,7 +80,7 @@ def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean
     lines = mixed_input(tokenizer)
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_RETURN_OUTPUT_IDS": "true"}
+    env = {"FLEET_DATA_DIR": str(tmp_path / "data")}  # default settings: output ids are stored
     # When it runs on the hf engine with rows cut at 12 tokens and rows stopped by a stop string
     run = run_fleet("run", str(prompts), "--job", "mix", "--engine", "hf", "--model", str(tiny_model),
                     "--chunk-size", "3", "--max-tokens", "12", env=env, timeout=600)
@@ -91,9 +94,10 @@ def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean
     # Then passthrough fields come back unchanged
     assert records["chat"]["metadata"] == {"split": "train", "n": 1} and records["raw"]["source"] == "code"
     assert records["tok"]["metadata"] == {"origin": "s3"} and "metadata" not in records["batch"]
+    assert records["tok-chat"]["reasoning"] and not records["tok-chat"]["in_thinking"], "a row that reasons, answers"
 
     # specforge: input messages plus one assistant turn matching the record, no think markers
-    said = "skipped 3: records without messages (raw prompt or input_ids): use --format tokens"
+    said = "left out 4: records without messages (raw prompt or input_ids): use --format tokens"
     specforge = {r["id"]: r for r in read_jsonl_out(env, "specforge", tmp_path / "sf.jsonl", said=said)}
     assert list(specforge) == [i for i, x in zip(ids, lines, strict=True) if prompt_messages(x) is not None]
     for rid, row in specforge.items():
@@ -126,17 +130,30 @@ def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean
         if body["object"] == "chat.completion":
             assert choice["message"]["content"] == rec["output"]
             assert choice["message"]["reasoning_content"] == rec["reasoning"]
-        else:
-            assert b["custom_id"] in ("raw", "tok", "tok-stop") and choice["text"] == rec["output"]
+        else:  # a completion's text is all it generated, reasoning and </think> included
+            assert b["custom_id"] in ("raw", "tok", "tok-stop", "tok-chat")
+            assert choice["text"] == generated_text(tokenizer, rec, lines[ids.index(b["custom_id"])])
 
-    # status counts the rows cut at max tokens, and --only-finished drops exactly those
+    # status counts the rows cut at max tokens and those ended inside the thinking (a stop
+    # string hit there), and --only-finished drops exactly those
     cut = {rid for rid, r in records.items() if r["finish_reason"] == "length"}
-    in_thinking = {rid for rid in cut if records[rid]["output"] == "" and records[rid]["reasoning"] is not None}
-    assert cut and cut != set(ids), "the job must have both cut and finished rows"
+    cut_inside = {rid for rid in cut if records[rid]["in_thinking"]}
+    ended_inside = {rid for rid, r in records.items() if r["finish_reason"] == "stop" and r["in_thinking"]}
+    assert cut and ended_inside and cut | ended_inside != set(ids), "the job must have cut, ended and finished rows"
+    assert all(records[r]["output"] == "" and records[r]["reasoning"] is not None for r in cut_inside | ended_inside)
     st = json.loads(run_fleet("status", "--job", "mix", "--json", env=env).stdout)
-    assert (st["records_truncated"], st["records_truncated_in_thinking"]) == (len(cut), len(in_thinking))
+    assert (st["records_truncated"], st["records_truncated_in_thinking"], st["records_ended_in_thinking"]) == (
+        len(cut), len(cut_inside), len(ended_inside))
     finished = [r["id"] for r in read_jsonl_out(env, "jsonl", tmp_path / "fin.jsonl", "--only-finished")]
-    assert finished == [i for i in ids if i not in cut]
+    assert finished == [i for i in ids if i not in cut | ended_inside]
+
+
+def generated_text(tokenizer, rec: dict, line: dict) -> str:
+    """The whole text a sample generated: its ids decoded without special tokens (the eos),
+    cut at the record's stop string, as the engine cut it."""
+    text = tokenizer.decode(rec["output_ids"], skip_special_tokens=True)
+    stops = (line.get("sampling") or {}).get("stop") or []
+    return trim_at_stop(text, tuple(stops))[0]
 
 
 def read_jsonl_out(env: dict, fmt: str, out: Path, *extra: str, said: str = "") -> list[dict]:

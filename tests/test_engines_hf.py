@@ -92,6 +92,7 @@ def test_concurrent_requests_are_batched_into_real_tokens(tiny_model: Path, runn
         assert result.meta["latency_s"] > 0
         # thinking on: the prompt opened <think>, so the output starts as reasoning
         assert result.reasoning is not None
+        assert result.in_thinking == ("</think>" not in tok.decode(result.output_ids))
     assert 3 <= running.engine.batches < 20
 
 
@@ -199,7 +200,10 @@ def test_requests_from_many_threads_share_one_loop(running: Running) -> None:
         t.join(60)
 
     assert sorted(results) == [0, 1, 2, 3]
-    assert all(isinstance(r, GenResult) and r.completion_tokens == 6 for rs in results.values() for r in rs)
+    assert all(isinstance(r, GenResult) for rs in results.values() for r in rs)
+    # each ran to its budget or stopped on its own (the tiny model may end a row early)
+    assert all(r.completion_tokens == 6 or (r.finish_reason == "stop" and r.completion_tokens < 6)
+               for rs in results.values() for r in rs)  # fmt: skip
 
 
 def test_the_loop_stays_responsive_while_a_batch_runs(running: Running) -> None:

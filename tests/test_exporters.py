@@ -12,14 +12,14 @@ import boto3
 import pytest
 
 from fleet.errors import FleetError
-from fleet.export.formats import Skipped
+from fleet.export.formats import LeftOut
 from fleet.export.writer import export_job
 from fleet.monitor.status import job_status
 from fleet.records import InputRecord, OutputRecord, prompt_digest
 from fleet.store.layout import chunk_key, encode_lines, manifest_key, result_key
 from fleet.store.local import LocalStore
 from fleet.store.manifest import Manifest, config_hash
-from fleet.store.results import chunk_stats, encode_result
+from fleet.store.results import ChunkStats, encode_result, sample_counts
 
 JOB = "t"
 USER = [{"role": "user", "content": "hi"}]
@@ -45,7 +45,7 @@ def build(store: LocalStore, records: list[InputRecord], rows: list[dict]) -> No
                                           records=len(records), samples=len(rows), config=config,
                                           config_hash=config_hash(config)).to_bytes())
     store.put(chunk_key(JOB, 0), encode_lines(r.model_dump(mode="json", exclude_none=True) for r in records))
-    store.put(result_key(JOB, 0), encode_result({"records": len(records), **chunk_stats(rows)}, rows))
+    store.put(result_key(JOB, 0), encode_result(ChunkStats(records=len(records), **sample_counts(rows)), rows))
 
 
 @pytest.fixture
@@ -73,9 +73,10 @@ def test_openai_groups_samples_as_choices_and_failed_records_as_errors(store, tm
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
     assert body["choices"][1]["message"] == {"role": "assistant", "content": "answer 0", "reasoning_content": "think 0"}
     # And a failed record is response null with an error object; a raw prompt a text completion
+    # whose text is all it generated (a sim job has no tokenizer: reasoning and answer joined)
     assert b["response"] is None and b["error"] == {"code": "record_error", "message": "too long"}
     text = c["response"]["body"]
-    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "answer 2"
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "think 2\n</think>\n\nanswer 2"
     # And a second export is byte-identical (ids derive from job and record)
     export_job(store, JOB, tmp_path / "b2.jsonl", fmt="openai")
     assert (tmp_path / "b.jsonl").read_bytes() == (tmp_path / "b2.jsonl").read_bytes()
@@ -88,9 +89,9 @@ def test_specforge_skips_what_it_cannot_hold_and_counts_it(store, tmp_path):
     marker, failed, tok = rec(1, messages=USER), rec(2, messages=USER), rec(3, input_ids=[1, 2])
     rows = [out(good), out(good, 1), out(marker, output="a </think> b"), out(failed, 0, "error", error="x"), out(tok)]
     build(store, [good, marker, failed, tok], rows)
-    skipped = Skipped()
+    left_out = LeftOut()
     # When exported for SpecForge
-    n = export_job(store, JOB, tmp_path / "s.jsonl", fmt="specforge", skipped=skipped)
+    n = export_job(store, JOB, tmp_path / "s.jsonl", fmt="specforge", left_out=left_out)
     first, second = lines(tmp_path / "s.jsonl")
     # Then only the good record's samples are written, messages plus the assistant turn
     assert n == 2 and first == {"id": "r0", "conversations": [
@@ -98,19 +99,19 @@ def test_specforge_skips_what_it_cannot_hold_and_counts_it(store, tmp_path):
         {"role": "assistant", "content": "answer 0", "reasoning_content": "think 0"}], "metadata": {"k": 1}}
     assert second["sample"] == 1 and "sample" not in first
     # And every other row is counted by reason
-    assert skipped.total == 3 and any("input_ids" in k for k in skipped.reasons)
+    assert left_out.total == 3 and any("input_ids" in k for k in left_out.reasons)
 
 
 def test_tokens_from_given_ids_and_refusals(store, tmp_path):
     # Given a pre-tokenized record on the sim engine, and a failed one
     tok, failed = rec(0, input_ids=[5, 6], extra={"source": "s3"}), rec(1, input_ids=[1])
     build(store, [tok, failed], [out(tok), out(failed, 0, "error", error="x", output_ids=None)])
-    skipped = Skipped()
+    left_out = LeftOut()
     # Then its token row is the given ids, then the output ids, masked over the output
-    assert export_job(store, JOB, tmp_path / "t.jsonl", fmt="tokens", skipped=skipped) == 1
+    assert export_job(store, JOB, tmp_path / "t.jsonl", fmt="tokens", left_out=left_out) == 1
     assert lines(tmp_path / "t.jsonl") == [{"id": "r0", "input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 1],
                                             "source": "s3"}]
-    assert skipped.reasons == {"error records": 1}
+    assert left_out.reasons == {"error records": 1}
     # And ids that are not what the engine saw (digest differs) fail the export, leaving no file
     build(store, [tok], [out(tok, prompt_digest="0" * 16)])
     with pytest.raises(FleetError, match="differ from those the engine saw"):
@@ -139,19 +140,28 @@ def test_a_passthrough_field_never_replaces_what_the_format_computes(store, tmp_
 
 
 def test_only_finished_and_status_agree_on_truncation(store, tmp_path):
-    # Given rows that stopped, were cut in the answer, cut inside the thinking, and failed
-    records = [rec(i, prompt="p") for i in range(4)]
+    # Given rows that stopped, were cut in the answer, cut inside the thinking, failed, ended
+    # inside the thinking, closed the thinking with an empty answer, and one written before
+    # the in_thinking flag existed that ended with reasoning only
+    records = [rec(i, prompt="p") for i in range(7)]
+    legacy = out(records[6], 0, "stop", output="", reasoning="old thought")
+    del legacy["in_thinking"]
     rows = [out(records[0]), out(records[1], 0, "length"),
-            out(records[2], 0, "length", output="", reasoning="half a thought"),
-            out(records[3], 0, "error", error="x", reasoning=None, output="")]  # fmt: skip
+            out(records[2], 0, "length", output="", reasoning="half a thought", in_thinking=True),
+            out(records[3], 0, "error", error="x", reasoning=None, output=""),
+            out(records[4], 0, "stop", output="", reasoning="a whole thought", in_thinking=True),
+            out(records[5], 0, "stop", output="", reasoning="closed, then nothing"), legacy]  # fmt: skip
     build(store, records, rows)
-    # Then the chunk's stats count both cuts, one inside the thinking
-    assert chunk_stats(rows)["records_truncated"] == 2 and chunk_stats(rows)["records_truncated_in_thinking"] == 1
+    # Then the chunk's stats count both cuts, one inside the thinking, and the two rows ended there
+    stats = sample_counts(rows)
+    assert (stats["records_truncated"], stats["records_truncated_in_thinking"], stats["records_ended_in_thinking"]) \
+        == (2, 1, 2)
     st = job_status(store, None, JOB)
-    assert (st.records_truncated, st.records_truncated_in_thinking, st.record_errors) == (2, 1, 1)
-    # And --only-finished keeps exactly the row that stopped on its own
-    assert export_job(store, JOB, tmp_path / "f.jsonl", only_finished=True) == 1
-    assert [r["id"] for r in lines(tmp_path / "f.jsonl")] == ["r0"]
+    assert (st.records_truncated, st.records_truncated_in_thinking, st.records_ended_in_thinking, st.record_errors) \
+        == (2, 1, 2, 1)
+    # And --only-finished keeps exactly the rows that stopped on their own after their thinking
+    assert export_job(store, JOB, tmp_path / "f.jsonl", only_finished=True) == 2
+    assert [r["id"] for r in lines(tmp_path / "f.jsonl")] == ["r0", "r5"]
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "openai", "parquet"])

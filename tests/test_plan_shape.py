@@ -14,7 +14,7 @@ from fleet.bench.reference import REFERENCE
 from fleet.model.capacity import Serving, capacity
 from fleet.model.gpus import gpu_spec
 from fleet.store.local import LocalStore
-from fleet.store.results import chunk_stats
+from fleet.store.results import ChunkStats, sample_counts
 from tests.cliload import cli_app
 from tests.test_status import JOB, write_manifest
 
@@ -59,9 +59,9 @@ def test_a_jobs_shape_comes_from_its_manifest_and_done_chunks(tmp_path: Path) ->
     from fleet.store.layout import result_key
     from fleet.store.results import encode_result
 
-    stats = {"job": JOB, "chunk": 0, "records": 4, **chunk_stats(rows), "started": time.time() - 5,
+    stats = {"job": JOB, "chunk": 0, "records": 4, **sample_counts(rows), "started": time.time() - 5,
              "finished": time.time(), "worker": "gpu0@h"}  # fmt: skip
-    store.put(result_key(JOB, 0), encode_result(stats, rows))
+    store.put(result_key(JOB, 0), encode_result(ChunkStats(**stats), rows))
     # When it is planned without token figures
     after = plan_json("--model", str(QWEN), "--job", JOB, env=env)
     # Then the job's samples, and before any chunk is done the reference job's tokens, said so

@@ -14,6 +14,7 @@ from fleet.engines import job_config
 from fleet.errors import ConfigError, RecordError
 from fleet.model.prompting import (
     check_length,
+    ended_in_thinking,
     fill_sampling,
     load_tokenizer,
     model_facts,
@@ -124,6 +125,21 @@ def test_tokenizer_is_loaded_once_per_model(tiny_model: Path) -> None:
 )
 def test_split_reasoning(text: str, opened: bool, reasoning: str | None, answer: str) -> None:
     assert split_reasoning(text, opened) == (reasoning, answer)
+
+
+@pytest.mark.parametrize(
+    ("text", "opened", "inside"),
+    [
+        ("thinking hard\n</think>\n\nThe answer.", True, False),
+        ("thinking hard\n</think>", True, False),
+        ("cut off while thinking", True, True),
+        ("", True, True),
+        ("  <think>never closed", False, True),
+        ("no thinking at all", False, False),
+    ],
+)
+def test_ended_in_thinking(text: str, opened: bool, inside: bool) -> None:
+    assert ended_in_thinking(text, opened) is inside
 
 
 def test_trim_at_the_earliest_stop() -> None:

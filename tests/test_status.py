@@ -13,15 +13,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from fleet.coord import keys
+from fleet.coord.chunks import Lease
 from fleet.coord.chunkstate import Quarantine
-from fleet.coord.leases import Lease
 from fleet.coord.localredis import free_port
 from fleet.errors import ObjectMissing
 from fleet.monitor.status import RATE_WINDOW_S, job_status, recent_rate
 from fleet.store.layout import encode_lines, manifest_key, result_key
 from fleet.store.local import LocalStore
 from fleet.store.manifest import Manifest, config_hash
-from fleet.store.results import encode_result
+from fleet.store.results import ChunkStats, encode_result
 
 JOB = "j"
 
@@ -75,7 +75,7 @@ def write_result(
         }
         for i in range(records)
     ]
-    store.put(result_key(JOB, index), encode_result(stats, rows))
+    store.put(result_key(JOB, index), encode_result(ChunkStats(**stats), rows))
     return stats
 
 
@@ -109,8 +109,8 @@ def test_recent_rate_of_nothing_is_zero():
 def test_recent_rate_of_a_young_running_job_spans_the_whole_run():
     # Given two chunks done within the window, the run younger than the window
     stats = [
-        {"started": 0, "finished": 100, "completion_tokens": 1000},
-        {"started": 50, "finished": 150, "completion_tokens": 2000},
+        ChunkStats(started=0, finished=100, completion_tokens=1000),
+        ChunkStats(started=50, finished=150, completion_tokens=2000),
     ]
     # When asked at t = 160
     # Then the rate is all tokens over the time since the first chunk started
@@ -120,9 +120,9 @@ def test_recent_rate_of_a_young_running_job_spans_the_whole_run():
 def test_recent_rate_counts_only_chunks_finished_in_the_window():
     # Given chunks finishing at 100, 500 and 900, asked at 950 with a 300 s window
     stats = [
-        {"started": 0, "finished": 100, "completion_tokens": 1000},
-        {"started": 400, "finished": 500, "completion_tokens": 1000},
-        {"started": 700, "finished": 900, "completion_tokens": 600},
+        ChunkStats(started=0, finished=100, completion_tokens=1000),
+        ChunkStats(started=400, finished=500, completion_tokens=1000),
+        ChunkStats(started=700, finished=900, completion_tokens=600),
     ]
     # Then only the chunk inside [650, 950] counts
     assert recent_rate(stats, now=950, window_s=300) == pytest.approx(600 / 300)
@@ -131,8 +131,8 @@ def test_recent_rate_counts_only_chunks_finished_in_the_window():
 def test_recent_rate_of_a_finished_job_is_its_last_window():
     # Given a job whose last chunk finished long ago
     stats = [
-        {"started": 0, "finished": 100, "completion_tokens": 1000},
-        {"started": 50, "finished": 150, "completion_tokens": 2000},
+        ChunkStats(started=0, finished=100, completion_tokens=1000),
+        ChunkStats(started=50, finished=150, completion_tokens=2000),
     ]
     # Then the rate is that of its last window, not diluted by the idle time since
     assert recent_rate(stats, now=10_000, window_s=300) == pytest.approx(3000 / 150)
@@ -285,7 +285,7 @@ def test_status_tolerates_a_result_without_header(store):
 
 def test_retractions_are_counted_per_chunk_and_shown_by_status(store):
     from fleet.cli.jobs import status_table
-    from fleet.store.results import chunk_stats
+    from fleet.store.results import ChunkStats, sample_counts
 
     # Given two chunks whose records SGLang retracted 3 and 0 times in all
     now = time.time()
@@ -293,9 +293,9 @@ def test_retractions_are_counted_per_chunk_and_shown_by_status(store):
     for index, retracted in ((0, [2, 1]), (1, [0, None])):
         rows = [{"id": f"{index}-{i}", "pos": index * 2 + i, "sample": 0, "prompt_tokens": 5, "completion_tokens": 9,
                  "finish_reason": "stop", "retractions": n} for i, n in enumerate(retracted)]  # fmt: skip
-        stats = {"job": JOB, "chunk": index, "records": 2, **chunk_stats(rows), "started": now - 20,
+        stats = {"job": JOB, "chunk": index, "records": 2, **sample_counts(rows), "started": now - 20,
                  "finished": now - 10, "worker": "gpu0@h"}  # fmt: skip
-        store.put(result_key(JOB, index), encode_result(stats, rows))
+        store.put(result_key(JOB, index), encode_result(ChunkStats(**stats), rows))
     # When its status is taken
     st = job_status(store, None, JOB)
     # Then the JSON has the sum, and the text says what it means

@@ -1,4 +1,4 @@
-"""Job commands: run, enqueue, status, export."""
+"""Job commands: run, validate, enqueue, status, export."""
 
 from __future__ import annotations
 
@@ -93,6 +93,40 @@ def enqueue(
 
 
 @app.command()
+def validate(
+    input: InputArg,
+    engine: EngineOpt = None, model: ModelOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+) -> None:
+    """Check an input as `fleet enqueue` would, with nothing running: every bad line, the
+    record count, the forms seen, and prompt tokens with the model's tokenizer (--model)."""
+    from fleet.producer.survey import survey
+
+    report = run_guarded(survey, settings_from(engine=engine, model=model), input)
+    typer.echo(json.dumps({**asdict(report), "ok": report.ok}, indent=2) if as_json else survey_text(report))
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def survey_text(report) -> str:
+    verdict = "no bad lines" if report.ok else f"{report.bad_lines} bad line(s)"
+    out = [f"{report.input}: {report.records:,} records ({report.samples:,} samples), {verdict}",
+           "forms: " + (", ".join(f"{k} {v:,}" for k, v in report.forms.items()) or "-")]  # fmt: skip
+    t = report.prompt_tokens
+    if t is not None:
+        counted = f" ({report.model})" if report.model else ""
+        out.append(f"prompt tokens{counted}: mean {t['mean']:,}, p50 {t['p50']:,}, p99 {t['p99']:,}, "
+                   f"max {t['max']:,}; total {t['total']:,}")
+    elif report.records:
+        out.append("prompt tokens: give --model to count them with the model's tokenizer")
+    if report.over_context:
+        out.append(f"{report.over_context:,} prompt(s) fill the context of {report.context:,} tokens "
+                   "and would fail alone")
+    out += [f"  {line}" for line in [*report.rejected, *report.problems]]
+    return "\n".join(out)
+
+
+@app.command()
 def status(
     job: JobOpt,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
@@ -154,6 +188,7 @@ def status_table(st) -> Table:
         ("records", f"{st.records_done}/{st.records_total} ({st.samples_done}/{st.samples_total} samples, "
                     f"{st.record_errors} record errors)"),
         ("truncated", f"{st.records_truncated} at max tokens ({st.records_truncated_in_thinking} inside the thinking)"),
+        ("no answer", f"{st.records_ended_in_thinking} ended inside the thinking"),
         ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out"),
         ("rate", f"{st.tok_s:,.1f} output tok/s, ETA {eta}"),
         ("cost", f"${st.cost_usd:,.2f} spent" + (f", ${st.projected_cost_usd:,.2f} projected"
@@ -180,23 +215,26 @@ def export(
     out: Annotated[str, typer.Option("--out", "-o", help="local path or s3://bucket/key")],
     fmt: Annotated[str | None, typer.Option(
         "--format", help="jsonl, parquet, specforge, tokens or openai (default by suffix: parquet or jsonl)")] = None,
-    partial: Annotated[bool, typer.Option("--partial", help="export what is done so far")] = False,
+    allow_incomplete: Annotated[bool, typer.Option(
+        "--allow-incomplete", help="export the chunks done so far of an unfinished job")] = False,
+    partial: Annotated[bool, typer.Option("--partial", hidden=True, help="old name of --allow-incomplete")] = False,
     stable: Annotated[bool, typer.Option("--stable", help="omit worker and latency, for byte comparison")] = False,
     only_finished: Annotated[bool, typer.Option(
-        "--only-finished", help="only samples that stopped on their own (no max-tokens cuts, no errors)")] = False,
+        "--only-finished", help="only samples that stopped on their own with an answer (no max-tokens cuts, none ended "
+        "inside the thinking, no errors)")] = False,
     store_url: StoreOpt = None,
 ) -> None:
     """Results in input order."""
-    from fleet.export.formats import Skipped
+    from fleet.export.formats import LeftOut
     from fleet.export.writer import export_job
     from fleet.store import store_for
 
     settings = settings_from(store_url=store_url)
     preflight(settings, store=True)
-    skipped = Skipped()
+    left_out = LeftOut()
     with live_progress(console) as progress:
-        n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable, only_finished, skipped,
-                        progress)
+        n = run_guarded(export_job, store_for(settings), job, out, fmt, allow_incomplete or partial, stable,
+                        only_finished, left_out, progress)
     console.print(f"wrote {n} records to {out}")
-    for reason, count in skipped.reasons.items():
-        console.print(f"skipped {count}: {reason}")
+    for reason, count in left_out.reasons.items():
+        console.print(f"left out {count}: {reason}")

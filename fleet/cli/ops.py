@@ -185,13 +185,14 @@ def plan(
     if usd_per_gpu_hour is None:
         usd_per_gpu_hour = settings.usd_per_gpu_hour
     try:
+        from fleet.bench.reference import REFERENCE
+
+        base = reference_shape(REFERENCE.prompts, REFERENCE.prompt_tokens, REFERENCE.output_tokens)
         if job:
             from fleet.monitor.status import job_status
             from fleet.store import store_for
 
-            base = job_shape(job_status(store_for(settings), None, job))
-        else:
-            base = reference_shape()
+            base = job_shape(job_status(store_for(settings), None, job), base)
         shape = fill_shape(base, prompts, prompt_tokens, output_tokens)
         prompts, prompt_tokens, output_tokens = shape.prompts, shape.prompt_tokens, shape.output_tokens
         cap = None

@@ -5,9 +5,9 @@ It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
 - the chunk's own failures spend attempts (`max_attempts`), a broken chunk object none;
 - store, broker and network errors spend nothing and come back after a backoff;
 - a worker loss or engine death is blamed on the chunk only on evidence: the process died
-  within `crash_window_s` of starting it. Those suspicions have their own, larger budget
-  (`max_crashes`), and a loss after a longer run clears them, so random kills of a fleet
-  never quarantine a healthy chunk;
+  within `crash_window_s` of taking the chunk's lease (the lease clock, fleet.coord.chunks).
+  Those suspicions have their own, larger budget (`max_crashes`), and a loss after a longer
+  run clears them, so random kills of a fleet never quarantine a healthy chunk;
 - nothing is quarantined before its lease was taken.
 """
 
@@ -20,7 +20,7 @@ from enum import Enum
 
 import redis
 
-from fleet.coord import keys
+from fleet.coord import chunks
 from fleet.coord.chunkstate import Quarantine
 from fleet.errors import Fault
 from fleet.settings import Settings
@@ -56,12 +56,9 @@ class History:
 
     @classmethod
     def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True) -> History:
-        with r.pipeline(transaction=False) as p:
-            p.hget(keys.attempts(job), index)
-            p.hget(keys.crashes(job), index)
-            p.hget(keys.retries(job), index)
-            attempts, crashes, retries = p.execute()
-        return cls(int(attempts or 0), int(crashes or 0), int(retries or 0), ran_s, lease_taken)
+        """`ran_s` is the lease clock (fleet.coord.chunks.held_s): how long the failed run held the lease."""
+        spent = chunks.counters(r, job, index)
+        return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken)
 
 
 @dataclass(frozen=True)
@@ -116,9 +113,9 @@ class RetryPolicy:
             n = history.crashes + 1
             if n >= self.max_crashes:
                 return Decision(Action.QUARANTINE, Spend.CRASH, n, 0.0,
-                                f"its process died within {self.crash_window_s:g}s of starting it {n} times in a row")
+                                f"its process died within {self.crash_window_s:g}s of taking it {n} times in a row")
             return Decision(Action.REQUEUE, Spend.CRASH, n, 0.0,
-                            f"suspected: died {history.ran_s:.1f}s after starting it ({n} of {self.max_crashes})")
+                            f"suspected: died {history.ran_s:.1f}s after taking it ({n} of {self.max_crashes})")
         n = history.attempts + 1
         if n >= self.max_attempts:
             return Decision(Action.QUARANTINE, Spend.ATTEMPT, n, 0.0, f"failed {n} time(s)")
@@ -127,11 +124,10 @@ class RetryPolicy:
 
 def record(r: redis.Redis, job: str, index: int, decision: Decision) -> None:
     """Write what the decision spent; a loss after a long run clears the crash suspicion."""
-    counter = {Spend.ATTEMPT: keys.attempts, Spend.CRASH: keys.crashes, Spend.RETRY: keys.retries}.get(decision.spend)
-    if counter is not None:
-        r.hset(counter(job), index, decision.count)
+    if decision.spend is not Spend.NOTHING:
+        chunks.charge(r, job, index, decision.spend.value, decision.count)
     elif decision.action is Action.REQUEUE:
-        r.hdel(keys.crashes(job), index)
+        chunks.clear_crashes(r, job, index)
 
 
 def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: int, cause: BaseException,
@@ -146,16 +142,3 @@ def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: i
                    attempts=decision.count, traceback="".join(traceback.format_exception(cause)),
                    worker=worker).write(store, job)
     return decision
-
-
-def forget(r: redis.Redis, job: str, index: int) -> None:
-    """A person retries a quarantined chunk: it starts with a clean history."""
-    with r.pipeline(transaction=False) as p:
-        for counter in (keys.attempts, keys.crashes, keys.retries):
-            p.hdel(counter(job), index)
-        p.execute()
-
-
-def next_attempt(r: redis.Redis, job: str, index: int) -> int:
-    """The attempt number a new message carries (for logs and result stats only)."""
-    return 1 + int(r.hget(keys.attempts(job), index) or 0)

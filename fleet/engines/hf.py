@@ -31,6 +31,7 @@ from fleet.model.prompting import (
     Prompt,
     check_length,
     context_length_of,
+    ended_in_thinking,
     fill_sampling,
     render,
     resolve_model_dir,
@@ -354,6 +355,7 @@ class HfEngine(ModelEngine):
         return GenResult(
             text=answer,
             reasoning=reasoning,
+            in_thinking=ended_in_thinking(text, p.prompt.opened_think),
             completion_tokens=len(ids),
             prompt_tokens=len(p.prompt.ids),
             finish_reason="length" if why == "length" and not hit else "stop",

@@ -37,6 +37,7 @@ from fleet.model.prompting import (
     check_length,
     check_vocab,
     context_length_of,
+    ended_in_thinking,
     fill_sampling,
     render,
     require_model,
@@ -273,10 +274,12 @@ class SglangEngine(ModelEngine):
         meta = out.get("meta_info") or {}
         reason = finish_reason(meta)
         output_ids = list(out.get("output_ids") or [])
-        reasoning, answer = split_reasoning(out.get("text") or "", prompt.opened_think)
+        text = out.get("text") or ""
+        reasoning, answer = split_reasoning(text, prompt.opened_think)
         return GenResult(
             text=answer,
             reasoning=reasoning,
+            in_thinking=ended_in_thinking(text, prompt.opened_think),
             completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
             prompt_tokens=int(meta.get("prompt_tokens", len(prompt.ids))),
             finish_reason=reason,

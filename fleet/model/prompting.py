@@ -195,6 +195,14 @@ def split_reasoning(text: str, opened: bool) -> tuple[str | None, str]:
     return None, text
 
 
+def ended_in_thinking(text: str, opened: bool) -> bool:
+    """True when the output ends inside its think block (opened by the prompt or by the
+    model, never closed): reasoning with no answer, whatever the finish reason says."""
+    if THINK_CLOSE in text:
+        return False
+    return opened or text.lstrip().startswith(THINK_OPEN)
+
+
 def trim_at_stop(text: str, stops: tuple[str, ...] | None) -> tuple[str, bool]:
     """Text up to the earliest stop string (excluded, as OpenAI and SGLang do) and whether one hit."""
     cut = min((i for i in (text.find(s) for s in stops or ()) if i >= 0), default=-1)

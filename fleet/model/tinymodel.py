@@ -10,6 +10,14 @@ Python install carries. For a given seed, Python build and torch version the out
 directory is byte-for-byte the same, so the job manifest's model revision is too; another
 Python build (3.11.2 against 3.11.7) may tokenize differently, so tests size prompts by
 the tokenizer, never by a word count.
+
+Random weights alone would never close a think block, so a few are set by hand (`steer`):
+two residual channels that no layer writes carry a state (thinking, or answering) from each
+token's embedding to the output head, which then favours `</think>` rarely while thinking,
+word tokens and `<|im_end|>` while answering, and `<|im_end|>` very rarely while thinking.
+With the model's own sampling, rows close their thinking after a few to a few hundred
+tokens and then answer in a few dozen words; some end inside the thinking and some run
+past a few hundred tokens, as a real thinking model's rows do.
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 #: Pure-Python stdlib modules whose source trains the tokenizer (stable within a Python build).
 CORPUS_MODULES = (
@@ -30,19 +40,58 @@ THINK_TOKENS = ("<think>", "</think>")
 CONTEXT_LENGTH = 2048
 #: Wider than the 0.02 default so that greedy decoding has clear winners, not near-ties.
 INIT_RANGE = 0.2
+#: Logits (at the usual scale: the top one near 8, the 20th near 5) that `steer` gives its
+#: tokens. `</think>` and `<|im_end|>` while thinking sit just under the top-20 cut, so they
+#: are sampled now and then; answering, word tokens gain ANSWER_BOOST over the rest.
+CLOSE_THINKING, END_THINKING = 4.3, 3.7
+END_ANSWERING, ANSWER_BOOST = 11.5, 8.0
+#: Answer tokens: a space and a lowercase word, so answers read as words, reasoning as noise.
+ANSWER_TOKEN = re.compile(r"\u0120[a-z]{2,}")
 
-#: Qwen-style ChatML. With thinking on the generation prompt opens the think block (as in
-#: Qwen 3.5/3.6), with it off it emits an empty one, as the Qwen3 templates do.
+#: The Qwen3.6 chat format (ChatML with a think block). The generation prompt opens the think
+#: block (`<think>\n`), or with enable_thinking false emits an empty one. An assistant turn
+#: after the last user turn is rendered `<think>\n{reasoning}\n</think>\n\n{answer}`, from its
+#: `reasoning_content` (or from a `</think>` inside its content); earlier assistant turns keep
+#: only their answer unless preserve_thinking is true. Reasoning and answer are trimmed, as
+#: Qwen's templates do. This is the text SpecForge's `qwen3.5` template finds its spans in.
 CHAT_TEMPLATE = """\
+{%- macro text(content) -%}
+{%- if content is string -%}{{ content }}
+{%- elif content is not none -%}
+{%- for part in content if part['type'] == 'text' -%}{{ part['text'] }}{%- endfor -%}
+{%- endif -%}
+{%- endmacro -%}
+{%- set ns = namespace(last_query=-1) -%}
 {%- for message in messages -%}
-<|im_start|>{{ message['role'] }}
-{% if message['content'] is string -%}
-{{ message['content'] }}
-{%- elif message['content'] is not none -%}
-{%- for part in message['content'] if part['type'] == 'text' -%}{{ part['text'] }}{%- endfor -%}
+{%- if message['role'] == 'user' -%}{%- set ns.last_query = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
+{%- for message in messages -%}
+{%- if message['role'] == 'assistant' -%}
+{%- set answer = text(message['content']) | string -%}
+{%- set reasoning = '' -%}
+{%- if message['reasoning_content'] is string -%}
+{%- set reasoning = message['reasoning_content'] -%}
+{%- elif '</think>' in answer -%}
+{%- set reasoning = answer.split('</think>')[0].split('<think>')[-1] -%}
+{%- set answer = answer.split('</think>')[-1] -%}
+{%- endif -%}
+{%- if (preserve_thinking is defined and preserve_thinking is true) or loop.index0 > ns.last_query -%}
+<|im_start|>assistant
+<think>
+{{ reasoning | trim }}
+</think>
+
+{{ answer | trim }}
+{%- else -%}
+<|im_start|>assistant
+{{ answer | trim }}
 {%- endif -%}
 <|im_end|>
-{% endfor -%}
+{% else -%}
+<|im_start|>{{ message['role'] }}
+{{ text(message['content']) }}<|im_end|>
+{% endif -%}
+{%- endfor -%}
 {%- if add_generation_prompt -%}
 <|im_start|>assistant
 {% if enable_thinking is defined and enable_thinking is false -%}
@@ -116,7 +165,8 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
         head_dim=64,
         max_position_embeddings=CONTEXT_LENGTH,
         initializer_range=INIT_RANGE,
-        tie_word_embeddings=True,
+        # untied, so the output head can be steered apart from the embeddings
+        tie_word_embeddings=False,
         bos_token_id=eot,
         eos_token_id=im_end,
         pad_token_id=eot,
@@ -125,6 +175,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config).to(torch.float32).eval()
+    steer(model, tokenizer)
     model.generation_config = GenerationConfig(
         do_sample=True,
         temperature=1.0,
@@ -138,6 +189,74 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     tokenizer.save_pretrained(out_dir)
     _pin_json(out_dir)
     return out_dir
+
+
+def steer(model: Any, tokenizer: Any) -> None:
+    """Give a random-weight causal LM the shape of a thinking model's rows (module docstring).
+
+    Channel S holds +A on answer tokens and `</think>`, -A on every other token; channel B
+    holds +A everywhere (a bias). Every linear layer inside the decoder that writes the
+    residual stream gets zero rows there, so both reach the final norm as embedded; their
+    scale after it is measured on one prompt, and the head's weights are set in logit units.
+    """
+    import torch
+
+    hidden = model.config.hidden_size
+    s, b = hidden - 2, hidden - 1
+    ids = tokenizer.convert_tokens_to_ids
+    close, end = ids(THINK_TOKENS[1]), ids("<|im_end|>")
+    banned = [ids(t) for t in (*SPECIAL_TOKENS, THINK_TOKENS[0]) if t != "<|im_end|>"] + unprintable(tokenizer)
+    words = [i for t, i in tokenizer.get_vocab().items() if ANSWER_TOKEN.fullmatch(t)]
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    with torch.no_grad():
+        for module in model.model.layers.modules():
+            if isinstance(module, torch.nn.Linear) and module.out_features == hidden:
+                module.weight[[s, b], :] = 0
+        embed[:, s] = -INIT_RANGE
+        embed[[*words, close], s] = INIT_RANGE
+        embed[:, b] = INIT_RANGE
+        scale = _channel_scale(model, tokenizer, b)
+        head[:, [s, b]] = 0
+        head[words, s] = ANSWER_BOOST / scale
+        for token, thinking, answering in ((close, CLOSE_THINKING, -30.0), (end, END_THINKING, END_ANSWERING)):
+            head[token, :] = 0
+            head[token, b] = (answering + thinking) / 2 / scale
+            head[token, s] = (answering - thinking) / 2 / scale
+        head[banned, :] = 0
+        head[banned, b] = -30.0 / scale
+
+
+def unprintable(tokenizer: Any) -> list[int]:
+    """Tokens that decode to part of a UTF-8 character or to a control character: text made
+    of them prints as replacement marks, which no real model's output is full of."""
+    out = []
+    for token_id in range(len(tokenizer)):
+        text = tokenizer.decode([token_id])
+        if "\ufffd" in text or any(ord(c) < 32 and c not in "\n\t" for c in text):
+            out.append(token_id)
+    return out
+
+
+def _channel_scale(model: Any, tokenizer: Any, channel: int) -> float:
+    """Mean size of `channel` after the final norm, over a rendered prompt's positions;
+    refuses a model where some layer still writes the channel (a residual write that is not
+    an nn.Linear, such as fused expert weights, needs zeroing too)."""
+    import torch
+
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the answer?"}], add_generation_prompt=True, tokenize=True,
+        return_dict=True,
+    )["input_ids"]
+    seen: list[tuple[Any, Any]] = []
+    hook = model.model.norm.register_forward_hook(lambda _module, args, out: seen.append((args[0], out)))
+    try:
+        model(torch.tensor([prompt]))
+    finally:
+        hook.remove()
+    before, after = seen[-1]
+    if not torch.allclose(before[0, :, channel], torch.full_like(before[0, :, channel], INIT_RANGE), atol=1e-5):
+        raise RuntimeError(f"a decoder layer writes residual channel {channel}; steer cannot hold its state there")
+    return float(after[0, :, channel].abs().mean())
 
 
 def _pin_json(out_dir: Path) -> None:

@@ -9,6 +9,7 @@ thing kept across lines is an 8-byte digest and a line number per id, to find du
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ BODY_IGNORED = frozenset({"model", "user", "metadata", "store", "stream"})
 #: A record's prompt comes in exactly one of these (or in an OpenAI batch line's body).
 PROMPT_FORMS = ("messages", "prompt", "input_ids", "conversations")
 SAMPLING_KEYS = frozenset(SAMPLING_FIELDS) | frozenset(BODY_ALIASES)
+#: The form a record came in, by where its prompt was found (its `where` path).
+FORMS = {"body.messages": "openai batch (messages)", "body.prompt": "openai batch (prompt)"}
 MAX_PROBLEMS_PER_LINE = 5
 _BOM = b"\xef\xbb\xbf"
 
@@ -233,52 +236,64 @@ def _explain(error: ValidationError, where: dict[str, str]) -> BadLine:
     return BadLine(problems)
 
 
-def parse_line(raw: bytes, line: int, pos: int, vocab: int | None = None) -> InputRecord:
-    """One non-blank input line as a normalised record, or `BadLine` saying what is wrong.
+def parse_form(raw: bytes, line: int, pos: int, vocab: int | None = None) -> tuple[InputRecord, str]:
+    """One non-blank input line as a normalised record and the form it came in (one of
+    FORMS), or `BadLine` saying what is wrong.
 
-    The one parser of both validation and reading, so the two can never disagree.
+    The one parser of validation, reading and `fleet validate`, so they can never disagree.
     """
     data, where = _shape(_decode(raw, line), line, pos, vocab)
     try:
         # strict: a JSONL author who writes "0.7" for a temperature has made a mistake.
-        return InputRecord.model_validate(data, strict=True)
+        record = InputRecord.model_validate(data, strict=True)
     except ValidationError as e:
         raise _explain(e, where) from None
+    given = next(where[k] for k in ("messages", "prompt", "input_ids") if k in where)
+    return record, FORMS.get(given, given)
 
 
-def _parsed(path: Path, vocab: int | None = None) -> Iterator[tuple[int, InputRecord | BadLine]]:
-    """(line number, record or its problem) for every non-blank line, streaming."""
+def parse_line(raw: bytes, line: int, pos: int, vocab: int | None = None) -> InputRecord:
+    """One non-blank input line as a normalised record, or `BadLine` saying what is wrong."""
+    return parse_form(raw, line, pos, vocab)[0]
+
+
+def _parsed(path: Path, vocab: int | None = None) -> Iterator[tuple[int, tuple[InputRecord, str] | BadLine]]:
+    """(line number, record and form, or its problem) for every non-blank line, streaming."""
     pos = 0
     with path.open("rb") as f:
         for line, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             try:
-                yield line, parse_line(raw, line, pos, vocab)
+                yield line, parse_form(raw, line, pos, vocab)
             except BadLine as bad:
                 yield line, bad
             pos += 1
 
 
 def validate(
-    path: Path, max_report: int = 100, on_record: Callable[[InputRecord], None] | None = None,
-    vocab: int | None = None,
+    path: Path, max_report: int | None = 100, on_record: Callable[[InputRecord], None] | None = None,
+    vocab: int | None = None, forms: Counter[str] | None = None,
 ) -> int:
     """Check every line; return the record count or raise InputError naming the bad lines.
 
-    Shows the first `max_report` problems and counts them all. `on_record` sees each good
-    record in order (the producer digests the input in this same pass); `vocab`, where the
-    model's vocabulary size is known, bounds pre-tokenized input ids.
+    Shows the first `max_report` problems (None: all of them) and counts them all.
+    `on_record` sees each good record in order (the producer digests the input in this same
+    pass); `vocab`, where the model's vocabulary size is known, bounds pre-tokenized input
+    ids; `forms` counts the good records by the form they came in.
     """
     problems: list[str] = []
     bad = records = 0
     seen = SeenIds()
-    for line, parsed in _parsed(path, vocab):
+    for line, parsed_form in _parsed(path, vocab):
         problem = None
-        if isinstance(parsed, BadLine):
-            problem = str(parsed)
+        if isinstance(parsed_form, BadLine):
+            problem = str(parsed_form)
         else:
+            parsed, form = parsed_form
             records += 1
+            if forms is not None:
+                forms[form] += 1
             if on_record is not None:
                 on_record(parsed)
             first = seen.add(parsed.id, line)
@@ -286,7 +301,7 @@ def validate(
                 problem = f"duplicate id {parsed.id!r} (first on line {first})"
         if problem is not None:
             bad += 1
-            if len(problems) < max_report:
+            if max_report is None or len(problems) < max_report:
                 problems.append(f"line {line}: {problem}")
     if bad:
         raise InputError(problems, bad)
@@ -300,4 +315,4 @@ def read_records(path: Path) -> Iterator[InputRecord]:
     for line, parsed in _parsed(path):
         if isinstance(parsed, BadLine):
             raise InputError([f"line {line}: {parsed}"])
-        yield parsed
+        yield parsed[0]

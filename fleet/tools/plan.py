@@ -175,20 +175,17 @@ class JobShape:
     source: str  #: "given", "reference job", or the job and what was measured of it
 
 
-def reference_shape() -> JobShape:
-    from fleet.bench.reference import REFERENCE as ref
-
-    return JobShape(ref.prompts, ref.prompt_tokens, ref.output_tokens,
-                    f"reference job ({ref.prompts:,} prompts of {ref.prompt_tokens:,.0f} + "
-                    f"{ref.output_tokens:,.0f} tokens)")  # fmt: skip
+def reference_shape(prompts: int, prompt_tokens: float, output_tokens: float) -> JobShape:
+    """The reference job's shape (fleet.bench.reference, passed in by the CLI)."""
+    return JobShape(prompts, prompt_tokens, output_tokens,
+                    f"reference job ({prompts:,} prompts of {prompt_tokens:,.0f} + {output_tokens:,.0f} tokens)")
 
 
-def job_shape(status: Any) -> JobShape:
+def job_shape(status: Any, ref: JobShape) -> JobShape:
     """A job's samples, and its mean prompt and output tokens over the chunks done so far;
     the reference job's token figures while none is done (fleet.monitor.status.JobStatus)."""
     done = status.samples_done
     if not done or not status.completion_tokens:
-        ref = reference_shape()
         return JobShape(status.samples_total, ref.prompt_tokens, ref.output_tokens,
                         f"job {status.job!r} ({status.samples_total:,} samples; no chunk done yet, "
                         f"token figures of the {ref.source})")  # fmt: skip

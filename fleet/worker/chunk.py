@@ -1,6 +1,10 @@
-"""The state of one chunk while a worker runs it: the task fills it; middleware reads it.
+"""The data of one run of a chunk: its manifest and records, and the samples finished so
+far (from checkpoints and this run). The task, the manifest gate and the checkpoint
+middleware fill it; every middleware may read it.
 
-Policy state lives in each middleware's own typed state, never here."""
+Policy state (the lease, retry counts, the crash evidence) never lives here: each
+middleware keeps its own in its typed state, and a fact a later `after` needs travels on
+the outcome (`Failed.leased_s`)."""
 
 from __future__ import annotations
 
@@ -33,9 +37,9 @@ class ChunkRun:
     resumed: int = 0
     #: an end-of-job helper run: no chunk lease, first committed result wins
     assist: bool = False
+    #: when the delivery arrived (the result's `started` and `seconds`; the crash evidence
+    #: is the lease clock, fleet.coord.chunks)
     started: float = field(default_factory=time.time)
-    #: the chunk lease is held: a failure may now be charged to the chunk (fleet.coord.retry)
-    leased: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     _inflight: int = 0
 
@@ -53,9 +57,6 @@ class ChunkRun:
         # The gauge moves where requests enter and leave the engine, not on a poll.
         metrics.RUNNING_REQUESTS.inc(value - self._inflight)
         self._inflight = value
-
-    def ran_s(self) -> float:
-        return time.time() - self.started
 
     def add(self, out: dict[str, Any]) -> None:
         """Called on the engine loop as each sample finishes."""

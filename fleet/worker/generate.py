@@ -1,7 +1,7 @@
 """Generate a chunk's missing samples on the engine loop, record by record.
 
 A record that fails alone becomes an error record and the chunk goes on; any other
-exception fails the whole attempt, so a partial chunk is never reported done.
+exception fails the whole run, so an incomplete chunk is never reported done.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def to_output(run: ChunkRun, record: InputRecord, req: GenRequest, res: GenResul
         prompt_tokens=res.prompt_tokens,
         completion_tokens=res.completion_tokens,
         finish_reason=res.finish_reason,  # type: ignore[arg-type]
+        in_thinking=res.in_thinking,
         error=res.error,
         chunk=run.index,
         worker=run.worker,

@@ -3,15 +3,16 @@ raising control-flow exceptions; `after` hooks read them to decide what to clean
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+from fleet.store.results import ChunkStats
 
 
 @dataclass(frozen=True)
 class Committed:
     """This run wrote the chunk's result."""
 
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: ChunkStats
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class Failed:
     """The run failed; fleet.coord.retry decides from the cause's class what it means."""
 
     cause: BaseException
+    #: seconds the run had held the chunk lease when it failed (the lease clock); None when
+    #: it failed before taking it, and then it cannot be charged to the chunk
+    leased_s: float | None = None
 
 
 Outcome = Committed | Superseded | HandedBack | Skipped | Failed

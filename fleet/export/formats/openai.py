@@ -6,7 +6,12 @@ Line shape as `BatchRequestOutput` in vllm-project/vllm
 `{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"}, "error": null}`.
 The body is a `chat.completion` (choices[].message with content and reasoning_content, as
 vLLM and SGLang reasoning parsers return it) for message records, and a `text_completion`
-(choices[].text) for raw prompts and input ids, as /v1/completions answers them. A record's
+(choices[].text) for raw prompts and input ids, as /v1/completions answers them. A
+completion's text is everything generated, reasoning and `</think>` included, so `text` and
+`usage` agree: the stored output ids decoded as the engine decoded them (skipping special
+tokens, cut at the stop string), with the job's tokenizer; without ids (a job run with
+`return_output_ids` off, or the sim engine) the reasoning, `</think>` and the answer are
+joined as the Qwen format writes them. A record's
 n samples are one line with n choices, as the API returns them. A record whose samples all
 failed is `response: null` with an `error` object; failed samples among good ones are left
 out of choices. Ids are derived from the job and record, so two exports are identical. The line shape
@@ -20,7 +25,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fleet.export.formats.base import ExportRow, JsonLinesWriter, Skipped
+from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut
+from fleet.export.formats.tokens import job_tokenizer
+from fleet.model.prompting import THINK_CLOSE, trim_at_stop
 from fleet.store.manifest import Manifest
 
 ERROR_CODE = "record_error"
@@ -30,9 +37,17 @@ def _rid(prefix: str, *parts: str) -> str:
     return prefix + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def choice(out: dict[str, Any], index: int, chat: bool) -> dict[str, Any]:
-    if not chat:
-        return {"index": index, "text": out["output"], "logprobs": None, "finish_reason": out["finish_reason"]}
+def joined(out: dict[str, Any]) -> str:
+    """Reasoning, `</think>` and answer as the Qwen format writes them (no ids to decode)."""
+    if out.get("in_thinking"):
+        return out["reasoning"]
+    return f"{out['reasoning']}\n{THINK_CLOSE}\n\n{out['output']}"
+
+
+def choice(out: dict[str, Any], index: int, text: str | None) -> dict[str, Any]:
+    """A completion choice when `text` is given, else a chat choice with the reasoning apart."""
+    if text is not None:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": out["finish_reason"]}
     message = {"role": "assistant", "content": out["output"], "reasoning_content": out.get("reasoning")}
     return {"index": index, "message": message, "logprobs": None, "finish_reason": out["finish_reason"]}
 
@@ -40,9 +55,28 @@ def choice(out: dict[str, Any], index: int, chat: bool) -> dict[str, Any]:
 class OpenAIBatchWriter(JsonLinesWriter):
     needs_inputs = True
 
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        super().__init__(path, manifest, stable, skipped)
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
+        super().__init__(path, manifest, stable, left_out)
         self.created = int(datetime.fromisoformat(manifest.created).timestamp())
+        self.tokenizer: Any = None
+
+    def completion_text(self, row: ExportRow) -> str:
+        """All a completion generated (module docstring): what `usage` counts."""
+        out = row.out
+        if out.get("reasoning") is None:
+            return out["output"]
+        ids = out.get("output_ids")
+        sampling = self.manifest.config.get("sampling") or {}
+        if ids is None or self.manifest.config.get("engine") == "sim":
+            return joined(out)
+        if self.tokenizer is None:
+            self.tokenizer = job_tokenizer(self.manifest)
+        if ids and out["finish_reason"] == "stop" and ids[-1] in (sampling.get("eos_token_ids") or ()):
+            ids = ids[:-1]
+        assert row.record is not None
+        own = row.record.sampling.stop if row.record.sampling and row.record.sampling.stop else None
+        stops = tuple(own or sampling.get("stop") or ())
+        return trim_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), stops)[0]
 
     def write(self, rows: list[ExportRow]) -> int:
         written, group = 0, []
@@ -75,7 +109,7 @@ class OpenAIBatchWriter(JsonLinesWriter):
             "object": "chat.completion" if chat else "text_completion",
             "created": self.created,
             "model": good[0].out.get("model"),
-            "choices": [choice(r.out, i, chat) for i, r in enumerate(good)],
+            "choices": [choice(r.out, i, None if chat else self.completion_text(r)) for i, r in enumerate(good)],
             "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
         }
         return {"status_code": 200, "request_id": _rid("req_", self.manifest.job, custom_id), "body": body}

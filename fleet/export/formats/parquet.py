@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleet.export.formats.base import ExportRow, Skipped, Writer
+from fleet.export.formats.base import ExportRow, LeftOut, Writer
 from fleet.export.formats.jsonl import export_fields
 from fleet.records import EXPORT_FIELDS
 from fleet.store.manifest import Manifest
@@ -21,7 +21,7 @@ PARQUET_SCHEMA = pa.schema([
     ("id", pa.string()), ("sample", pa.int32()), ("output", pa.string()),
     ("reasoning", pa.string()), ("output_ids", pa.list_(pa.int32())),
     ("prompt_tokens", pa.int32()), ("completion_tokens", pa.int32()),
-    ("finish_reason", pa.string()), ("error", pa.string()), ("chunk", pa.int32()),
+    ("finish_reason", pa.string()), ("in_thinking", pa.bool_()), ("error", pa.string()), ("chunk", pa.int32()),
     ("worker", pa.string()), ("model", pa.string()), ("cached_tokens", pa.int32()),
     ("spec_accept_length", pa.float64()), ("spec_verify_ct", pa.int32()), ("latency_s", pa.float64()),
     ("retractions", pa.int32()), ("prompt_digest", pa.string()),
@@ -31,8 +31,8 @@ EXTRA_COLUMN = pa.field("extra", pa.string())
 
 
 class ParquetWriter(Writer):
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        super().__init__(path, manifest, stable, skipped)
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
+        super().__init__(path, manifest, stable, left_out)
         self.fields = export_fields(stable)
         self.schema = pa.schema([*(PARQUET_SCHEMA.field(f) for f in self.fields), EXTRA_COLUMN])
         self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")

@@ -4,14 +4,14 @@ Shape: `{"id", "input_ids": prompt ids + output ids, "loss_mask": 0 per prompt i
 output id}`, the tokenized-sample shape of vllm-project/speculators' data generation
 (`scripts/DATAGEN.md`: input_ids with a loss mask over the trainable tokens).
 
-Output ids come from the results (the job must run with `return_output_ids`). Prompt ids
+Output ids come from the results (stored unless the job turned `return_output_ids` off). Prompt ids
 are not stored per record, to keep results small: pre-tokenized input ids come from the
 chunk objects, and chat/raw prompts are rendered again with the model's tokenizer and
 chat template, which is deterministic. The rebuild is proven, not trusted: each record
 carries a digest of the ids the engine saw (`prompt_digest`), and a mismatch (other
 tokenizer files, another transformers version) fails the export instead of writing a
 subtly different prompt (the SpecForge#296 class of mismatch). The chat template's hash
-must also equal the manifest's. Error rows are skipped and counted; passthrough input
+must also equal the manifest's. Error rows are left out and counted; passthrough input
 fields follow at top level, and `sample` is added to every sample after a record's first.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.errors import FleetError
-from fleet.export.formats.base import ExportRow, JsonLinesWriter, Skipped, with_sample_and_extra
+from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut, with_sample_and_extra
 from fleet.records import GenRequest, InputRecord, Sampling, prompt_digest
 from fleet.store.manifest import Manifest
 
@@ -93,8 +93,8 @@ class TokensWriter(JsonLinesWriter):
     skip_errors = True
     separators = (",", ":")
 
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        super().__init__(path, manifest, stable, skipped)
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
+        super().__init__(path, manifest, stable, left_out)
         self.prompts = PromptIds(manifest)
 
     def line(self, row: ExportRow) -> dict[str, Any] | None:
@@ -103,8 +103,8 @@ class TokensWriter(JsonLinesWriter):
         output = out.get("output_ids")
         if output is None:
             raise FleetError(
-                f"job {self.manifest.job!r} stored no output ids: run it with return_output_ids "
-                "(FLEET_RETURN_OUTPUT_IDS=true) for --format tokens"
+                f"job {self.manifest.job!r} stored no output ids (it ran with return_output_ids off): "
+                "run it again with FLEET_RETURN_OUTPUT_IDS=true, the default, for --format tokens"
             )
         prompt = self.prompts.of(record, out.get("prompt_digest"))
         line: dict[str, Any] = {

@@ -1,0 +1,120 @@
+"""What an input holds, checked with nothing running (`fleet validate`).
+
+The checks are `fleet enqueue`'s own (fleet.producer.reader.validate, the one parser),
+with every bad line listed rather than the first hundred; no broker and no store are
+touched, so 902,087 prompts can be checked before the fleet is up. The figures are what
+`fleet plan` asks for: records, samples, the forms seen, and, with the model's tokenizer,
+the prompt tokens each record renders to through the chat template (what the engine sees).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet.errors import InputError, RecordError
+from fleet.producer.reader import validate
+from fleet.producer.source import local_input
+from fleet.records import GenRequest, InputRecord, Sampling
+from fleet.settings import Settings
+
+
+@dataclass
+class InputSurvey:
+    input: str
+    records: int = 0
+    samples: int = 0
+    #: good records by the form they came in (messages, prompt, input_ids, conversations, openai batch)
+    forms: dict[str, int] = field(default_factory=dict)
+    bad_lines: int = 0
+    #: every bad line, "line N: what is wrong"
+    problems: list[str] = field(default_factory=list)
+    #: the model whose tokenizer counted the prompt tokens, when one was given
+    model: str | None = None
+    #: prompt tokens per record: mean, p50, p99, max, total (None: no tokenizer and not all pre-tokenized)
+    prompt_tokens: dict[str, float] | None = None
+    context: int | None = None
+    #: records whose prompt alone fills the model's context (they would fail alone)
+    over_context: int = 0
+    #: records the chat template rejects (they would fail alone), "line N: ..."
+    rejected: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.bad_lines == 0 and self.records > 0
+
+
+class PromptLengths:
+    """Prompt token counts of good records, in a compact array (4 bytes a record)."""
+
+    def __init__(self, settings: Settings, tokenizer: Any | None):
+        self.settings, self.tokenizer = settings, tokenizer
+        self.lengths = array("I")
+        self.rejected: list[str] = []
+        self.unknown = 0
+
+    def add(self, record: InputRecord) -> None:
+        if record.input_ids is not None:
+            self.lengths.append(len(record.input_ids))
+            return
+        if self.tokenizer is None:
+            self.unknown += 1
+            return
+        from fleet.model.prompting import render_ids
+
+        request = GenRequest(
+            record_id=record.id, chunk=0, sample=0, sampling=Sampling(), messages=record.messages,
+            prompt=record.prompt, enable_thinking=self.settings.enable_thinking,
+        )  # fmt: skip
+        try:
+            self.lengths.append(len(render_ids(self.tokenizer, request)))
+        except RecordError as e:
+            self.rejected.append(f"line {record.line}: {e}")
+
+    def figures(self) -> dict[str, float] | None:
+        if self.unknown or not self.lengths:
+            return None
+        ordered = sorted(self.lengths)
+        n = len(ordered)
+
+        def rank(q: float) -> int:  # nearest rank
+            return ordered[max(0, math.ceil(q * n) - 1)]
+
+        total = sum(ordered)
+        return {"mean": round(total / n, 1), "p50": rank(0.5), "p99": rank(0.99), "max": ordered[-1], "total": total}
+
+
+def survey(settings: Settings, input_url: str) -> InputSurvey:
+    """Check `input_url` (local or s3://) as `fleet enqueue` would, and count what it holds."""
+    from fleet.engines import input_vocab
+
+    report = InputSurvey(input=input_url, model=settings.model)
+    tokenizer = None
+    if settings.model:
+        from fleet.model.prompting import context_length_of, load_tokenizer
+
+        tokenizer = load_tokenizer(settings.model)
+        report.context = context_length_of(settings.model)
+    vocab = input_vocab(settings) if settings.model or settings.engine == "sim" else None
+    lengths = PromptLengths(settings, tokenizer)
+    forms: Counter[str] = Counter()
+
+    def seen(record: InputRecord) -> None:
+        report.samples += record.sample_count(settings.sampling.n)
+        lengths.add(record)
+
+    with local_input(input_url) as path:
+        try:
+            report.records = validate(path, max_report=None, on_record=seen, vocab=vocab, forms=forms)
+        except InputError as e:
+            report.problems, report.bad_lines = e.problems, e.total_bad
+            report.records = sum(forms.values())
+    report.forms = dict(forms.most_common())
+    report.prompt_tokens = lengths.figures()
+    report.rejected = lengths.rejected
+    if report.context is not None:
+        report.over_context = sum(1 for n in lengths.lengths if n >= report.context)
+    return report
