@@ -62,6 +62,10 @@ ACCEPT_LENGTH_CHUNKS = Histogram(
     buckets=ACCEPT_LENGTH_BUCKETS,
 )
 ERRORS = Counter("fleet_errors", "Errors by class", ["error_class"])
+RETRACTIONS = Counter(
+    "fleet_engine_retractions",
+    "Running requests the engine retracted for KV room (SGLang): its batch outgrew the KV pool",
+)
 CHUNKS_REQUEUED = Counter(
     "fleet_chunks_requeued", "Chunk messages this process sent again: a failure, a hand-back, a lost lease or a stall"
 )
@@ -84,6 +88,7 @@ def observe_chunk(
     records_ok: int = 0,
     records_error: int = 0,
     accept_length: float | None = None,
+    retractions: int = 0,
 ) -> None:
     """Record one committed chunk (tokens are counted here unless already counted live)."""
     CHUNK_SECONDS.observe(seconds)
@@ -96,6 +101,8 @@ def observe_chunk(
         RECORDS.labels(outcome="ok").inc(records_ok)
     if records_error:
         RECORDS.labels(outcome="error").inc(records_error)
+    if retractions:
+        RETRACTIONS.inc(retractions)
     if accept_length is not None:
         ACCEPT_LENGTH.set(accept_length)
         ACCEPT_LENGTH_CHUNKS.observe(accept_length)

@@ -85,6 +85,9 @@ class OutputRecord(BaseModel):
     spec_accept_length: float | None = None
     spec_verify_ct: int | None = None
     latency_s: float | None = None
+    #: times the engine retracted this request for KV room (SGLang; without the radix cache
+    #: each one prefills it again): a batch sized past the job's real context shows here
+    retractions: int | None = None
     #: sha256 prefix of the prompt ids the engine saw: the tokens export checks its rebuild
     prompt_digest: str | None = None
     #: the input's passthrough fields (InputRecord.extra); exports put them back at top level

@@ -3,7 +3,8 @@
 #
 # It is what the GPU hosts run, and where the SGLang contract test runs on a CPU:
 #   ops/sglang-venv.sh [VENV_DIR]          # default: .venv-sglang in the repo root (CI: ~/.cache/fleet/sglang-venv)
-#   VENV_DIR/bin/python -m pytest tests/test_engines_sglang.py -q -k real_sglang
+#   PYTHONPATH=. VENV_DIR/bin/python -m pytest tests/test_engines_sglang.py -q -k real_sglang
+# It writes nothing outside VENV_DIR (fleet itself is not installed there: PYTHONPATH carries it).
 # .ci/run builds it (outside the checkout) and runs the contract tests with it.
 set -euo pipefail
 
@@ -13,12 +14,26 @@ venv="${1:-$root/.venv-sglang}"
 python="${PYTHON:-python3.11}"
 command -v "$python" >/dev/null || python="python3"
 
+# Nothing outside the venv: no pip cache in ~/.cache (the venv itself is what CI caches).
+export PIP_NO_CACHE_DIR=1
 echo "creating $venv with $("$python" --version) and sglang==$SGLANG_VERSION" >&2
 "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 # sglang first, so its exact pins (torch, transformers, kernels) win; fleet's ranges accept them.
 "$venv/bin/python" -m pip install "sglang==$SGLANG_VERSION"
-"$venv/bin/python" -m pip install -e "${root}[hf,dev]"
+# fleet's own dependencies, read from pyproject.toml, but never fleet itself: installing the
+# checkout (even non-editable) writes fleet.egg-info and build/ into it. Tests run the
+# checkout's fleet through PYTHONPATH.
+mapfile -t deps < <("$venv/bin/python" - "$root/pyproject.toml" <<'PY'
+import sys
+import tomllib
+
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+for dep in project["dependencies"] + [d for extra in ("hf", "dev") for d in project["optional-dependencies"][extra]]:
+    print(dep)
+PY
+)
+"$venv/bin/python" -m pip install "${deps[@]}"
 
 "$venv/bin/python" - <<'PY'
 import sglang
@@ -29,4 +44,4 @@ from sglang.srt.server_args import ServerArgs  # noqa: F401  (what the contract 
 print(f"sglang {sglang.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
 print(f"CUDA available: {torch.cuda.is_available()}")
 PY
-echo "contract test: $venv/bin/python -m pytest $root/tests/test_engines_sglang.py -q -k real_sglang" >&2
+echo "contract test: PYTHONPATH=$root $venv/bin/python -m pytest $root/tests/test_engines_sglang.py -q -k real_sglang" >&2

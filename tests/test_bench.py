@@ -27,10 +27,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FLEET = "import fleet.cli.bench; from fleet.cli import main; main()"
 
 
-def fleet(*args: str, cwd: Path, timeout: float = 150) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
-    return subprocess.run([sys.executable, "-c", FLEET, *args], cwd=cwd, env={**env, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=timeout)
+def fleet(*args: str, cwd: Path, timeout: float = 150,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    return subprocess.run([sys.executable, "-c", FLEET, *args], cwd=cwd,
+                          env={**base, **(env or {}), "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
 def test_quick_bench_computes_every_figure(tmp_path):
@@ -79,6 +81,18 @@ def test_sglang_bench_refuses_clearly_without_sglang(tmp_path):
     done = fleet("bench", "--engine", "sglang", cwd=tmp_path, timeout=60)
     assert done.returncode == 2
     assert "needs the sglang package" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_sglang_cpu_bench_refuses_clearly_without_sglang(tmp_path):
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is installed: this checks the refusal where it is not")
+    # When fleet against the bare Engine is asked for on the CPU (the engine kwargs say so)
+    env = {"FLEET_SGLANG__ENGINE_KWARGS": '{"device": "cpu"}'}
+    done = fleet("bench", "--engine", "sglang", cwd=tmp_path, timeout=60, env=env)
+    # Then it says what is missing, before starting anything
+    assert done.returncode == 2
+    assert "on the CPU needs the sglang package" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "bench-results").exists()
 
 
 def chunk(index: int, started: float, finished: float, lengths: list[int], step_s: float = 1.0) -> ChunkTiming:

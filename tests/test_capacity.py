@@ -55,7 +55,11 @@ def test_weights_count_text_layers_embeddings_vision_tower_and_mtp() -> None:
     vision = 27 * (4 * 1152**2 + 2 * 1152 * 4304) + 4608 * 4608 + 4608 * 5120
     text = 2 * v * h + 16 * (attn + mlp) + 48 * (gdn + mlp)
     assert weight_bytes(CONFIG) == 2 * (text + vision)
-    assert weight_bytes(CONFIG, mtp=True) - weight_bytes(CONFIG) == 2 * (attn + mlp + 2 * h * h)
+    # MTP: the draft layer, its fc, and its own (untied) embedding and lm_head, resident while
+    # SGLang takes the budget (swapped for the target's only after, in init_lm_head)
+    assert weight_bytes(CONFIG, mtp=True) - weight_bytes(CONFIG) == 2 * (attn + mlp + 2 * h * h + 2 * v * h)
+    assert 2 * 2 * v * h / GIB == pytest.approx(4.74, abs=0.01)  # the draft embedding and lm_head alone
+    assert weight_bytes(CONFIG) - weight_bytes(CONFIG, vision=False) == 2 * vision  # language_model_only
     assert 27e9 < weight_bytes(CONFIG) / 2 < 28e9  # a "27B" with its vision tower
 
 
@@ -114,6 +118,7 @@ def test_engine_args_for_a_named_gpu_use_the_capacity_model() -> None:
     kwargs = engine_kwargs(settings, "h200")
     cap = capacity(CONFIG, H200, Serving(mtp=True, radix=False, context_tokens=4096))
 
+    assert "language_model_only" not in kwargs  # SGLang 0.5.23 refuses it for Qwen3.5/3.6
     assert kwargs["max_running_requests"] == cap.batch
     assert kwargs["mem_fraction_static"] == 0.905
     assert kwargs["disable_radix_cache"] is True
@@ -161,3 +166,26 @@ def test_the_launcher_sizes_k_and_every_worker_from_the_planned_batch(tmp_path: 
     assert supervisor.settings.sglang.max_running_requests == planned < 256
     assert supervisor.concurrency == -(-16 * planned // 64)
     assert supervisor.settings.to_env()["FLEET_SGLANG__MAX_RUNNING_REQUESTS"] == str(planned)
+
+
+def test_language_model_only_drops_the_vision_tower_where_sglang_takes_it(tmp_path: Path) -> None:
+    from fleet.engines.sglang.plan import LANGUAGE_MODEL_ONLY_ARCHITECTURES
+
+    # Qwen3.6: SGLang 0.5.23 refuses the flag, so unset means off and asking for it is an error
+    assert "language_model_only" not in engine_kwargs(Settings(engine="sglang", model=str(QWEN)), "h200")
+    with pytest.raises(ConfigError, match="language_model_only: SGLang 0.5.23 refuses it"):
+        engine_kwargs(Settings(engine="sglang", model=str(QWEN), sglang={"language_model_only": True}), "h200")
+    # A vision-language architecture SGLang takes it for: on by default (no job has images), and
+    # the plan loses the tower's weights and the multimodal reserve
+    arch = sorted(LANGUAGE_MODEL_ONLY_ARCHITECTURES)[0]
+    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "architectures": [arch]}))
+    on = Settings(engine="sglang", model=str(tmp_path), sglang={"mtp": False})
+    assert engine_kwargs(on, "h200")["language_model_only"] is True
+    off = on.model_copy(update={"sglang": on.sglang.model_copy(update={"language_model_only": False})})
+    assert "language_model_only" not in engine_kwargs(off, "h200")
+    lean = capacity(CONFIG, H200, Serving(mtp=False, language_model_only=True))
+    full = capacity(CONFIG, H200, Serving(mtp=False))
+    assert full.weights_gib - lean.weights_gib == pytest.approx(
+        (weight_bytes(CONFIG) - weight_bytes(CONFIG, vision=False)) / GIB
+    )
+    assert lean.kv_tokens > full.kv_tokens

@@ -221,7 +221,8 @@ def test_default_k_follows_the_engines_slots() -> None:
 
 
 def test_meta_info_and_sampling_are_mapped(fake_sglang, tiny_model: Path, loop_thread: LoopThread) -> None:
-    engine = started(loop_thread, sg_settings(tiny_model, mtp=False, engine_kwargs={"fake_tokens": 5}))
+    engine = started(loop_thread, sg_settings(tiny_model, mtp=False,
+                                              engine_kwargs={"fake_tokens": 5, "fake_retractions": 2}))  # fmt: skip
     request = chat("m", max_tokens=50, stop=("END",))
 
     result = loop_thread.run(engine.generate(request))
@@ -244,6 +245,7 @@ def test_meta_info_and_sampling_are_mapped(fake_sglang, tiny_model: Path, loop_t
     assert result.meta["cached_tokens"] == len(prompt_ids) // 2
     assert (result.meta["spec_accept_length"], result.meta["spec_verify_ct"]) == (2.5, 2)
     assert result.meta["latency_s"] >= 0
+    assert result.meta["retractions"] == 2  # meta_info num_retractions
 
 
 def test_length_finish_and_no_ids_unless_asked(fake_sglang, tiny_model: Path, loop_thread: LoopThread) -> None:
@@ -542,7 +544,11 @@ def test_pre_tokenized_ids_are_sent_as_given(fake_sglang, tiny_model: Path, loop
     # Then SGLang got exactly those ids, and the record counts and fingerprints them
     assert fake_sglang.instances[0].requests[-1]["input_ids"] == [5, 900, 17, 3]
     assert result.prompt_tokens == 4 and result.meta["prompt_digest"] == prompt_digest([5, 900, 17, 3])
-    # And an id past the model's vocabulary fails this record alone, as SGLang refuses it
+    # And an id past the model's vocabulary fails this record alone, checked by fleet: SGLang
+    # does not check it, and its scheduler's death would take the worker with it
+    calls = fake_sglang.instances[0].calls
     request.input_ids = [5, 10**6]
-    with pytest.raises(RecordError, match="vocab size"):
+    vocab = json.loads((tiny_model / "config.json").read_text())["vocab_size"]
+    with pytest.raises(RecordError, match=rf"outside the model's vocab size \({vocab}\)"):
         loop_thread.run(engine.generate(request))
+    assert fake_sglang.instances[0].calls == calls

@@ -41,7 +41,8 @@ def test_served_values_change_after_updates(port: int) -> None:
     assert ("fleet_running_requests", ()) in before
     # When a chunk commits, requests run, and an engine error is counted
     metrics.observe_chunk(
-        42.0, prompt_tokens=1000, completion_tokens=5000, records_ok=9, records_error=1, accept_length=2.5
+        42.0, prompt_tokens=1000, completion_tokens=5000, records_ok=9, records_error=1, accept_length=2.5,
+        retractions=3,
     )
     metrics.RUNNING_REQUESTS.set(37)
     metrics.RUNS_FAILED.inc()
@@ -57,6 +58,8 @@ def test_served_values_change_after_updates(port: int) -> None:
         == 1000
     )
     assert after[done] - before.get(done, 0) == 1
+    retracted = ("fleet_engine_retractions_total", ())
+    assert after[retracted] - before.get(retracted, 0) == 3
     runs_failed = ("fleet_runs_failed_total", ())
     assert after[runs_failed] - before.get(runs_failed, 0) == 1
     assert after[("fleet_running_requests", ())] == 37

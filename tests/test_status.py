@@ -281,3 +281,25 @@ def test_status_tolerates_a_result_without_header(store):
     st = job_status(store, None, JOB)
     # Then both chunks count as done and the header's figures are summed
     assert (st.chunks_done, st.done, st.completion_tokens) == (2, True, 800)
+
+
+def test_retractions_are_counted_per_chunk_and_shown_by_status(store):
+    from fleet.cli.jobs import status_table
+    from fleet.store.results import ChunkStats, sample_counts
+
+    # Given two chunks whose records SGLang retracted 3 and 0 times in all
+    now = time.time()
+    write_manifest(store, chunks=2, records=4, samples=4)
+    for index, retracted in ((0, [2, 1]), (1, [0, None])):
+        rows = [{"id": f"{index}-{i}", "pos": index * 2 + i, "sample": 0, "prompt_tokens": 5, "completion_tokens": 9,
+                 "finish_reason": "stop", "retractions": n} for i, n in enumerate(retracted)]  # fmt: skip
+        stats = {"job": JOB, "chunk": index, "records": 2, **sample_counts(rows), "started": now - 20,
+                 "finished": now - 10, "worker": "gpu0@h"}  # fmt: skip
+        store.put(result_key(JOB, index), encode_result(ChunkStats(**stats), rows))
+    # When its status is taken
+    st = job_status(store, None, JOB)
+    # Then the JSON has the sum, and the text says what it means
+    assert json.loads(st.to_json())["retractions"] == 3
+    table = status_table(st)
+    cells = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
+    assert cells["retractions"].startswith("3 (0.75 per sample): the batch outgrows the KV pool")

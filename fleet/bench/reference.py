@@ -9,6 +9,8 @@ from typing import Any
 @dataclass(frozen=True)
 class ReferenceJob:
     prompts: int = 902_087
+    #: mean prompt tokens after templating (the planning example's figure)
+    prompt_tokens: float = 1_000
     output_tokens: float = 1_818
     gpus: int = 6
     usd_per_gpu_hour: float = 5.49

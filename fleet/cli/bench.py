@@ -47,7 +47,8 @@ def bench(
     keep: KeepOpt = False,
     engine: Annotated[str, typer.Option("--engine", help="sim: the whole suite; hf: fleet vs bare "
                                         "engine only; vllm: fleet vs a bare AsyncLLM loop (needs vllm); "
-                                        "sglang: MTP on vs off on this GPU host")] = "sim",
+                                        "sglang: MTP on vs off on this GPU host, or fleet vs the bare "
+                                        "Engine where sglang.engine_kwargs put it on the CPU")] = "sim",
     requests: Annotated[int | None, typer.Option("--requests", help="sglang: requests per side "
                                                  "(default 2 x max_running_requests)")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sglang: max tokens per request")] = None,
@@ -56,7 +57,9 @@ def bench(
     ctx.obj = {"quick": quick, "out": out, "keep": keep}
     if ctx.invoked_subcommand is not None:
         return
-    if engine == "sglang":
+    if engine == "sglang" and _sglang_on_cpu():
+        _sglang_vs_bare(out, requests, max_tokens)
+    elif engine == "sglang":
         _mtp(out, requests, max_tokens)
     elif engine == "hf":
         _run(["hf"], quick, out, keep)
@@ -88,6 +91,33 @@ def _vllm(out: Path | None, quick: bool) -> None:
     print_table([section], console)
     path = write_json((out or DEFAULT_OUT) / "vllm.json", [section], {"command": "fleet bench --engine vllm"})
     console.print(f"wrote {path}")
+
+
+def _sglang_on_cpu() -> bool:
+    """The settings put the engine on the CPU (sglang.engine_kwargs device "cpu")."""
+    from fleet.settings import load_settings
+
+    return load_settings().sglang.engine_kwargs.get("device") == "cpu"
+
+
+def _sglang_vs_bare(out: Path | None, requests: int | None, max_tokens: int | None) -> None:
+    import os
+
+    from rich.console import Console
+
+    from fleet.bench.report import print_table, write_json
+    from fleet.bench.sglangcompare import measure_sglang_vs_bare
+    from fleet.errors import FleetError
+
+    where = out or DEFAULT_OUT
+    try:
+        section = measure_sglang_vs_bare(where / "sglang-work", dict(os.environ), requests or 64, max_tokens or 64, 16)
+    except FleetError as e:
+        fail(str(e))
+        return
+    print_table([section], Console())
+    path = write_json(where / "sglang.json", [section], {"command": "fleet bench --engine sglang (CPU)"})
+    console.print(f"fleet / bare Engine = {section.data['ratio']:.3f}; wrote {path}")
 
 
 def _mtp(out: Path | None, requests: int | None, max_tokens: int | None) -> None:

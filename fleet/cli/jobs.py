@@ -169,6 +169,16 @@ def status(
             time.sleep(watch)
 
 
+def retractions_text(retractions: int, samples: int) -> str:
+    """Retractions and what they mean: SGLang admitted more than its KV pool holds at the
+    job's real context, and each retracted request starts over (radix off) or waits."""
+    if not retractions:
+        return "0"
+    per = f" ({retractions / samples:.2f} per sample)" if samples else ""
+    return (f"{retractions:,}{per}: the batch outgrows the KV pool at this job's context; "
+            "lower sglang.max_running_requests or raise sglang.context_tokens")
+
+
 def status_table(st) -> Table:
     t = Table(title=f"job {st.job}", show_header=False)
     eta = "-" if st.eta_s is None else f"{st.eta_s / 3600:.2f} h"
@@ -185,6 +195,7 @@ def status_table(st) -> Table:
                                                   if st.projected_cost_usd is not None else "")),
         ("workers", ", ".join(f"{w} {st.worker_tok_s.get(w, 0):,.0f} tok/s" for w in st.workers) or "-"),
         ("spec accept", "-" if st.spec_accept_length is None else f"{st.spec_accept_length:.2f} tokens/step"),
+        ("retractions", retractions_text(st.retractions, st.samples_done)),
         ("$/M out tokens", "-" if st.usd_per_m_tokens is None else f"${st.usd_per_m_tokens:,.3f}"),
         ("done", str(st.done)),
     ]

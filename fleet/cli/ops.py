@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Annotated
 
 import typer
@@ -71,6 +72,7 @@ def render_plan(plan: Plan) -> Table:
     table.add_column()
     table.add_row("fleet", f"{plan.gpus} x {plan.gpu} ({spec.hbm_gb:g} GB, {spec.hbm_tb_s:g} TB/s)")
     table.add_row("price", f"${plan.usd_per_gpu_hour:,.2f}/GPU-hour = ${plan.usd_per_hour:,.2f}/hour")
+    table.add_row("job shape", plan.shape)
     per_prompt = f" x {plan.prompt_tokens:,.0f} prompt tokens" if plan.prompt_tokens else ""
     table.add_row("prompts", f"{plan.prompts:,}{per_prompt}")
     table.add_row(
@@ -119,9 +121,19 @@ def plan(
     usd_per_gpu_hour: Annotated[
         float | None, typer.Option("--usd-per-gpu-hour", help="price (FLEET_USD_PER_GPU_HOUR)")
     ] = None,
-    prompts: Annotated[int, typer.Option("--prompts", help="number of prompts")] = 1,
-    prompt_tokens: Annotated[float, typer.Option("--prompt-tokens", help="mean prompt tokens")] = 0.0,
-    output_tokens: Annotated[float, typer.Option("--output-tokens", help="mean output tokens")] = 1.0,
+    prompts: Annotated[
+        int | None, typer.Option("--prompts", help="number of prompts (default: the job's, else the reference job's)")
+    ] = None,
+    prompt_tokens: Annotated[
+        float | None, typer.Option("--prompt-tokens", help="mean prompt tokens (default: as --prompts)")
+    ] = None,
+    output_tokens: Annotated[
+        float | None, typer.Option("--output-tokens", help="mean output tokens (default: as --prompts)")
+    ] = None,
+    job: Annotated[
+        str | None, typer.Option("--job", "-j", help="plan this job: its samples and measured token means")
+    ] = None,
+    store_url: StoreOpt = None,
     tok_s_per_gpu: Annotated[
         float | None,
         typer.Option("--tok-s-per-gpu", help="measured output tok/s per GPU (fleet bench)"),
@@ -167,10 +179,22 @@ def plan(
     With --model, the capacity model (fleet.model.capacity) says how many requests SGLang really
     runs at once on that GPU, and the roofline is taken at that batch.
     """
-    settings = settings_from(model=model)
+    from fleet.tools.plan import fill_shape, job_shape, reference_shape
+
+    settings = settings_from(model=model, store_url=store_url)
     if usd_per_gpu_hour is None:
         usd_per_gpu_hour = settings.usd_per_gpu_hour
     try:
+        from fleet.bench.reference import REFERENCE
+
+        base = reference_shape(REFERENCE.prompts, REFERENCE.prompt_tokens, REFERENCE.output_tokens)
+        if job:
+            from fleet.monitor.status import job_status
+            from fleet.store import store_for
+
+            base = job_shape(job_status(store_for(settings), None, job), base)
+        shape = fill_shape(base, prompts, prompt_tokens, output_tokens)
+        prompts, prompt_tokens, output_tokens = shape.prompts, shape.prompt_tokens, shape.output_tokens
         cap = None
         if model:
             from fleet.engines.sglang.plan import job_capacity
@@ -193,6 +217,7 @@ def plan(
             model=facts,
             capacity=cap.to_dict() if cap is not None else None,
         )
+        result = replace(result, shape=shape.source)
     except FleetError as e:
         fail(str(e))
         return

@@ -16,8 +16,15 @@ by hand so fleet can ask for what fits. Paths cite the sglang 0.5.23 wheel:
   `extra_buffer` under the overlap scheduler);
 - running requests: `resolve_max_num_reqs` (min of what was asked, KV tokens / 2, and
   state slots / slots per request);
-- KV cell: `sglang/srt/model_executor/pool_configurator.py` (full-attention layers only,
-  plus the MTP draft layers for EAGLE/NEXTN);
+- KV cell: `sglang/srt/model_executor/pool_configurator.py` (full-attention layers only;
+  the NEXTN draft layer's term is skipped for Qwen3.5/3.6, whose target config has no
+  `num_nextn_predict_layers`: its one-layer pool is allocated after, outside the budget);
+- MTP weights: the NEXTN draft (`sglang/srt/models/qwen3_5_mtp.py`) builds its own embedding
+  and lm_head and drops them for the target's only in `init_lm_head()`
+  (`sglang/srt/speculative/eagle_worker_v2.py`), after the target's pools were sized: they are
+  resident when the budget is taken;
+- `language_model_only` (a vision-language checkpoint without its vision tower): no tower
+  weights and no multimodal reserve (`sglang/srt/configs/model_config.py` is_multimodal);
 - state slot: `sglang/srt/configs/mamba_utils.py` BaseLinearStateParams.mamba_cache_per_req.
 """
 
@@ -55,6 +62,7 @@ class Serving:
     overlap: bool = True  #: overlap scheduler (radix on: extra_buffer, 2 tracking slots)
     max_running_requests: int | None = None  #: asked; None: the largest that fits
     context_tokens: float = 4096.0  #: KV tokens one running request holds (prompt + output)
+    language_model_only: bool = False  #: a vision-language checkpoint loaded without its tower
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class Capacity:
     max_running_requests: int  #: SGLang's effective value (resolve_max_num_reqs)
     kv_bound_requests: int  #: requests whose context_tokens fit in the KV pool
     batch: int  #: what really runs at once: the lower of the two
+    draft_kv_gib: float = 0.0  #: the MTP draft layer's KV pool, allocated outside the budget
 
     def to_dict(self) -> dict[str, Any]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -164,19 +173,33 @@ def _vision_params(config: dict[str, Any]) -> float:
     return depth * (4 * h * h + 2 * h * inter) + merger
 
 
-def weight_bytes(config: dict[str, Any], *, mtp: bool = False, weight_bytes_per_param: float = 2.0) -> float:
-    """Parameters SGLang loads: text layers, embeddings and lm_head, vision tower, MTP layers."""
+def draft_vocab_params(config: dict[str, Any]) -> float:
+    """The NEXTN draft's own embedding and lm_head (one matrix when tied), resident until
+    init_lm_head() swaps in the target's: after the budget was taken."""
+    cfg = text_config(config)
+    vocab = int(cfg.get("vocab_size", config.get("vocab_size", 0)))
+    tied = bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
+    return vocab * int(cfg["hidden_size"]) * (1 if tied else 2)
+
+
+def weight_bytes(
+    config: dict[str, Any], *, mtp: bool = False, vision: bool = True, weight_bytes_per_param: float = 2.0
+) -> float:
+    """Parameters resident when SGLang takes its budget: text layers, embeddings and lm_head,
+    the vision tower (unless language_model_only), and with MTP the draft layer with its own
+    embedding and lm_head."""
     cfg = text_config(config)
     hidden = int(cfg["hidden_size"])
     full, linear = full_and_linear_layers(cfg)
     vocab = int(cfg.get("vocab_size", config.get("vocab_size", 0)))
     tied = bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
     mlp, attn = _mlp_params(cfg, hidden), _full_attention_params(cfg, hidden)
-    params = vocab * hidden * (1 if tied else 2) + full * (attn + mlp) + _vision_params(config)
+    params = vocab * hidden * (1 if tied else 2) + full * (attn + mlp) + (_vision_params(config) if vision else 0)
     if linear:
         params += linear * (_linear_attention_params(cfg, hidden) + mlp)
-    if mtp:  # a full-attention decoder layer plus the fc joining embedding and hidden state;
-        params += mtp_layers(config) * (attn + mlp + 2 * hidden * hidden)  # embed/lm_head shared
+    if mtp and mtp_layers(config):  # a full-attention decoder layer, the fc joining embedding and
+        params += mtp_layers(config) * (attn + mlp + 2 * hidden * hidden)  # hidden state, and the
+        params += draft_vocab_params(config)  # draft's own embedding and lm_head
     return params * weight_bytes_per_param
 
 
@@ -202,10 +225,11 @@ def slots_per_request(serving: Serving, hybrid: bool) -> int:
 def capacity(config: dict[str, Any], gpu_mib: float, serving: Serving) -> Capacity:
     """The running batch SGLang settles on for this model on a GPU of `gpu_mib` MiB."""
     mfs = serving.mem_fraction_static or sglang_mem_fraction(gpu_mib)
-    weights = weight_bytes(config, mtp=serving.mtp)
-    cell = kv_bytes_per_token(config, mtp=serving.mtp)
+    weights = weight_bytes(config, mtp=serving.mtp, vision=not serving.language_model_only)
+    cell = kv_bytes_per_token(config)  # the budget's per-token cost: the target's layers only
+    draft_cell = kv_bytes_per_token(config, mtp=True) - cell if serving.mtp else 0
     slot = state_bytes_per_slot(config)
-    multimodal = bool(config.get("vision_config"))
+    multimodal = bool(config.get("vision_config")) and not serving.language_model_only
     pre_load = (gpu_mib - CUDA_CONTEXT_MIB) * MIB
     rest = pre_load * mfs - weights - (VLM_CACHE_MIB * MIB if multimodal else 0)
     if rest <= 0:
@@ -253,4 +277,5 @@ def capacity(config: dict[str, Any], gpu_mib: float, serving: Serving) -> Capaci
         max_running_requests=running,
         kv_bound_requests=kv_bound,
         batch=max(1, min(running, kv_bound)) if running else 0,
+        draft_kv_gib=kv_tokens * draft_cell / GIB,
     )

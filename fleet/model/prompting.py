@@ -95,6 +95,25 @@ def context_length_of(model: str) -> int | None:
     return context_of(read_config(model))
 
 
+def vocab_size_of(model: str) -> int | None:
+    """Rows of the text model's embedding (config.json vocab_size), None when unknown."""
+    config = read_config(model)
+    size = (config.get("text_config") or config).get("vocab_size") or config.get("vocab_size")
+    return int(size) if size else None
+
+
+def check_vocab(request: GenRequest, ids: list[int], vocab: int | None) -> None:
+    """RecordError for a token id the model has no embedding row for. SGLang 0.5.23 does not
+    check: its scheduler dies on the embedding lookup and takes the worker with it."""
+    if vocab is None:
+        return
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise RecordError(
+            f"record {request.record_id!r} has token ids outside the model's vocab size ({vocab}): {bad[:5]}"
+        )
+
+
 # -- rendering ---------------------------------------------------------------------------------
 
 

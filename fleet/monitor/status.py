@@ -46,6 +46,8 @@ class JobStatus:
     records_truncated_in_thinking: int = 0
     #: samples the model ended (no max-tokens cut) before their think block closed: no answer
     records_ended_in_thinking: int = 0
+    #: times the engine retracted a running request for KV room (SGLang): the batch is too big
+    retractions: int = 0
     elapsed_s: float = 0.0
     tok_s: float = 0.0
     eta_s: float | None = None
@@ -126,6 +128,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.records_truncated += s.records_truncated
         st.records_truncated_in_thinking += s.records_truncated_in_thinking
         st.records_ended_in_thinking += s.records_ended_in_thinking
+        st.retractions += s.retractions
     st.workers = sorted({s.worker for s in stats if s.worker is not None})
     timed = [s for s in stats if s.timed()]
     if timed:

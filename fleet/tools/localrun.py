@@ -25,6 +25,7 @@ from fleet.redact import redact_url
 from fleet.settings import Settings
 from fleet.store import Store, store_for
 from fleet.store.manifest import Manifest
+from fleet.tools.jobcontext import with_job_context
 from fleet.worker.launcher import Supervisor, plan_workers
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ def run_local(settings: Settings, input_url: str, job: str, workers: int | None 
         if st.done:
             console.print("every chunk already has a result; nothing to do")
             return st
+        settings = with_job_context(settings, st)  # a resumed job: its measured context sizes S
         supervisor = Supervisor(settings, plan_workers(settings, workers, gpus),
                                 log_dir=job_dir(settings, job) / "logs")
         supervisor.start()

@@ -75,6 +75,7 @@ class Plan:
     roofline: Roofline | None
     estimate_vs_roofline: float | None  #: tok_s_per_gpu / roofline tok/s
     capacity: dict[str, Any] | None = None  #: fleet.model.capacity.Capacity: SGLang's real batch
+    shape: str = "given"  #: where prompts and token figures came from (JobShape.source)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,6 +161,50 @@ def make_plan(
         roofline=roof,
         estimate_vs_roofline=tok_s_per_gpu / roof.tok_s if roof else None,
         capacity=capacity,
+    )
+
+
+# -- the job's shape when the figures are not given ------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobShape:
+    prompts: int
+    prompt_tokens: float
+    output_tokens: float
+    source: str  #: "given", "reference job", or the job and what was measured of it
+
+
+def reference_shape(prompts: int, prompt_tokens: float, output_tokens: float) -> JobShape:
+    """The reference job's shape (fleet.bench.reference, passed in by the CLI)."""
+    return JobShape(prompts, prompt_tokens, output_tokens,
+                    f"reference job ({prompts:,} prompts of {prompt_tokens:,.0f} + {output_tokens:,.0f} tokens)")
+
+
+def job_shape(status: Any, ref: JobShape) -> JobShape:
+    """A job's samples, and its mean prompt and output tokens over the chunks done so far;
+    the reference job's token figures while none is done (fleet.monitor.status.JobStatus)."""
+    done = status.samples_done
+    if not done or not status.completion_tokens:
+        return JobShape(status.samples_total, ref.prompt_tokens, ref.output_tokens,
+                        f"job {status.job!r} ({status.samples_total:,} samples; no chunk done yet, "
+                        f"token figures of the {ref.source})")  # fmt: skip
+    return JobShape(status.samples_total, status.prompt_tokens / done, status.completion_tokens / done,
+                    f"job {status.job!r} ({status.samples_total:,} samples; tokens measured over {done:,})")
+
+
+def fill_shape(base: JobShape, prompts: int | None, prompt_tokens: float | None,
+               output_tokens: float | None) -> JobShape:
+    """Given figures win; the rest come from `base`, and the source says so."""
+    given = [v is not None for v in (prompts, prompt_tokens, output_tokens)]
+    if all(given):
+        return JobShape(prompts, prompt_tokens, output_tokens, "given")  # type: ignore[arg-type]
+    source = base.source if not any(given) else f"given, the rest from the {base.source}"
+    return JobShape(
+        base.prompts if prompts is None else prompts,
+        base.prompt_tokens if prompt_tokens is None else prompt_tokens,
+        base.output_tokens if output_tokens is None else output_tokens,
+        source,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from fleet.engines.base import Engine
 from fleet.metrics import ENGINE_MAX_RUNNING
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def admission_limit(max_running: int) -> int:
@@ -47,7 +49,9 @@ class EngineHost:
     async def _start(self) -> None:
         await self.engine.start()
         # After start: SGLang may run fewer requests than were asked (read back by the engine).
-        self.gate = asyncio.Semaphore(admission_limit(self.engine.max_running))
+        limit = admission_limit(self.engine.max_running)
+        self.gate = asyncio.Semaphore(limit)
+        log.info("admission gate %d requests (engine runs %d)", limit, self.engine.max_running)
         ENGINE_MAX_RUNNING.set(self.engine.max_running)
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:

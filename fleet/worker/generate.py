@@ -79,6 +79,7 @@ def to_output(run: ChunkRun, record: InputRecord, req: GenRequest, res: GenResul
         spec_accept_length=meta.get("spec_accept_length"),
         spec_verify_ct=meta.get("spec_verify_ct"),
         latency_s=meta.get("latency_s"),
+        retractions=meta.get("retractions"),
         prompt_digest=meta.get("prompt_digest"),
         extra=record.extra,
         pos=record.pos,

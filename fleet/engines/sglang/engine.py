@@ -24,6 +24,7 @@ from fleet.engines.model import ModelEngine
 from fleet.engines.sglang.plan import (
     check_choices,
     is_hybrid,
+    language_model_only,
     local_config,
     mem_fraction,
     radix_on,
@@ -34,12 +35,14 @@ from fleet.model.gpus import gpu_memory_mib
 from fleet.model.prompting import (
     Prompt,
     check_length,
+    check_vocab,
     context_length_of,
     ended_in_thinking,
     fill_sampling,
     render,
     require_model,
     split_reasoning,
+    vocab_size_of,
 )
 from fleet.records import GenRequest, GenResult, Sampling, prompt_digest
 from fleet.settings import DEFAULT_SGLANG_RUNNING, Settings, SglangSettings
@@ -53,6 +56,7 @@ META_FIELDS = (
     ("spec_accept_length", "spec_accept_length"),
     ("spec_verify_ct", "spec_verify_ct"),
     ("latency_s", "e2e_latency"),
+    ("retractions", "num_retractions"),
 )
 
 
@@ -89,6 +93,8 @@ def engine_kwargs(settings: Settings, gpu: str | None = None) -> dict[str, Any]:
             speculative_eagle_topk=s.speculative_eagle_topk,
             speculative_num_draft_tokens=s.speculative_num_draft_tokens,
         )
+    if language_model_only(settings, config):
+        kw["language_model_only"] = True
     if not radix_on(settings, config):
         kw["disable_radix_cache"] = True
     elif is_hybrid(config):
@@ -177,6 +183,8 @@ class SglangEngine(ModelEngine):
         self.kv_tokens: int | None = None
         #: prompt slots SGLang's tokenizer manager adds for EAGLE/NEXTN draft tokens
         self.reserved_tokens = reserved_tokens(self.settings.sglang)
+        #: embedding rows: SGLang sends an id past them to the scheduler, which dies of it
+        self.vocab: int | None = None
         #: one thread: the tokenizer is only ever used from it once the engine runs
         self._render = ThreadPoolExecutor(1, thread_name_prefix="fleet-render")
 
@@ -189,6 +197,7 @@ class SglangEngine(ModelEngine):
         """Build the engine on this (the worker's) loop; blocks it while the weights load."""
         self._loop = asyncio.get_running_loop()
         self.load_model_files()
+        self.vocab = vocab_size_of(self.model_path)
         try:
             import sglang
         except ImportError as e:
@@ -241,6 +250,7 @@ class SglangEngine(ModelEngine):
             raise EngineError("sglang engine called from a loop other than the one it started on")
         # Templating is pure Python: off the loop, which also carries SGLang's own output path.
         prompt = await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
+        check_vocab(request, prompt.ids, self.vocab)
         budget = None if self.context is None else self.context - self.reserved_tokens
         max_new = check_length(request, len(prompt.ids), budget)
         sampling = fill_sampling(request.sampling, self.defaults)

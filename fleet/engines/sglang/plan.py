@@ -30,6 +30,12 @@ HYBRID_ARCHITECTURES = frozenset(
         "BailingMoeV2_5ForCausalLM",
     }
 )  # fmt: skip
+#: Architectures whose vision tower SGLang 0.5.23 can leave out (`ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES`);
+#: it refuses `language_model_only` for any other, Qwen3.5/3.6 included.
+LANGUAGE_MODEL_ONLY_ARCHITECTURES = frozenset(
+    {"DeepseekV4ForCausalLM", "MuseGlimmerForConditionalGeneration", "Cosmos3ForConditionalGeneration",
+     "Cosmos3EdgeForConditionalGeneration"}
+)  # fmt: skip
 #: Layer kinds that carry recurrent state in hybrid configs (`layer_types`); this also covers
 #: architectures that are hybrid only in some configs (GraniteMoeHybrid).
 STATEFUL_LAYERS = frozenset({"linear_attention", "mamba", "gated_deltanet"})
@@ -82,6 +88,21 @@ def check_choices(settings: Settings, config: dict[str, Any]) -> None:
         )
 
 
+def language_model_only(settings: Settings, config: dict[str, Any]) -> bool:
+    """Whether SGLang skips the vision tower: only a vision-language checkpoint has one, and
+    fleet's records carry no images, so unset means on wherever SGLang takes the flag."""
+    flag = settings.sglang.language_model_only
+    if not config.get("vision_config") or flag is False:
+        return False
+    supported = bool(set(config.get("architectures") or ()) & LANGUAGE_MODEL_ONLY_ARCHITECTURES)
+    if flag and not supported:
+        raise ConfigError(
+            f"sglang.language_model_only: SGLang 0.5.23 refuses it for {config.get('architectures')} "
+            f"(it takes it for {sorted(LANGUAGE_MODEL_ONLY_ARCHITECTURES)}): leave it unset"
+        )
+    return supported
+
+
 def mem_fraction(settings: Settings, gpu_mib: float | None) -> float | None:
     """The setting, else SGLang's own headroom for the card; None where the card is unknown."""
     s = settings.sglang
@@ -98,6 +119,7 @@ def serving(settings: Settings, config: dict[str, Any], gpu_mib: float | None) -
         draft_tokens=s.speculative_num_draft_tokens,
         max_running_requests=s.max_running_requests,
         context_tokens=float(s.context_tokens),
+        language_model_only=language_model_only(settings, config),
     )
 
 

@@ -46,6 +46,12 @@ class SglangSettings(BaseModel):
         4096, ge=1, description="tokens, prompt + output, one running request holds; sizes the batch"
     )
     log_level: str = Field("warning", description="SGLang's log level (its own default, error, hides its warnings)")
+    language_model_only: bool | None = Field(
+        None,
+        description="load only the language model of a vision-language checkpoint (no vision tower, no "
+        "multimodal reserve); unset: on for such checkpoints where SGLang takes it (fleet's records carry "
+        "no images); SGLang 0.5.23 refuses it for Qwen3.5/3.6",
+    )
     context_length: int | None = Field(
         None, ge=1, description="tokens, prompt + output, SGLang accepts per request; unset: the model's"
     )

@@ -24,7 +24,7 @@ PARQUET_SCHEMA = pa.schema([
     ("finish_reason", pa.string()), ("in_thinking", pa.bool_()), ("error", pa.string()), ("chunk", pa.int32()),
     ("worker", pa.string()), ("model", pa.string()), ("cached_tokens", pa.int32()),
     ("spec_accept_length", pa.float64()), ("spec_verify_ct", pa.int32()), ("latency_s", pa.float64()),
-    ("prompt_digest", pa.string()),
+    ("retractions", pa.int32()), ("prompt_digest", pa.string()),
 ])  # fmt: skip
 assert PARQUET_SCHEMA.names == EXPORT_FIELDS
 EXTRA_COLUMN = pa.field("extra", pa.string())

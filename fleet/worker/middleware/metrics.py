@@ -22,6 +22,7 @@ class MetricsMiddleware(Middleware[None]):
             metrics.observe_chunk(
                 s.seconds, prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens,
                 records_ok=s.samples - s.errors, records_error=s.errors, accept_length=s.spec_accept_length,
+                retractions=s.retractions,
             )
         elif isinstance(outcome, Failed):
             metrics.RUNS_FAILED.inc()

@@ -16,16 +16,22 @@ Same surface, and the same sharp edges, as the real thing (paths inside the 0.5.
   refuses prompt + reserved >= context or prompt + reserved + max_new > context with
   ValueError (managers/tokenizer_manager.py `_validate_one_request`, managers/utils.py
   compute_num_reserved_tokens);
+- the scheduler then refuses a prompt of max_req_len - 5 tokens or more (ValueError: a 400 abort),
+  max_req_len = min(context, KV tokens) - 1, and cuts max_new_tokens to max_req_len - prompt - 1,
+  finishing such a request with "length" two tokens short of the context (managers/scheduler.py
+  init_req_max_new_tokens, managers/utils.py validate_input_length, tp_worker.py);
 - sampling params are checked as SamplingParams.verify does (sampling/sampling_params.py):
   top_k 0 and out-of-range penalties are ValueError; unknown ones TypeError;
 - a non-stream abort with an HTTP status >= 400 other than 400 raises
   `fastapi.HTTPException` (tokenizer_manager.py `_handle_abort_finish_reason`);
-- an input id past config.json's vocab_size is a ValueError
-  (tokenizer_manager.py `_validate_input_ids_in_vocab`).
+- an input id past config.json's vocab_size is not checked at all: the scheduler dies on the
+  embedding lookup (IndexError) and SIGQUITs the host process, which dies with it
+  (shown on the real engine by tests/test_sglang_real.py's probe script).
 
 Kwargs starting with `fake_` steer it: `fake_step_s` (seconds per token), `fake_tokens`
 (natural output length), `fake_fail_start`, `fake_abort_over` (prompt length above which a
-request is aborted with HTTP 500), `fake_effective_running` (what the scheduler settles on).
+request is aborted with HTTP 500), `fake_effective_running` (what the scheduler settles on),
+`fake_retractions` (times each request was retracted, meta_info `num_retractions`).
 `crash(message)` makes every request from then on raise. With FAKE_SGLANG_JOURNAL set, each
 engine start and each request appends a JSON line there, for tests that run real worker
 processes and cannot see `instances`.
@@ -37,6 +43,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -60,6 +67,7 @@ SAMPLING_PARAMS = frozenset({
     "repetition_penalty", "presence_penalty", "frequency_penalty",
 })
 EOS = 2
+TOKEN_CAPACITY = 100_000  #: the KV pool the stand-in reports
 EAGLE_ALIASES = {"EAGLE", "EAGLE3", "NEXTN"}
 
 #: every Engine built in this process, newest last
@@ -97,10 +105,12 @@ class TokenizerManager:
         self.context_len = context_len
         self.num_reserved_tokens = reserved
         self._engine = engine
+        self.token_capacity = TOKEN_CAPACITY
 
     async def get_internal_state(self) -> list[dict[str, Any]]:
         e = self._engine
-        return [{"effective_max_running_requests_per_dp": e.effective, "memory_usage": {"token_capacity": 100_000}}]
+        return [{"effective_max_running_requests_per_dp": e.effective,
+                 "memory_usage": {"token_capacity": self.token_capacity}}]  # fmt: skip
 
     def validate(self, input_ids: list[int], params: dict[str, Any]) -> None:
         context, n = self.context_len, len(input_ids) + self.num_reserved_tokens
@@ -111,7 +121,19 @@ class TokenizerManager:
             raise ValueError(
                 f"Requested token count exceeds the model's maximum context length of {context} tokens. "
                 f"You requested a total of {max_new + n} tokens: {n} tokens from the input messages and "
-                f"{max_new} tokens for the completion."
+                f"{max_new} tokens for the completion. Please reduce the number of tokens in the input "
+                "messages or the completion to fit within the limit."
+            )
+
+    def max_req_len(self) -> int:
+        return min(self.context_len, self.token_capacity) - 1
+
+    def scheduler_validate(self, input_ids: list[int]) -> None:
+        limit = self.max_req_len() - 5
+        if len(input_ids) >= limit:
+            raise ValueError(
+                f"Input length ({len(input_ids)} tokens) exceeds the maximum allowed length ({limit} tokens). "
+                "Use a shorter input or enable --allow-auto-truncate."
             )
 
 
@@ -144,6 +166,7 @@ class Engine:
         self.step_s = float(fake.get("fake_step_s", 0.001))
         self.natural_tokens = int(fake.get("fake_tokens", 16))
         self.abort_over = fake.get("fake_abort_over")
+        self.retractions = int(fake.get("fake_retractions", 0))
         asked = kwargs["max_running_requests"]
         self.effective = min(asked, int(fake.get("fake_effective_running", asked)))
         self.tokenizer_manager = TokenizerManager(kwargs.get("context_length") or 2048, reserved_tokens(kwargs), self)
@@ -158,10 +181,10 @@ class Engine:
 
     def get_server_info(self) -> dict[str, Any]:
         state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
-        return {"max_total_num_tokens": 100_000, "internal_states": state}
+        return {"max_total_num_tokens": TOKEN_CAPACITY, "internal_states": state}
 
     def vocab_size(self) -> int | None:
-        """config.json's vocab_size (the embedding rows), which SGLang checks input ids against."""
+        """config.json's vocab_size: the embedding rows (SGLang itself never checks input ids against it)."""
         path = Path(str(self.kwargs.get("model_path", ""))) / "config.json"
         return json.loads(path.read_text()).get("vocab_size") if path.is_file() else None
 
@@ -182,14 +205,19 @@ class Engine:
         self.tokenizer_manager.validate(input_ids, params)
         verify_sampling(params)
         vocab = self.vocab_size()
-        if vocab is not None and any(i >= vocab for i in input_ids):  # TokenizerManager._validate_input_ids_in_vocab
-            raise ValueError(f"The input_ids {input_ids} contains values greater than the vocab size ({vocab}).")
+        if vocab is not None and any(not 0 <= i < vocab for i in input_ids):
+            # No check in 0.5.23: F.embedding raises IndexError in the scheduler, whose death
+            # SIGQUITs the process that started the engine.
+            journal({"event": "scheduler_died", "pid": os.getpid(), "reason": "index out of range in self"})
+            os.kill(os.getpid(), signal.SIGQUIT)
         if self.dead is not None:
             raise self.dead
+        self.tokenizer_manager.scheduler_validate(input_ids)
         self.calls += 1
         self.requests.append({"input_ids": list(input_ids), "sampling_params": params})
         began = time.monotonic()
-        n = min(self.natural_tokens, params.get("max_new_tokens", 128))
+        max_new = min(params.get("max_new_tokens", 128), self.tokenizer_manager.max_req_len() - len(input_ids) - 1)
+        n = min(self.natural_tokens, max_new)  # the scheduler runs to max_new, whatever was sent
         self.inside += 1
         journal({"event": "request", "pid": os.getpid(), "prompt": len(input_ids), "inside": self.inside,
                  "reserved": self.tokenizer_manager.num_reserved_tokens, "sampling_params": params})  # fmt: skip
@@ -207,7 +235,7 @@ class Engine:
             raise self.dead
         if self.abort_over is not None and len(input_ids) > self.abort_over:
             raise HTTPException(500, "Out of memory even after retracting all requests (fake abort)")
-        return self._output(input_ids, params, n, time.monotonic() - began)
+        return self._output(input_ids, {**params, "max_new_tokens": max_new}, n, time.monotonic() - began)
 
     def _output(self, input_ids: list[int], params: dict[str, Any], n: int, latency: float) -> dict[str, Any]:
         if n >= params.get("max_new_tokens", 128):
@@ -229,6 +257,7 @@ class Engine:
                 "spec_accept_length": 2.5,
                 "spec_verify_ct": max(1, n * 2 // 5),
                 "e2e_latency": latency,
+                "num_retractions": self.retractions,
             },
         }
 

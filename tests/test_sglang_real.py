@@ -1,0 +1,236 @@
+"""The real sglang 0.5.23 Engine, on a CPU, through fleet's real worker processes.
+
+One `fleet run --engine sglang` job and one bare `sglang.Engine` (tests/sglang_cpu/bare_engine.py)
+serve every assertion here: an engine takes 20-45 s to start on a CPU. The loader that lets the
+CUDA-only kernel package import (tests/sglang_cpu/sitecustomize.py) is on every process's
+PYTHONPATH. Runs in the sglang virtualenv (.ci/run); elsewhere it skips.
+
+Each edge the stand-in (tests/fake_sglang) models and a CPU can show is checked against the
+real engine here; the ones a CPU cannot show (GPU memory, the state pool) stay the stand-in's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.model.prompting import load_tokenizer, render_ids
+from fleet.records import GenRequest, Message, Sampling, prompt_digest
+from fleet.worker.enginehost import admission_limit
+from tests.fleetproc import read_jsonl
+from tests.modelkit import tiny_model_fixture  # noqa: F401
+from tests.sglangcpu import CPU_KWARGS, CPU_SETTINGS_ENV, have_real_sglang, process_env, run_bare
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not have_real_sglang(), reason="needs the real sglang (ops/sglang-venv.sh)"),
+]
+
+ASKED = 4000  #: max_running_requests fleet asks; the 4,096-token pool holds 4096 // 2 = 2048
+EFFECTIVE = CPU_KWARGS["max_total_tokens"] // 2  #: resolve_max_num_reqs: min(asked, tokens // 2)
+GREEDY = 8  #: records compared token for token with the bare engine
+MAX_TOKENS = 16
+ABORT_AFTER_S = 10  #: SGLANG_REQ_RUNNING_TIMEOUT: SGLang aborts a request running longer (HTTP 503)
+LONG_OUTPUT = 2000  #: the record that runs into that timeout asks for this many tokens (~2,000 steps)
+CLIPPED_PROMPT = 2036  #: pre-tokenized: 12 tokens of room left in the 2,048-token context, 500 asked
+EOS_FREE = 400  #: the bare engine shows that record's prompt gives no EOS this early
+
+
+def _procs_with(marker: str) -> list[int]:
+    """Live processes whose environment carries `marker` (this job's data directory)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def real_job(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict[str, Any]:
+    """A job through `fleet run --engine sglang` on one real worker, then the bare engine on
+    the same prompt ids; returns what both produced."""
+    tmp = tmp_path_factory.mktemp("real-sglang")
+    tok = load_tokenizer(str(tiny_model))
+    records = [{"id": f"g{i}", "prompt": f"def f{i}(x):\n    return x * {i}"} for i in range(GREEDY - 1)]
+    records.append({"id": f"g{GREEDY - 1}", "messages": [{"role": "user", "content": "Say hello."}]})
+    records += [
+        {"id": "clipped", "input_ids": [5 + i % 1000 for i in range(CLIPPED_PROMPT)], "sampling": {"max_tokens": 500}},
+        {"id": "aborted", "prompt": "class A:\n    def run(self):", "sampling": {"max_tokens": LONG_OUTPUT}},
+    ]
+    prompts = tmp / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = tmp / "data"
+    env = process_env(
+        {
+            **CPU_SETTINGS_ENV,
+            "FLEET_DATA_DIR": str(data),
+            "FLEET_SGLANG__MAX_RUNNING_REQUESTS": str(ASKED),
+            "FLEET_SAMPLING__TEMPERATURE": "0",
+            "FLEET_RETURN_OUTPUT_IDS": "true",
+            "SGLANG_REQ_RUNNING_TIMEOUT": str(ABORT_AFTER_S),
+        }
+    )
+    fleet = [sys.executable, "-m", "fleet"]
+    began = time.monotonic()
+    run = subprocess.run(
+        [*fleet, "run", str(prompts), "--job", "real", "--engine", "sglang", "--model", str(tiny_model),
+         "--workers", "1", "--chunk-size", "4", "--max-tokens", str(MAX_TOKENS)],
+        env=env, cwd=tmp, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    run_s = time.monotonic() - began
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = tmp / "out.jsonl"
+    export = subprocess.run([*fleet, "export", "--job", "real", "--out", str(out)], env=env, cwd=tmp,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert export.returncode == 0, export.stderr[-3000:]
+    rows = {r["id"]: r for r in read_jsonl(out)}
+    deadline = time.monotonic() + 20
+    while _procs_with(str(data)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = _procs_with(str(data))
+    logs = "\n".join(p.read_text(errors="replace") for p in data.rglob("*.log"))
+
+    # The same prompt ids, as fleet renders them, through a bare engine: greedy and probes
+    def ids_of(r: dict[str, Any]) -> list[int]:
+        request = GenRequest(
+            record_id=r["id"], chunk=0, sample=0, sampling=Sampling(), prompt=r.get("prompt"),
+            messages=[Message(**m) for m in r["messages"]] if "messages" in r else None,
+            input_ids=r.get("input_ids"),
+        )  # fmt: skip
+        return render_ids(tok, request)
+
+    ids = {r["id"]: ids_of(r) for r in records}
+    context = 2048  # the tiny model's max_position_embeddings
+    greedy = [[ids[f"g{i}"], MAX_TOKENS] for i in range(GREEDY)]
+    greedy += [[ids["clipped"], context - len(ids["clipped"])], [ids["aborted"], EOS_FREE]]
+    kwargs = {"model_path": str(tiny_model), "dtype": "float32", "mem_fraction_static": 0.05,
+              "max_running_requests": ASKED, "log_level": "warning", **CPU_KWARGS}  # fmt: skip
+    spec = {"kwargs": kwargs, "greedy": greedy, "eos": [2, 0], "context_probe": [5] * (context + 10)}
+    bare = run_bare(spec, tmp / "bare.json")
+    return {"rows": rows, "ids": ids, "bare": bare, "logs": logs, "left": left, "run_s": run_s,
+            "stderr": run.stderr}  # fmt: skip
+
+
+def test_real_sglang_job_finishes_through_real_workers(real_job: dict[str, Any]) -> None:
+    rows = real_job["rows"]
+    assert set(rows) == {*(f"g{i}" for i in range(GREEDY)), "clipped", "aborted"}
+    assert all(rows[k]["finish_reason"] in ("stop", "length") for k in rows if k != "aborted")
+    print(f"fleet run (one real worker, start included): {real_job['run_s']:.1f}s; "
+          f"bare engine start {real_job['bare']['start_s']:.1f}s")  # fmt: skip
+
+
+def test_real_sglang_greedy_records_are_the_bare_engines_tokens(real_job: dict[str, Any]) -> None:
+    rows, ids, bare = real_job["rows"], real_job["ids"], real_job["bare"]["greedy"]
+    # every answer says how often SGLang retracted it, which fleet keeps per record
+    assert all("num_retractions" in r["meta_keys"] for r in bare)
+    assert all(rows[f"g{i}"]["retractions"] == 0 for i in range(GREEDY))
+    for i in range(GREEDY):
+        row = rows[f"g{i}"]
+        # the engine saw exactly the ids the bare engine got
+        assert row["prompt_digest"] == prompt_digest(ids[f"g{i}"])
+        assert row["output_ids"] == bare[i]["output_ids"], f"g{i}"
+    # and the over-long record, clipped to the context, too
+    assert rows["clipped"]["output_ids"] == bare[GREEDY]["output_ids"]
+
+
+def test_real_sglang_gate_is_sized_from_what_the_engine_runs(real_job: dict[str, Any]) -> None:
+    state = real_job["bare"]["internal_state"]
+    # the real scheduler lowers what was asked, and reports it where the engine reads it back
+    assert state["effective_max_running_requests_per_dp"] == EFFECTIVE < ASKED
+    assert state["token_capacity"] == CPU_KWARGS["max_total_tokens"]
+    logs = real_job["logs"]
+    assert f"sglang runs {EFFECTIVE} requests at once, not the {ASKED} asked" in logs
+    assert f"admission gate {admission_limit(EFFECTIVE)} requests (engine runs {EFFECTIVE})" in logs
+
+
+def test_real_sglang_over_long_prompt_is_clipped_not_failed(real_job: dict[str, Any]) -> None:
+    row, prompt = real_job["rows"]["clipped"], real_job["ids"]["clipped"]
+    context = real_job["bare"]["context_length"]
+    assert row["prompt_tokens"] == len(prompt) == CLIPPED_PROMPT > context - 500  # 500 asked would not fit
+    assert row["finish_reason"] in ("stop", "length")
+    # fleet asks for the 12 tokens left; SGLang's scheduler runs to max_req_len - prompt - 1, with
+    # max_req_len = context - 1 (init_req_max_new_tokens): two short of the context
+    assert row["prompt_tokens"] + row["completion_tokens"] <= context - 2
+    if row["finish_reason"] == "length":
+        assert row["prompt_tokens"] + row["completion_tokens"] == context - 2
+
+
+def test_real_sglang_abort_mid_generation_fails_that_record_alone(real_job: dict[str, Any]) -> None:
+    # The bare engine shows this prompt generates on without an EOS, so only the abort ends it
+    reference = real_job["bare"]["greedy"][GREEDY + 1]
+    assert reference["finish_reason"]["type"] == "length" and len(reference["output_ids"]) == EOS_FREE
+    row = real_job["rows"]["aborted"]
+    assert row["finish_reason"] == "error"
+    assert "(503)" in row["error"] and "running timeout" in row["error"], row["error"]
+
+
+def test_real_sglang_log_lines_survive_and_shutdown_leaves_no_process(real_job: dict[str, Any]) -> None:
+    # SGLang's Engine() calls basicConfig(force=True) in the worker: fleet's lines still reach its log
+    assert not real_job["bare"]["host_handler_kept"]  # what the real Engine does to a host's handlers
+    assert "engine ready" in real_job["logs"]
+    # no worker, scheduler or detokenizer outlives the run
+    assert real_job["left"] == []
+
+
+# -- the stand-in's edges, checked against the real engine ---------------------------------------
+
+
+def _fake() -> Any:
+    import importlib.util
+
+    path = Path(__file__).parent / "fake_sglang" / "sglang" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("fake_sglang_edges", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_real_sglang_refuses_what_the_stand_in_refuses(real_job: dict[str, Any]) -> None:
+    fake, real = _fake(), real_job["bare"]["refusals"]
+    context = real_job["bare"]["context_length"]
+    manager = fake.TokenizerManager(context, 0, None)
+    for name, ids, params in (
+        ("over_context", [5] * (context + 10), {"max_new_tokens": 4}),
+        ("over_context_with_output", real_job["ids"]["g0"], {"max_new_tokens": context}),
+        ("scheduler_input_limit", [5] * (context - 6), {"max_new_tokens": 1}),
+    ):
+        with pytest.raises(ValueError) as got:
+            manager.validate(ids, params)
+            manager.scheduler_validate(ids)
+        assert real[name]["type"] == "ValueError", real[name]
+        assert str(got.value) == real[name]["message"], name
+    with pytest.raises(ValueError) as got:
+        fake.verify_sampling({"top_k": 0})
+    assert real["top_k_zero"]["type"] == "ValueError", real["top_k_zero"]
+    assert str(got.value) == real["top_k_zero"]["message"]
+
+
+def test_real_sglang_reports_an_abort_as_the_engine_maps_it(real_job: dict[str, Any]) -> None:
+    from fleet.engines.sglang.engine import finish_reason
+    from fleet.errors import RecordError
+
+    aborted = real_job["bare"]["aborted"]
+    # an abort without an HTTP status is a finished request whose reason is "abort"
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort", aborted
+    assert aborted["output_tokens"] < 1500
+    with pytest.raises(RecordError, match="'abort'"):
+        finish_reason(aborted["meta_info"])
+
+
+def test_real_sglang_sync_server_info_fails_on_a_running_loop(real_job: dict[str, Any]) -> None:
+    # why fleet awaits get_internal_state on its loop, as the stand-in forces it to
+    failed = real_job["bare"]["server_info_on_a_running_loop"]
+    assert failed is not None and failed["type"] == "RuntimeError", failed
