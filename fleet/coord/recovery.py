@@ -15,7 +15,7 @@ from collections.abc import Callable
 import redis
 from celery import Celery
 
-from fleet.coord import keys
+from fleet.coord import keys, suspects
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes, running_indexes
 from fleet.coord.retry import Action, History, RetryPolicy, next_attempt, settle
@@ -81,16 +81,38 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
 
 def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryPolicy, job: str, index: int,
                  ran_s: float) -> None:
-    """What a lost worker's chunk comes to: the retry policy requeues or quarantines it."""
+    """What a lost worker's chunk comes to: the retry policy requeues or quarantines it. The
+    death is recorded against its process's worker first (once per process)."""
     member = keys.member(job, index)
-    history = History.load(r, job, index, ran_s=ran_s)
-    lost = WorkerLost(f"worker lost: lease of {member} expired with no result")
+    owner, solo = suspects.take_lost(r, job, index)
+    if owner is not None:
+        note_death(r, policy, owner)
+    history = History.load(r, job, index, ran_s=ran_s, solo=solo, owner=owner)
+    lost = WorkerLost(f"worker lost: lease of {member} expired with no result"
+                      + (f" (held by {owner}{', alone' if solo else ''})" if owner else ""))
     decision = settle(r, store, policy, job, index, lost, history)
     if decision.action is Action.QUARANTINE:
         log.error("chunk %s quarantined: %s", member, decision.why)
     else:  # a lost worker never spends an attempt: the history's count is still current
         queue.requeue(job, index, history.attempts + 1)
         log.warning("chunk %s lease expired without result: requeued (%s)", member, decision.why)
+
+
+def note_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:
+    """Count a process's death against its worker; say so loudly when it benches the worker."""
+    first, before = suspects.note_process_death(r, owner)
+    if not first:
+        return
+    worker = suspects.worker_of(owner)
+    health = suspects.worker_health(r, worker)
+    bench_s = policy.benched_for(health.streak)
+    if bench_s is not None and health.streak > before:
+        log.critical("worker %s benched: %d of its processes in a row died before finishing a chunk (%d deaths in "
+                     "all); it takes no chunk for %.0fs, then one at a time until one commits", worker,
+                     health.streak, health.deaths, bench_s)
+    else:
+        log.warning("process %s died holding chunks (worker %s: %d deaths, %d in a row before finishing a chunk)",
+                    owner, worker, health.deaths, health.streak)
 
 
 def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, stall: StallWatch,

@@ -4,10 +4,12 @@
 It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
 - the chunk's own failures spend attempts (`max_attempts`), a broken chunk object none;
 - store, broker and network errors spend nothing and come back after a backoff;
-- a worker loss or engine death is blamed on the chunk only on evidence: the process died
-  within `crash_window_s` of starting it. Those suspicions have their own, larger budget
-  (`max_crashes`), and a loss after a longer run clears them, so random kills of a fleet
-  never quarantine a healthy chunk;
+- a worker loss or engine death is evidence against the worker and the set of chunks it
+  ran, not each of them: a death within the crash window of starting a chunk (a fraction of
+  the job's median chunk run time, capped by `crash_window_s`) makes it a suspect, which runs
+  alone next; only deaths in such solo runs count, and two on two hosts (or `max_crashes` on
+  one) quarantine it. A worker whose processes keep dying before finishing a chunk is the
+  suspect instead: its chunks are not suspected, and it is benched (`bench_after`);
 - nothing is quarantined before its lease was taken.
 """
 
@@ -20,8 +22,9 @@ from enum import Enum
 
 import redis
 
-from fleet.coord import keys
+from fleet.coord import keys, suspects
 from fleet.coord.chunkstate import Quarantine
+from fleet.coord.suspects import Suspicion, host_of, worker_of
 from fleet.errors import Fault
 from fleet.settings import Settings
 from fleet.store import Store
@@ -39,7 +42,10 @@ class Spend(Enum):
 
     NOTHING = "nothing"
     ATTEMPT = "attempt"
+    #: a death in a solo run: counts towards quarantine
     CRASH = "crash"
+    #: a death beside other chunks: the chunk runs alone next, nothing counts
+    SUSPECT = "suspect"
     RETRY = "retry"
 
 
@@ -53,15 +59,30 @@ class History:
     #: seconds the failed run had run when it failed (inf when unknown: no evidence)
     ran_s: float = math.inf
     lease_taken: bool = True
+    #: the failed run ran alone in its process (fleet.worker.middleware.admission)
+    solo: bool = False
+    #: the worker whose process ran it ("" when unknown)
+    worker: str = ""
+    #: that worker's deaths in a row before finishing a chunk, before this one
+    worker_streak: int = 0
+    #: the quick deaths the chunk was in since its last clean run
+    suspicion: Suspicion = Suspicion()
+    #: median run time of the job's committed chunks so far (None before the first)
+    median_s: float | None = None
 
     @classmethod
-    def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True) -> History:
+    def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True,
+             solo: bool = False, owner: str | None = None) -> History:
         with r.pipeline(transaction=False) as p:
             p.hget(keys.attempts(job), index)
             p.hget(keys.crashes(job), index)
             p.hget(keys.retries(job), index)
-            attempts, crashes, retries = p.execute()
-        return cls(int(attempts or 0), int(crashes or 0), int(retries or 0), ran_s, lease_taken)
+            p.hget(keys.suspects(job), index)
+            attempts, crashes, retries, suspicion = p.execute()
+        streak = suspects.streak_before_death(r, owner) if owner else None
+        return cls(int(attempts or 0), int(crashes or 0), int(retries or 0), ran_s, lease_taken, solo,
+                   worker_of(owner) if owner else "", streak or 0, Suspicion.from_json(suspicion),
+                   suspects.median_duration(r, job))
 
 
 @dataclass(frozen=True)
@@ -73,6 +94,8 @@ class Decision:
     delay_s: float
     #: for logs and the quarantine record
     why: str
+    #: a clean run: the chunk's crash suspicion ends
+    clears: bool = False
 
 
 def fault_of(cause: BaseException) -> Fault:
@@ -88,18 +111,62 @@ def fault_of(cause: BaseException) -> Fault:
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 3
-    max_crashes: int = 5
+    max_crashes: int = 3
     crash_window_s: float = 10.0
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
+    crash_window_fraction: float = 0.5
+    bench_after: int = 3
+    bench_backoff_s: float = 10.0
+    bench_backoff_max_s: float = 300.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
         return cls(settings.max_attempts, settings.max_crashes, settings.crash_window_s,
-                   settings.retry_backoff_s, settings.retry_backoff_max_s)
+                   settings.retry_backoff_s, settings.retry_backoff_max_s, settings.crash_window_fraction,
+                   settings.bench_after, settings.bench_backoff_s, settings.bench_backoff_max_s)
 
     def backoff(self, retries: int) -> float:
         return min(self.backoff_max_s, self.backoff_s * 2.0 ** min(retries, 16))
+
+    def window(self, median_s: float | None) -> float:
+        """Seconds after a start within which a death is evidence: a fraction of the job's
+        median chunk run time, capped by the setting (the cap alone before any chunk is done)."""
+        if median_s is None:
+            return self.crash_window_s
+        return min(self.crash_window_s, self.crash_window_fraction * median_s)
+
+    def benched_for(self, streak: int) -> float | None:
+        """Seconds a worker takes no chunk after its last death, doubling with each more; None
+        while it is not benched. After them it runs one chunk at a time until one commits."""
+        if streak < self.bench_after:
+            return None
+        return min(self.bench_backoff_max_s, self.bench_backoff_s * 2.0 ** min(streak - self.bench_after, 16))
+
+    def _crash(self, history: History) -> Decision:
+        window = self.window(history.median_s)
+        if history.ran_s > window:
+            return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
+                            f"ran {history.ran_s:.1f}s before the loss (window {window:.1f}s): not suspected, "
+                            "no attempt spent", clears=True)
+        if not history.solo:
+            if history.worker_streak > 0:
+                return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
+                                f"its worker {history.worker} keeps dying before finishing a chunk "
+                                f"({history.worker_streak + 1} in a row): the worker is blamed, not its chunks")
+            n = history.suspicion.deaths + 1
+            return Decision(Action.REQUEUE, Spend.SUSPECT, n, 0.0,
+                            f"suspected with the rest of its worker's chunks: died {history.ran_s:.1f}s after "
+                            f"starting it (window {window:.1f}s); runs alone next")
+        n = history.crashes + 1
+        hosts = {host_of(w) for w in (*history.suspicion.solo, history.worker) if w}
+        if len(hosts) >= 2 or n >= self.max_crashes:
+            return Decision(Action.QUARANTINE, Spend.CRASH, n, 0.0,
+                            f"its process died within {window:.1f}s of starting it alone {n} times, "
+                            f"on {len(hosts)} host(s): {', '.join(sorted(hosts))}")
+        return Decision(Action.REQUEUE, Spend.CRASH, n, 0.0,
+                        f"suspected: died {history.ran_s:.1f}s after starting it alone on {history.worker or '?'} "
+                        f"({n} of {self.max_crashes} on one host, or 2 on two hosts)")
 
     def decide(self, cause: BaseException, history: History) -> Decision:
         fault = fault_of(cause)
@@ -110,28 +177,22 @@ class RetryPolicy:
         if fault is Fault.HOPELESS:
             return Decision(Action.QUARANTINE, Spend.ATTEMPT, history.attempts + 1, 0.0, "retrying cannot help")
         if fault is Fault.CRASH:
-            if history.ran_s > self.crash_window_s:
-                return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
-                                f"ran {history.ran_s:.0f}s before the loss: not suspected, no attempt spent")
-            n = history.crashes + 1
-            if n >= self.max_crashes:
-                return Decision(Action.QUARANTINE, Spend.CRASH, n, 0.0,
-                                f"its process died within {self.crash_window_s:g}s of starting it {n} times in a row")
-            return Decision(Action.REQUEUE, Spend.CRASH, n, 0.0,
-                            f"suspected: died {history.ran_s:.1f}s after starting it ({n} of {self.max_crashes})")
+            return self._crash(history)
         n = history.attempts + 1
         if n >= self.max_attempts:
             return Decision(Action.QUARANTINE, Spend.ATTEMPT, n, 0.0, f"failed {n} time(s)")
         return Decision(Action.REQUEUE, Spend.ATTEMPT, n, 0.0, f"attempt {n} of {self.max_attempts} failed")
 
 
-def record(r: redis.Redis, job: str, index: int, decision: Decision) -> None:
+def record(r: redis.Redis, job: str, index: int, decision: Decision, worker: str = "") -> None:
     """Write what the decision spent; a loss after a long run clears the crash suspicion."""
+    if decision.spend in (Spend.CRASH, Spend.SUSPECT):
+        suspects.note_death(r, job, index, worker, solo=decision.spend is Spend.CRASH)
     counter = {Spend.ATTEMPT: keys.attempts, Spend.CRASH: keys.crashes, Spend.RETRY: keys.retries}.get(decision.spend)
     if counter is not None:
         r.hset(counter(job), index, decision.count)
-    elif decision.action is Action.REQUEUE:
-        r.hdel(keys.crashes(job), index)
+    elif decision.clears:
+        suspects.clear_suspicion(r, job, index)
 
 
 def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: int, cause: BaseException,
@@ -140,7 +201,7 @@ def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: i
     is the decision; the caller requeues (after its own backoff) otherwise. The worker and the
     reaper both come through here, so a failure is settled the same way wherever it is seen."""
     decision = policy.decide(cause, history)
-    record(r, job, index, decision)
+    record(r, job, index, decision, history.worker or worker or "")
     if decision.action is Action.QUARANTINE:
         Quarantine(index=index, error=f"{cause} ({decision.why})", error_type=type(cause).__name__,
                    attempts=decision.count, traceback="".join(traceback.format_exception(cause)),
@@ -151,7 +212,7 @@ def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: i
 def forget(r: redis.Redis, job: str, index: int) -> None:
     """A person retries a quarantined chunk: it starts with a clean history."""
     with r.pipeline(transaction=False) as p:
-        for counter in (keys.attempts, keys.crashes, keys.retries):
+        for counter in (keys.attempts, keys.crashes, keys.retries, keys.suspects):
             p.hdel(counter(job), index)
         p.execute()
 

@@ -36,6 +36,9 @@ class ChunkRun:
     started: float = field(default_factory=time.time)
     #: the chunk lease is held: a failure may now be charged to the chunk (fleet.coord.retry)
     leased: bool = False
+    #: no other chunk ran in this process meanwhile: a death is evidence against this chunk
+    #: alone (set by the admission middleware, which also restarts `started` then)
+    solo: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     _inflight: int = 0
 

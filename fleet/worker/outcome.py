@@ -25,10 +25,12 @@ class Superseded:
 class HandedBack:
     """This run stops without blame: the owner requeues the chunk (no attempt spent); a
     helper just stops, the owner goes on. `delay_s` keeps a worker that cannot run the
-    chunk from taking it straight back."""
+    chunk from taking it straight back; `hold_s` requeues it at once and keeps the slot
+    idle after (a worker that must not take chunks now leaves them to the others)."""
 
     reason: str
     delay_s: float = 0.0
+    hold_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ class Runtime:
         """Once the queue is empty and the engine has room, help the most lagging chunk."""
         while not self._stop.wait(self.settings.assist_poll_s):
             try:
-                if self._assisting.is_set() or self.ctx.stopping.is_set():
+                if self._assisting.is_set() or self.ctx.stopping.is_set() or self.ctx.admission.alone:
                     continue
                 if self.inflight() >= self.engine.max_running:
                     continue
