@@ -1,0 +1,85 @@
+"""AdmissionMiddleware: a suspected chunk runs alone, on another worker than the one it last
+died on; a benched worker backs off, then runs one chunk at a time until one commits."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from fleet.coord import keys, suspects
+from fleet.worker.outcome import Committed, HandedBack
+from tests.fleetproc import wait_for
+from tests.middleware.conftest import JOB, queued_messages
+from tests.middleware.tasks import hold
+
+
+def suspect(r, index: int, died_on: str, at: float | None = None) -> None:
+    r.hset(keys.suspects(JOB), index, suspects.Suspicion().with_death(died_on, solo=False, at=at).to_json())
+
+
+def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worker, r, store):
+    # Given a worker running chunk 0, and chunk 1 suspected after a death on another worker
+    release, outcomes = threading.Event(), {}
+    suspect(r, 1, died_on="gpu0@b")
+
+    def run(index, task=None):
+        outcomes[index] = worker.run(index, task)
+
+    first = threading.Thread(target=run, args=(0, hold(worker.task, release.is_set)))
+    first.start()
+    wait_for(lambda: len(worker.ctx.admission) == 1, 10, "chunk 0 admitted")
+    # When chunk 1 is delivered, it takes its lease and waits for chunk 0 to end
+    second = threading.Thread(target=run, args=(1,))
+    second.start()
+    wait_for(lambda: worker.ctx.admission.alone is not None, 10, "chunk 1 claims the worker")
+    assert r.hget(keys.solo_runs(), f"{JOB}/1") is None and r.get(keys.lease(JOB, 1)) is not None
+    # and meanwhile a third chunk is handed back to the queue at once, not run beside it
+    began = time.monotonic()
+    _, third = worker.run(2)
+    assert isinstance(third, HandedBack) and "alone" in third.reason and time.monotonic() - began >= 0.9
+    assert [m["index"] for m in queued_messages(r)] == [2]
+    release.set()
+    first.join(30)
+    second.join(30)
+    # Then chunk 1 ran alone after chunk 0 ended, committed, and is no longer suspected
+    run1, outcome1 = outcomes[1]
+    assert isinstance(outcomes[0][1], Committed) and isinstance(outcome1, Committed)
+    assert run1.solo and suspects.suspicion(r, JOB, 1).deaths == 0
+    assert r.hget(keys.solo_runs(), f"{JOB}/1") is None and r.hget(keys.lease_holder(), f"{JOB}/1") is None
+    assert worker.ctx.admission.alone is None and len(worker.ctx.admission) == 0
+    assert suspects.median_duration(r, JOB) is not None
+
+
+def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, other, r, store, settings):
+    # Given chunk 1 whose last death was on worker gpu0@a, just now
+    suspect(r, 1, died_on="gpu0@a")
+    # When gpu0@a is delivered it, Then it hands it back
+    _, outcome = worker.run(1)
+    assert isinstance(outcome, HandedBack) and "left to other workers" in outcome.reason
+    # and another worker runs it, alone
+    run, outcome = other.run(1)
+    assert isinstance(outcome, Committed) and run.solo
+    # and once the hold is over, gpu0@a would take it too
+    suspect(r, 0, died_on="gpu0@a", at=time.time() - settings.suspect_hold_s - 1)
+    run, outcome = worker.run(0)
+    assert isinstance(outcome, Committed) and run.solo
+
+
+def test_a_benched_worker_backs_off_then_runs_one_chunk_alone_and_a_commit_ends_its_bench(worker, r, store):
+    # Given worker gpu0@a benched: its processes died bench_after times in a row before finishing a chunk
+    policy = worker.ctx.policy
+    for n in range(policy.bench_after):
+        suspects.note_process_death(r, f"gpu0@a:{100 + n}")
+    assert policy.benched_for(suspects.worker_health(r, "gpu0@a").streak) is not None
+    # When a chunk is delivered within its bench time
+    _, outcome = worker.run(0)
+    # Then it is handed back at once, to the queue
+    assert isinstance(outcome, HandedBack) and "benched" in outcome.reason
+    assert [m["index"] for m in queued_messages(r)] == [0]
+    # When the bench time is over (the last death long ago)
+    r.hset(keys.worker_last_death(), "gpu0@a", int((time.time() - 3600) * 1000))
+    time.sleep(1.1)  # the worker's read of its record is a second old at most
+    run, outcome = worker.run(0)
+    # Then it runs the chunk alone, and the commit ends the streak
+    assert isinstance(outcome, Committed) and run.solo
+    assert suspects.worker_health(r, "gpu0@a").streak == 0 and suspects.dying_workers(r) == []
