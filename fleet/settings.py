@@ -175,6 +175,10 @@ class Settings(BaseSettings):
         30.0, ge=0, description="seconds a suspected chunk is left to workers other than the one it last died on "
         "(and than benched ones) before they may run it alone again"
     )
+    solo_after: int = Field(
+        2, ge=1, description="quick deaths beside other chunks after which a suspected chunk runs alone (only "
+        "deaths alone count towards quarantine)"
+    )
     bench_after: int = Field(
         3, ge=1, description="deaths in a row of a worker's processes, each before finishing a chunk, that bench it"
     )

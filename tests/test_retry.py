@@ -74,6 +74,23 @@ def test_a_worker_that_keeps_dying_is_blamed_not_its_chunks():
     assert "cpu0@bad" in d.why
 
 
+def test_a_chunk_runs_alone_after_solo_after_deaths_beside_others():
+    assert not POLICY.runs_alone(Suspicion())
+    assert not POLICY.runs_alone(Suspicion(deaths=POLICY.solo_after - 1))
+    assert POLICY.runs_alone(Suspicion(deaths=POLICY.solo_after))
+    assert POLICY.decide(WorkerLost("x"), History(ran_s=1, suspicion=Suspicion(deaths=1))).why.endswith(
+        "runs alone next")
+
+
+def test_a_solo_death_on_a_benched_worker_is_the_workers():
+    # Given a benched worker (its processes died bench_after times in a row before finishing a chunk)
+    history = History(crashes=2, ran_s=0.5, solo=True, worker="cpu0@bad", worker_streak=POLICY.bench_after,
+                      suspicion=Suspicion(deaths=4, solo=("cpu0@bad", "cpu0@bad"), last="cpu0@bad"))
+    # When it dies running a chunk alone on probation, Then nothing counts against the chunk
+    d = POLICY.decide(WorkerLost("x"), history)
+    assert (d.action, d.spend, d.clears) == (Action.REQUEUE, Spend.NOTHING, False) and "benched" in d.why
+
+
 def test_solo_deaths_on_two_hosts_quarantine():
     # Given a chunk whose solo run already killed a worker on host a
     history = History(crashes=1, ran_s=0.5, solo=True, worker="cpu0@b",

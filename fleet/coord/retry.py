@@ -119,12 +119,13 @@ class RetryPolicy:
     bench_after: int = 3
     bench_backoff_s: float = 10.0
     bench_backoff_max_s: float = 300.0
+    solo_after: int = 2
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
         return cls(settings.max_attempts, settings.max_crashes, settings.crash_window_s,
                    settings.retry_backoff_s, settings.retry_backoff_max_s, settings.crash_window_fraction,
-                   settings.bench_after, settings.bench_backoff_s, settings.bench_backoff_max_s)
+                   settings.bench_after, settings.bench_backoff_s, settings.bench_backoff_max_s, settings.solo_after)
 
     def backoff(self, retries: int) -> float:
         return min(self.backoff_max_s, self.backoff_s * 2.0 ** min(retries, 16))
@@ -143,6 +144,11 @@ class RetryPolicy:
             return None
         return min(self.bench_backoff_max_s, self.bench_backoff_s * 2.0 ** min(streak - self.bench_after, 16))
 
+    def runs_alone(self, suspicion: Suspicion) -> bool:
+        """A chunk in `solo_after` quick deaths beside others (or one alone) runs alone next:
+        one death beside K chunks says little about any of them, and a solo run drains its worker."""
+        return suspicion.deaths >= self.solo_after or bool(suspicion.solo)
+
     def _crash(self, history: History) -> Decision:
         window = self.window(history.median_s)
         if history.ran_s > window:
@@ -155,9 +161,14 @@ class RetryPolicy:
                                 f"its worker {history.worker} keeps dying before finishing a chunk "
                                 f"({history.worker_streak + 1} in a row): the worker is blamed, not its chunks")
             n = history.suspicion.deaths + 1
+            nxt = "runs alone next" if n >= self.solo_after else "runs on another worker next"
             return Decision(Action.REQUEUE, Spend.SUSPECT, n, 0.0,
                             f"suspected with the rest of its worker's chunks: died {history.ran_s:.1f}s after "
-                            f"starting it (window {window:.1f}s); runs alone next")
+                            f"starting it (window {window:.1f}s); {nxt}")
+        if history.worker_streak >= self.bench_after:
+            return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
+                            f"its worker {history.worker} is benched (its processes keep dying before finishing a "
+                            "chunk): the worker is blamed, not the chunk it ran alone")
         n = history.crashes + 1
         hosts = {host_of(w) for w in (*history.suspicion.solo, history.worker) if w}
         if len(hosts) >= 2 or n >= self.max_crashes:

@@ -13,8 +13,12 @@ from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import hold
 
 
-def suspect(r, index: int, died_on: str, at: float | None = None) -> None:
-    r.hset(keys.suspects(JOB), index, suspects.Suspicion().with_death(died_on, solo=False, at=at).to_json())
+def suspect(r, index: int, died_on: str, at: float | None = None, deaths: int = 2) -> None:
+    """The chunk was in `deaths` quick deaths beside other chunks, the last on `died_on`."""
+    s = suspects.Suspicion()
+    for _ in range(deaths):
+        s = s.with_death(died_on, solo=False, at=at)
+    r.hset(keys.suspects(JOB), index, s.to_json())
 
 
 def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worker, r, store):
@@ -51,14 +55,14 @@ def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worke
 
 
 def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, other, r, store, settings):
-    # Given chunk 1 whose last death was on worker gpu0@a, just now
-    suspect(r, 1, died_on="gpu0@a")
+    # Given chunk 1 whose last death (its first, beside other chunks) was on worker gpu0@a, just now
+    suspect(r, 1, died_on="gpu0@a", deaths=1)
     # When gpu0@a is delivered it, Then it hands it back
     _, outcome = worker.run(1)
     assert isinstance(outcome, HandedBack) and "left to other workers" in outcome.reason
-    # and another worker runs it, alone
+    # and another worker runs it, beside others still (one death says little), and clears it
     run, outcome = other.run(1)
-    assert isinstance(outcome, Committed) and run.solo
+    assert isinstance(outcome, Committed) and not run.solo and not suspects.suspicion(r, JOB, 1)
     # and once the hold is over, gpu0@a would take it too
     suspect(r, 0, died_on="gpu0@a", at=time.time() - settings.suspect_hold_s - 1)
     run, outcome = worker.run(0)

@@ -78,7 +78,7 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
         if suspicion and (bench_s is not None or suspicion.last == ctx.name) and since < ctx.settings.suspect_hold_s:
             return HandedBack(f"suspected chunk, last died on {suspicion.last}: left to other workers for "
                               f"{ctx.settings.suspect_hold_s - since:.0f}s", hold_s=HOLD_S)
-        alone = bool(suspicion) or bench_s is not None
+        alone = ctx.policy.runs_alone(suspicion) or bench_s is not None
         if not admission.enter(run, alone):
             return HandedBack("a chunk runs alone on this worker", hold_s=HOLD_S)
         state.entered, state.suspect = True, bool(suspicion)
