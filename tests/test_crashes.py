@@ -129,7 +129,7 @@ def test_a_crash_looping_host_is_named_and_benched_and_quarantines_nothing(tmp_p
         workers.stop()
     logs = workers.logs()
     print(f"\ncrash loop: job done in {elapsed:.0f}s beside {bad.kills} deaths of the bad host holding chunks; "
-          f"{logs.count('runs alone on')} solo runs; status: {st['dying_workers']}")
+          f"{logs.count('runs alone on cpu0')} solo runs; status: {st['dying_workers']}")
     # Then nothing was quarantined, and the export equals a clean run's
     assert bad.kills >= 3
     assert list(store.list(failed_prefix("loop"))) == []
