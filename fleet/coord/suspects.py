@@ -122,6 +122,10 @@ def suspicion(r: redis.Redis, job: str, index: int) -> Suspicion:
     return Suspicion.from_json(r.hget(keys.suspects(job), index))
 
 
+def suspected_indexes(r: redis.Redis, job: str) -> set[int]:
+    return {int(i) for i in r.hkeys(keys.suspects(job))}
+
+
 def note_death(r: redis.Redis, job: str, index: int, worker: str, solo: bool) -> Suspicion:
     """One more quick death of a process running the chunk (one reaper or one worker per
     death: the requeue guard and the lease see to it)."""

@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery
 
 from fleet import metrics
-from fleet.coord import keys
+from fleet.coord import keys, suspects
 from fleet.coord.broker import redis_client
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.leases import Heartbeat
@@ -112,13 +112,17 @@ class Runtime:
                 log.warning("assist check failed: %s", e)
 
     def _straggler(self) -> tuple[str, int] | None:
-        """The running chunk of another worker with the most unstarted samples."""
+        """The running chunk of another worker with the most unstarted samples; never a suspect
+        (it may kill its helper, and it runs alone to settle that)."""
         r, best = self.ctx.redis, None
         for raw in r.smembers(keys.jobs()):
             job = raw.decode()
+            suspected = suspects.suspected_indexes(r, job)
             for index_raw, unstarted_raw in r.hgetall(keys.progress(job)).items():
                 index, unstarted = int(index_raw), int(unstarted_raw)
                 if unstarted <= 0 or (best and unstarted <= best[0]) or (job, index) in self._assisted:
+                    continue
+                if index in suspected:
                     continue
                 owner = r.get(keys.lease(job, index))
                 if owner is None or owner.decode() == self.ctx.owner or r.exists(keys.assist(job, index)):
