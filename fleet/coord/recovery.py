@@ -90,7 +90,7 @@ def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryP
     history = History.load(r, job, index, ran_s=ran_s, solo=solo, owner=owner)
     lost = WorkerLost(f"worker lost: lease of {member} expired with no result"
                       + (f" (held by {owner}{', alone' if solo else ''})" if owner else ""))
-    decision = settle(r, store, policy, job, index, lost, history)
+    decision = settle(r, store, policy, job, index, lost, history, history.worker or None)
     if decision.action is Action.QUARANTINE:
         log.error("chunk %s quarantined: %s", member, decision.why)
     else:  # a lost worker never spends an attempt: the history's count is still current
