@@ -165,7 +165,8 @@ class Settings(BaseSettings):
         "(two on two hosts do); deaths beside other chunks never count"
     )
     crash_window_s: float = Field(
-        10.0, ge=0, description="seconds, at most: a process dying this soon after starting a chunk makes it a suspect"
+        10.0, ge=0, description="seconds, at most: a process dying this soon after taking a chunk's lease (or "
+        "starting it alone) makes it a suspect"
     )
     crash_window_fraction: float = Field(
         0.5, gt=0, description="the crash window is this fraction of the job's median chunk run time so far, "

@@ -78,3 +78,31 @@ def test_the_top_level_names_the_parts():
 def test_every_part_says_what_it_holds(package):
     init = (FLEET / package / "__init__.py").read_text(encoding="utf-8")
     assert ast.get_docstring(ast.parse(init)), f"fleet/{package}/__init__.py has no docstring"
+
+
+#: a chunk's state in Redis (docs/architecture.md, "Coordination"): only its owner names these keys
+CHUNK_STATE_KEYS = ("queued", "running", "lease", "lease_started", "lease_beat", "attempts", "crashes", "retries",
+                    "requeue_guard", "assist", "jobs")
+CHUNK_STATE_OWNER = FLEET / "coord" / "chunks.py"
+
+
+def key_users(path: Path) -> set[str]:
+    """The chunk-state key functions a module names: keys.queued(...), or imported by name."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr in CHUNK_STATE_KEYS and \
+                isinstance(node.value, ast.Name) and node.value.id == "keys":
+            found.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("keys"):
+            found.update(a.name for a in node.names if a.name in CHUNK_STATE_KEYS)
+    return found
+
+
+def test_one_module_owns_a_chunks_state_in_redis():
+    from fleet.coord import keys
+
+    assert all(callable(getattr(keys, k, None)) for k in CHUNK_STATE_KEYS), "keys.py renamed a chunk-state key"
+    users = {str(p.relative_to(FLEET.parent)): key_users(p) for p in FLEET.rglob("*.py")
+             if p not in (CHUNK_STATE_OWNER, FLEET / "coord" / "keys.py")}
+    assert {p: u for p, u in users.items() if u} == {}, "only fleet/coord/chunks.py may name a chunk's state keys"
+    assert key_users(CHUNK_STATE_OWNER) == set(CHUNK_STATE_KEYS)

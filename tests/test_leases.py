@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from fleet.coord import keys
-from fleet.coord.leases import Heartbeat, Lease, holder
+from fleet.coord.chunks import Lease, holder
+from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import BrokerMissing
 
@@ -293,5 +294,5 @@ def test_a_watched_lease_registers_its_job_again_after_a_broker_wipe(r):
     assert r.hget(keys.lease_started(), "j/2") == r.hget(keys.lease_beat(), "j/2") is not None
     # while an assist lease registers nothing
     r.flushall()
-    assert Lease(r, "j", 2, "A", ttl_s=30, key=keys.assist("j", 2)).acquire()
+    assert Lease(r, "j", 2, "A", ttl_s=30, assist=True).acquire()
     assert r.smembers(keys.jobs()) == set()

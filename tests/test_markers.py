@@ -18,7 +18,7 @@ import redis
 
 from fleet.coord import keys
 from fleet.coord.broker import make_celery
-from fleet.coord.leases import Lease
+from fleet.coord.chunks import Lease
 from fleet.coord.queuescan import waiting_messages
 from fleet.producer.enqueue import LOST_AFTER_LEASES, enqueue_missing, prepare_job
 from fleet.settings import Settings

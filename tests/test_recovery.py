@@ -15,8 +15,8 @@ import redis
 
 from fleet.coord import keys, suspects
 from fleet.coord.broker import TASK_NAME, make_celery
+from fleet.coord.chunks import Lease
 from fleet.coord.chunkstate import Quarantine, read_failures
-from fleet.coord.leases import Lease
 from fleet.coord.recovery import StallWatch, requeue_expired, watch_jobs
 from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
@@ -166,9 +166,11 @@ def test_worker_loss_after_a_long_run_spends_nothing(r, store, app, settings):
 
 def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = False, committed: bool = True) -> None:
     """A process took the chunk (beside others, or alone) and died at once: its lease runs out."""
-    assert Lease(r, job, index, owner, ttl_s=0.05).acquire()
+    lease = Lease(r, job, index, owner, ttl_s=0.2)
+    assert lease.acquire()
     suspects.note_holder(r, job, index, owner)
     if solo:
+        lease.restart_clock()
         suspects.start_solo(r, job, index, owner)
     if committed:  # it had finished other chunks before: a healthy process
         suspects.note_commit(r, owner)
@@ -215,7 +217,7 @@ def test_a_worker_whose_processes_keep_dying_is_blamed_and_benched(r, store, app
 
 def test_reaper_never_drops_a_new_owner(r, store, app, settings):
     # Given an expired chunk that a new owner leases between the reaper's scan and its removal
-    from fleet.coord.recovery import forget_unleased
+    from fleet.coord.chunks import forget_unleased
 
     expired_lease(r, "j", 3, attempts_started=0)
     assert Lease(r, "j", 3, "gpu1@new:2", ttl_s=30).acquire()

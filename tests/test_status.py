@@ -15,8 +15,8 @@ from rich.console import Console
 
 from fleet.cli.jobs import status_table
 from fleet.coord import keys, suspects
+from fleet.coord.chunks import Lease
 from fleet.coord.chunkstate import Quarantine
-from fleet.coord.leases import Lease
 from fleet.coord.localredis import free_port
 from fleet.errors import ObjectMissing
 from fleet.monitor.status import RATE_WINDOW_S, job_status, recent_rate

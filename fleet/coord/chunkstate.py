@@ -1,7 +1,7 @@
-"""What the store and the broker say about a job's chunks: done, failed, running, queued.
+"""What the store says about a job's chunks: done, quarantined, and their checkpoints.
 
-The store decides done and failed; Redis only knows what runs and what waits, and may
-lose it all without losing work.
+The store decides done and quarantined; what runs and what waits is Redis's
+(fleet.coord.chunks), which may lose it all without losing work.
 """
 
 from __future__ import annotations
@@ -10,9 +10,6 @@ import json
 import time
 from dataclasses import dataclass
 
-import redis
-
-from fleet.coord import keys
 from fleet.store import Store
 from fleet.store.layout import failed_key, failed_prefix, index_of, partial_prefix, results_prefix
 
@@ -23,23 +20,6 @@ def done_indexes(store: Store, job: str) -> set[int]:
 
 def failed_indexes(store: Store, job: str) -> set[int]:
     return {index_of(k) for k in store.list(failed_prefix(job)) if k.endswith(".json")}
-
-
-def running_indexes(r: redis.Redis, job: str) -> set[int]:
-    """Chunks whose lease is live right now."""
-    members = [keys.parse_member(m.decode()) for m in r.smembers(keys.running())]
-    indexes = [i for j, i in members if j == job]
-    if not indexes:
-        return set()
-    with r.pipeline(transaction=False) as p:
-        for i in indexes:
-            p.exists(keys.lease(job, i))
-        alive = p.execute()
-    return {i for i, ok in zip(indexes, alive, strict=True) if ok}
-
-
-def queued_indexes(r: redis.Redis, job: str) -> set[int]:
-    return {int(v) for v in r.smembers(keys.queued(job))}
 
 
 def delete_checkpoints(store: Store, job: str, index: int) -> None:

@@ -1,78 +1,51 @@
 """Fast recovery: chunks whose lease expired without a result go back to the queue.
 
-Run by every worker's periodic check, by `fleet enqueue` and by `fleet run`, so a
-SIGKILLed worker's chunk runs elsewhere within about TTL + the check interval, whatever
-Celery's visibility timeout is. What a lost worker means for the chunk is fleet.coord.retry's
-decision (a worker loss is the chunk's fault only on evidence).
+One round (`Reaper.round`) serves every worker's periodic check, `fleet enqueue` and
+`fleet run`, so a SIGKILLed worker's chunk runs elsewhere within about TTL + the check
+interval, whatever Celery's visibility timeout is. What a lost worker means for the chunk
+is fleet.coord.retry's decision (a worker loss is the chunk's fault only on evidence).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import redis
 from celery import Celery
 
-from fleet.coord import keys, suspects
-from fleet.coord.chunkqueue import ChunkQueue
-from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes, running_indexes
-from fleet.coord.retry import Action, History, RetryPolicy, next_attempt, settle
+from fleet.coord import chunks, keys, suspects
+from fleet.coord.chunks import ChunkQueue
+from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes
+from fleet.coord.retry import Action, History, RetryPolicy, settle
 from fleet.errors import WorkerLost
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.layout import partials_prefix, result_key
+from fleet.store.manifest import load_manifest
 
 log = logging.getLogger(__name__)
-
-# Leave the running set only while no lease exists, in one step: a worker that took the
-# lease since the scan keeps its chunk watched, and no duplicate message is sent for it.
-# Also pops the lease clock, the evidence of how long the lost worker ran the chunk.
-_FORGET_IF_UNLEASED = (
-    "if redis.call('exists', KEYS[1]) == 1 then return false end "
-    "if redis.call('srem', KEYS[2], ARGV[1]) == 0 then return false end "
-    "local s = redis.call('hget', KEYS[3], ARGV[1]); local b = redis.call('hget', KEYS[4], ARGV[1]); "
-    "redis.call('hdel', KEYS[3], ARGV[1]); redis.call('hdel', KEYS[4], ARGV[1]); "
-    "return {s or '', b or ''}"
-)
-
-
-def forget_unleased(r: redis.Redis, job: str, index: int) -> float | None:
-    """Remove a lease-less chunk from the running set; None if it has a lease (or is gone),
-    else the seconds its lost worker had run it (inf when unknown)."""
-    member = keys.member(job, index)
-    got = r.eval(_FORGET_IF_UNLEASED, 4, keys.lease(job, index), keys.running(), keys.lease_started(),
-                 keys.lease_beat(), member)
-    if not got:
-        return None
-    started, beat = (v.decode() if isinstance(v, bytes) else v for v in got)
-    return (int(beat) - int(started)) / 1000 if started and beat else math.inf
 
 
 def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings) -> list[str]:
     """Requeue (or, on evidence, quarantine) every chunk in the running set whose lease is gone."""
     queue, policy = ChunkQueue(app, settings.queue, r), RetryPolicy.from_settings(settings)
     touched = []
-    for raw in r.smembers(keys.running()):
-        member = raw.decode()
-        job, index = keys.parse_member(member)
-        if r.exists(keys.lease(job, index)):
-            continue
+    for job, index in chunks.unleased(r):
+        member = keys.member(job, index)
         if store.exists(result_key(job, index)):
-            if forget_unleased(r, job, index) is not None:
+            if chunks.forget_unleased(r, job, index) is not None:
                 delete_checkpoints(store, job, index)
             continue
-        guard_s = max(5, int(settings.lease_ttl_s))
-        if not r.set(keys.requeue_guard(job, index), "1", nx=True, ex=guard_s):
+        if not chunks.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
             continue
-        ran_s = forget_unleased(r, job, index)
+        ran_s = chunks.forget_unleased(r, job, index)
         if ran_s is None:
             continue  # a new owner took it since the scan
         try:
             requeue_lost(r, store, queue, policy, job, index, ran_s)
         except Exception as e:  # the chunk left the running set: put it back for the next round
-            r.sadd(keys.running(), member)
+            chunks.rewatch(r, job, index)
             log.warning("chunk %s: recovery failed, retried next round: %s", member, e)
             continue
         touched.append(member)
@@ -81,8 +54,9 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
 
 def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryPolicy, job: str, index: int,
                  ran_s: float) -> None:
-    """What a lost worker's chunk comes to: the retry policy requeues or quarantines it. The
-    death is recorded against its process's worker first (once per process)."""
+    """What a lost worker's chunk comes to: the retry policy requeues or quarantines it.
+    `ran_s` is the lease clock: how long the lost worker held the lease (since it started
+    alone, for a solo run). The death is recorded against its process's worker first."""
     member = keys.member(job, index)
     owner, solo = suspects.take_lost(r, job, index)
     if owner is not None:
@@ -93,8 +67,8 @@ def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryP
     decision = settle(r, store, policy, job, index, lost, history, history.worker or None)
     if decision.action is Action.QUARANTINE:
         log.error("chunk %s quarantined: %s", member, decision.why)
-    else:  # a lost worker never spends an attempt: the history's count is still current
-        queue.requeue(job, index, history.attempts + 1)
+    else:  # a lost worker never spends an attempt
+        queue.requeue(job, index)
         log.warning("chunk %s lease expired without result: requeued (%s)", member, decision.why)
 
 
@@ -124,19 +98,40 @@ def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, st
         requeue_expired(r, store, app, settings)
     except redis.RedisError as e:  # the broker may be restarting; the jobs below get their turn
         log.warning("expired-lease scan failed: %s", e)
-    for raw in r.smembers(keys.jobs()):
-        job = raw.decode()
+    for job in chunks.known_jobs(r):
         if job in stall.finished:
             continue
         try:
-            chunks = chunks_of(job)
-            if chunks is None:
-                r.srem(keys.jobs(), job)
+            count = chunks_of(job)
+            if count is None:
+                chunks.drop_job(r, job)
                 log.warning("job %s has no manifest in %s: dropped from the job set", job, store.url)
                 continue
-            stall.check(r, store, app, settings, job, chunks)
+            stall.check(r, store, app, settings, job, count)
         except Exception as e:  # one broken job must not stop recovery of the others
             log.warning("recovery check of job %s failed: %s", job, e)
+
+
+class Reaper:
+    """The recovery round of a process that watches the broker: a worker's thread, `fleet run`'s
+    loop, `fleet enqueue`. Holds the stall watch between rounds."""
+
+    def __init__(self, r: redis.Redis, store: Store, app: Celery, settings: Settings,
+                 chunks_of: Callable[[str], int | None] | None = None):
+        self.r, self.store, self.app, self.settings = r, store, app, settings
+        self.chunks_of = chunks_of or self._manifest_chunks
+        self.stall = StallWatch()
+
+    def _manifest_chunks(self, job: str) -> int | None:
+        manifest = load_manifest(self.store, job)
+        return manifest.chunks if manifest else None
+
+    def round(self) -> None:
+        """Never raises: the broker may be restarting, the next round tries again."""
+        try:
+            watch_jobs(self.r, self.store, self.app, self.settings, self.stall, self.chunks_of)
+        except Exception as e:
+            log.warning("recovery check failed: %s", e)
 
 
 class StallWatch:
@@ -152,18 +147,18 @@ class StallWatch:
         #: jobs whose every chunk has a result: never checked again
         self.finished: set[str] = set()
 
-    def check(self, r: redis.Redis, store: Store, app: Celery, settings: Settings, job: str, chunks: int) -> list[int]:
+    def check(self, r: redis.Redis, store: Store, app: Celery, settings: Settings, job: str, total: int) -> list[int]:
         if job in self.finished:
             return []
-        if any(r.llen(q) for q in keys.queue_lists(settings.queue)) or running_indexes(r, job):
+        if any(r.llen(q) for q in keys.queue_lists(settings.queue)) or chunks.running_indexes(r, job):
             self.idle_checks[job] = 0
             return []
         done = done_indexes(store, job)
-        if len(done) == chunks:
+        if len(done) == total:
             self.finished.add(job)
             store.delete_prefix(partials_prefix(job))  # job end: every chunk has its result
             return []
-        missing = set(range(chunks)) - done - failed_indexes(store, job)
+        missing = set(range(total)) - done - failed_indexes(store, job)
         if not missing:
             return []
         self.idle_checks[job] = self.idle_checks.get(job, 0) + 1
@@ -174,6 +169,6 @@ class StallWatch:
             return []
         queue = ChunkQueue(app, settings.queue, r)
         for index in sorted(missing):
-            queue.requeue(job, index, next_attempt(r, job, index))
+            queue.requeue(job, index)
         log.warning("job %s stalled with %d chunks missing and none queued: re-enqueued", job, len(missing))
         return sorted(missing)

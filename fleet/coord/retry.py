@@ -22,7 +22,7 @@ from enum import Enum
 
 import redis
 
-from fleet.coord import keys, suspects
+from fleet.coord import chunks, suspects
 from fleet.coord.chunkstate import Quarantine
 from fleet.coord.suspects import Suspicion, host_of, worker_of
 from fleet.errors import Fault
@@ -73,15 +73,12 @@ class History:
     @classmethod
     def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True,
              solo: bool = False, owner: str | None = None) -> History:
-        with r.pipeline(transaction=False) as p:
-            p.hget(keys.attempts(job), index)
-            p.hget(keys.crashes(job), index)
-            p.hget(keys.retries(job), index)
-            p.hget(keys.suspects(job), index)
-            attempts, crashes, retries, suspicion = p.execute()
+        """`ran_s` is the lease clock (fleet.coord.chunks.held_s): how long the failed run held the lease
+        (since it started alone, for a solo run); `owner` the process that ran it."""
+        spent = chunks.counters(r, job, index)
         streak = suspects.streak_before_death(r, owner) if owner else None
-        return cls(int(attempts or 0), int(crashes or 0), int(retries or 0), ran_s, lease_taken, solo,
-                   worker_of(owner) if owner else "", streak or 0, Suspicion.from_json(suspicion),
+        return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken, solo,
+                   worker_of(owner) if owner else "", streak or 0, suspects.suspicion(r, job, index),
                    suspects.median_duration(r, job))
 
 
@@ -199,9 +196,8 @@ def record(r: redis.Redis, job: str, index: int, decision: Decision, worker: str
     """Write what the decision spent; a loss after a long run clears the crash suspicion."""
     if decision.spend in (Spend.CRASH, Spend.SUSPECT):
         suspects.note_death(r, job, index, worker, solo=decision.spend is Spend.CRASH)
-    counter = {Spend.ATTEMPT: keys.attempts, Spend.CRASH: keys.crashes, Spend.RETRY: keys.retries}.get(decision.spend)
-    if counter is not None:
-        r.hset(counter(job), index, decision.count)
+    if decision.spend in (Spend.ATTEMPT, Spend.CRASH, Spend.RETRY):
+        chunks.charge(r, job, index, decision.spend.value, decision.count)
     elif decision.clears:
         suspects.clear_suspicion(r, job, index)
 
@@ -218,16 +214,3 @@ def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: i
                    attempts=decision.count, traceback="".join(traceback.format_exception(cause)),
                    worker=worker).write(store, job)
     return decision
-
-
-def forget(r: redis.Redis, job: str, index: int) -> None:
-    """A person retries a quarantined chunk: it starts with a clean history."""
-    with r.pipeline(transaction=False) as p:
-        for counter in (keys.attempts, keys.crashes, keys.retries, keys.suspects):
-            p.hdel(counter(job), index)
-        p.execute()
-
-
-def next_attempt(r: redis.Redis, job: str, index: int) -> int:
-    """The attempt number a new message carries (for logs and result stats only)."""
-    return 1 + int(r.hget(keys.attempts(job), index) or 0)

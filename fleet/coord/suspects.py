@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-from fleet.coord import keys
-from fleet.coord.leases import now_ms
+from fleet.coord import chunks, keys
+from fleet.coord.chunks import now_ms
 
 #: how long the per-process marks (dead, committed) live: longer than any process's death takes to be seen
 PROCESS_MARK_TTL_S = 24 * 3600
@@ -54,14 +54,8 @@ def drop_holder(r: redis.Redis, job: str, index: int, owner: str) -> None:
 
 
 def start_solo(r: redis.Redis, job: str, index: int, owner: str) -> None:
-    """The run starts alone: mark it, and restart the lease clock (the crash evidence), so the
-    wait for the process's other chunks to end is not counted as running this one."""
-    member, now = keys.member(job, index), now_ms()
-    with r.pipeline(transaction=True) as p:
-        p.hset(keys.solo_runs(), member, owner)
-        p.hset(keys.lease_started(), member, now)
-        p.hset(keys.lease_beat(), member, now)
-        p.execute()
+    """The run starts alone (its lease clock restarted by its owner, chunks.Lease.restart_clock)."""
+    r.hset(keys.solo_runs(), keys.member(job, index), owner)
 
 
 def end_solo(r: redis.Redis, job: str, index: int, owner: str) -> None:
@@ -136,10 +130,8 @@ def note_death(r: redis.Redis, job: str, index: int, worker: str, solo: bool) ->
 
 def clear_suspicion(r: redis.Redis, job: str, index: int) -> None:
     """A clean run (a result, or a loss long after the start) ends the suspicion."""
-    with r.pipeline(transaction=False) as p:
-        p.hdel(keys.suspects(job), index)
-        p.hdel(keys.crashes(job), index)
-        p.execute()
+    r.hdel(keys.suspects(job), index)
+    chunks.clear_crashes(r, job, index)
 
 
 # -- the job's chunk run time -------------------------------------------------------------

@@ -14,7 +14,7 @@ import redis
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.coord import keys
+from fleet.coord.chunks import known_jobs
 from fleet.monitor.status import JobStatus, job_status
 from fleet.settings import Settings
 from fleet.store import Store
@@ -48,7 +48,7 @@ class JobCollector(Collector):
             return cached
         out = []
         try:
-            jobs = sorted(m.decode() if isinstance(m, bytes) else m for m in self.r.smembers(keys.jobs()))
+            jobs = known_jobs(self.r)
         except redis.RedisError as e:  # the broker is down: say so in the log, serve the last figures
             log.warning("no job list from the broker: %s: %s", type(e).__name__, e)
             return cached

@@ -15,13 +15,8 @@ from typing import Any
 import redis
 
 from fleet.coord import keys
-from fleet.coord.chunkstate import (
-    done_indexes,
-    failed_indexes,
-    queued_indexes,
-    read_failures,
-    running_indexes,
-)
+from fleet.coord.chunks import queued_indexes, running_indexes
+from fleet.coord.chunkstate import done_indexes, failed_indexes, read_failures
 from fleet.coord.mismatch import mismatched_workers
 from fleet.coord.suspects import dying_workers
 from fleet.errors import StoreError

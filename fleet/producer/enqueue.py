@@ -15,12 +15,12 @@ from typing import Any
 import redis
 from celery import Celery
 
-from fleet.coord import keys
-from fleet.coord.broker import make_celery, redis_client, send_chunk
-from fleet.coord.chunkstate import done_indexes, failed_indexes, queued_indexes, running_indexes
+from fleet.coord import chunks
+from fleet.coord.broker import make_celery, redis_client
+from fleet.coord.chunks import ChunkQueue
+from fleet.coord.chunkstate import done_indexes, failed_indexes
 from fleet.coord.queuescan import stale_markers
-from fleet.coord.recovery import requeue_expired
-from fleet.coord.retry import forget
+from fleet.coord.recovery import Reaper
 from fleet.engines import input_vocab, job_config
 from fleet.errors import InputError
 from fleet.model.identity import engine_identity, identity_hash
@@ -145,30 +145,22 @@ def enqueue_missing(
     retry_failed: bool = False,
 ) -> EnqueueReport:
     job = manifest.job
-    requeue_expired(r, store, app, settings)
+    Reaper(r, store, app, settings).round()
     report = EnqueueReport(job=job, chunks=manifest.chunks, **max_tokens_of(manifest))
     done = done_indexes(store, job)
     failed = failed_indexes(store, job)
     if retry_failed and failed:
         for index in failed - done:
             store.delete(failed_key(job, index))
-            forget(r, job, index)
+            chunks.forget(r, job, index)
         failed = set()
-    running = running_indexes(r, job)
-    queued = queued_indexes(r, job)
+    running = chunks.running_indexes(r, job)
+    queued = chunks.queued_indexes(r, job)
     report.repaired = repair_markers(r, settings, job, queued - done - failed - running)
     queued -= set(report.repaired)
-    r.sadd(keys.jobs(), job)
-    spent = {int(i): int(n) for i, n in r.hgetall(keys.attempts(job)).items()}
-    for index in range(manifest.chunks):
-        if index in done or index in failed or index in running or index in queued:
-            continue
-        # The marker is the ticket: of two enqueues running at once, only the one that sets
-        # it sends the chunk (and a consumer's srem never runs before the sadd).
-        if not r.sadd(keys.queued(job), index):
-            continue
-        send_chunk(app, settings.queue, job, index, 1 + spent.get(index, 0))
-        report.enqueued.append(index)
+    skip = done | failed | running | queued
+    wanted = [i for i in range(manifest.chunks) if i not in skip]
+    report.enqueued = ChunkQueue(app, settings.queue, r).enqueue(job, wanted)
     report.done = len(done)
     report.failed = len(failed - done)
     report.running = len(running - done)
@@ -180,7 +172,7 @@ def repair_markers(r: redis.Redis, settings: Settings, job: str, markers: set[in
     """Clear the "queued" markers no message backs any more, so those chunks are sent again."""
     stale = stale_markers(r, settings.queue, job, markers, LOST_AFTER_LEASES * settings.lease_ttl_s)
     if stale:
-        r.srem(keys.queued(job), *stale)
+        chunks.clear_markers(r, job, stale)
         log.warning("job %s: %d queued marker(s) had no message (worker lost after taking it): "
                     "re-enqueued %s", job, len(stale), sorted(stale))
     return sorted(stale)

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fleet.coord.broker import make_celery, redis_client
 from fleet.coord.localredis import LocalRedis
-from fleet.coord.recovery import StallWatch, requeue_expired
+from fleet.coord.recovery import Reaper
 from fleet.monitor.status import JobStatus, job_status
 from fleet.producer.enqueue import enqueue_missing, prepare_job
 from fleet.redact import redact_url
@@ -74,7 +74,7 @@ def watch(settings: Settings, store: Store, r: redis.Redis, app: Celery, supervi
           manifest: Manifest, console: Console) -> JobStatus:
     """Show progress and keep recovery going until every chunk is done or quarantined."""
     job, chunks = manifest.job, manifest.chunks
-    stall, last_reap = StallWatch(), time.monotonic()
+    reaper, last_reap = Reaper(r, store, app, settings), time.monotonic()
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
     with Progress(*columns, console=console, transient=False) as progress:
@@ -87,9 +87,5 @@ def watch(settings: Settings, store: Store, r: redis.Redis, app: Celery, supervi
                 return st
             if time.monotonic() - last_reap >= settings.reaper_interval_s:
                 last_reap = time.monotonic()
-                try:
-                    requeue_expired(r, store, app, settings)
-                    stall.check(r, store, app, settings, job, chunks)
-                except Exception as e:
-                    log.warning("recovery check failed: %s", e)
+                reaper.round()
             time.sleep(POLL_S)

@@ -33,12 +33,9 @@ class ChunkRun:
     resumed: int = 0
     #: an end-of-job helper run: no chunk lease, first committed result wins
     assist: bool = False
+    #: when the delivery arrived (the result's `started` and `seconds`; the crash evidence
+    #: is the lease clock, fleet.coord.chunks)
     started: float = field(default_factory=time.time)
-    #: the chunk lease is held: a failure may now be charged to the chunk (fleet.coord.retry)
-    leased: bool = False
-    #: no other chunk ran in this process meanwhile: a death is evidence against this chunk
-    #: alone (set by the admission middleware, which also restarts `started` then)
-    solo: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     _inflight: int = 0
 
@@ -56,9 +53,6 @@ class ChunkRun:
         # The gauge moves where requests enter and leave the engine, not on a poll.
         metrics.RUNNING_REQUESTS.inc(value - self._inflight)
         self._inflight = value
-
-    def ran_s(self) -> float:
-        return time.time() - self.started
 
     def add(self, out: dict[str, Any]) -> None:
         """Called on the engine loop as each sample finishes."""

@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from fleet.coord.chunkqueue import ChunkQueue
-from fleet.coord.leases import Heartbeat
+from fleet.coord.chunks import ChunkQueue
+from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store import Store

@@ -22,7 +22,8 @@ class Executor:
 
     def execute(self, run: ChunkRun, task: Task) -> Outcome:
         """`before` in order (the first outcome ends the run), the task, then `after` in
-        reverse for every middleware whose `before` ran, even when a later one failed."""
+        reverse for every middleware whose `before` ran, even when a later one failed; an
+        `after` may hand the next ones the outcome with its own facts added."""
         states: dict[Middleware[Any], Any] = {}
         outcome: Outcome | None = None
         try:
@@ -37,7 +38,7 @@ class Executor:
             outcome = Failed(e)
         for m in reversed(list(states)):
             try:
-                m.after(run, states[m], outcome)
+                outcome = m.after(run, states[m], outcome) or outcome
             except Exception:
                 log.exception("%s.after failed for chunk %s", type(m).__name__, run.name)
         return outcome

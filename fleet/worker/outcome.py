@@ -45,6 +45,12 @@ class Failed:
     """The run failed; fleet.coord.retry decides from the cause's class what it means."""
 
     cause: BaseException
+    #: seconds the run had held the chunk lease when it failed (the lease clock); None when
+    #: it failed before taking it, and then it cannot be charged to the chunk
+    leased_s: float | None = None
+    #: the run ran alone in its process (fleet.worker.middleware.admission): a death is
+    #: evidence against this chunk only
+    solo: bool = False
 
 
 Outcome = Committed | Superseded | HandedBack | Skipped | Failed

@@ -16,11 +16,11 @@ from typing import Any
 from celery import Celery
 
 from fleet import metrics
-from fleet.coord import keys, suspects
+from fleet.coord import chunks, keys, suspects
 from fleet.coord.broker import redis_client
-from fleet.coord.chunkqueue import ChunkQueue
-from fleet.coord.leases import Heartbeat
-from fleet.coord.recovery import StallWatch, watch_jobs
+from fleet.coord.chunks import ChunkQueue
+from fleet.coord.heartbeat import Heartbeat
+from fleet.coord.recovery import Reaper
 from fleet.coord.retry import RetryPolicy
 from fleet.engines import build_engine
 from fleet.model.identity import engine_identity, identity_hash
@@ -115,8 +115,7 @@ class Runtime:
         """The running chunk of another worker with the most unstarted samples; never a suspect
         (it may kill its helper, and it runs alone to settle that)."""
         r, best = self.ctx.redis, None
-        for raw in r.smembers(keys.jobs()):
-            job = raw.decode()
+        for job in chunks.known_jobs(r):
             suspected = suspects.suspected_indexes(r, job)
             for index_raw, unstarted_raw in r.hgetall(keys.progress(job)).items():
                 index, unstarted = int(index_raw), int(unstarted_raw)
@@ -124,8 +123,8 @@ class Runtime:
                     continue
                 if index in suspected:
                     continue
-                owner = r.get(keys.lease(job, index))
-                if owner is None or owner.decode() == self.ctx.owner or r.exists(keys.assist(job, index)):
+                owner = chunks.holder(r, job, index)
+                if owner is None or owner == self.ctx.owner or chunks.assisted(r, job, index):
                     continue
                 best = (unstarted, job, index)
         return (best[1], best[2]) if best else None
@@ -139,12 +138,9 @@ class Runtime:
             self._assisting.clear()
 
     def _reaper(self) -> None:
-        stall = StallWatch()
+        reaper = Reaper(self.ctx.redis, self.ctx.store, self.app, self.settings, self.ctx.manifests.chunks)
         while not self._stop.wait(self.settings.reaper_interval_s):
-            try:
-                watch_jobs(self.ctx.redis, self.ctx.store, self.app, self.settings, stall, self.ctx.manifests.chunks)
-            except Exception as e:  # the broker may be restarting; try again next round
-                log.warning("recovery check failed: %s", e)
+            reaper.round()
 
     def begin_shutdown(self) -> None:
         """SIGTERM: Celery stops consuming; after the grace period, hand running chunks back."""

@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from fleet.coord.broker import make_celery
-from fleet.coord.chunkqueue import ChunkQueue
-from fleet.coord.leases import Heartbeat
+from fleet.coord.chunks import ChunkQueue
+from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.retry import RetryPolicy
 from fleet.engines import build_engine
 from fleet.model.identity import engine_identity, identity_hash

@@ -7,10 +7,11 @@ import threading
 import time
 
 from fleet.coord import keys, suspects
-from fleet.worker.outcome import Committed, HandedBack
+from fleet.errors import EngineError
+from fleet.worker.outcome import Committed, Failed, HandedBack
 from tests.fleetproc import wait_for
 from tests.middleware.conftest import JOB, queued_messages
-from tests.middleware.tasks import hold
+from tests.middleware.tasks import hold, raise_
 
 
 def suspect(r, index: int, died_on: str, at: float | None = None, deaths: int = 2) -> None:
@@ -21,7 +22,11 @@ def suspect(r, index: int, died_on: str, at: float | None = None, deaths: int = 
     r.hset(keys.suspects(JOB), index, s.to_json())
 
 
-def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worker, r, store):
+def ran_alone(caplog, index: int, worker: str) -> bool:
+    return f"chunk {JOB}/{index} runs alone on {worker}" in caplog.text
+
+
+def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worker, r, store, caplog):
     # Given a worker running chunk 0, and chunk 1 suspected after a death on another worker
     release, outcomes = threading.Event(), {}
     suspect(r, 1, died_on="gpu0@b")
@@ -48,13 +53,14 @@ def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worke
     # Then chunk 1 ran alone after chunk 0 ended, committed, and is no longer suspected
     run1, outcome1 = outcomes[1]
     assert isinstance(outcomes[0][1], Committed) and isinstance(outcome1, Committed)
-    assert run1.solo and suspects.suspicion(r, JOB, 1).deaths == 0
+    assert ran_alone(caplog, 1, "gpu0@a") and not ran_alone(caplog, 0, "gpu0@a")
+    assert suspects.suspicion(r, JOB, 1).deaths == 0
     assert r.hget(keys.solo_runs(), f"{JOB}/1") is None and r.hget(keys.lease_holder(), f"{JOB}/1") is None
     assert worker.ctx.admission.alone is None and len(worker.ctx.admission) == 0
     assert suspects.median_duration(r, JOB) is not None
 
 
-def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, other, r, store, settings):
+def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, other, r, store, settings, caplog):
     # Given chunk 1 whose last death (its first, beside other chunks) was on worker gpu0@a, just now
     suspect(r, 1, died_on="gpu0@a", deaths=1)
     # When gpu0@a is delivered it, Then it hands it back
@@ -62,14 +68,14 @@ def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, oth
     assert isinstance(outcome, HandedBack) and "left to other workers" in outcome.reason
     # and another worker runs it, beside others still (one death says little), and clears it
     run, outcome = other.run(1)
-    assert isinstance(outcome, Committed) and not run.solo and not suspects.suspicion(r, JOB, 1)
+    assert isinstance(outcome, Committed) and not ran_alone(caplog, 1, "gpu0@b") and not suspects.suspicion(r, JOB, 1)
     # and once the hold is over, gpu0@a would take it too
     suspect(r, 0, died_on="gpu0@a", at=time.time() - settings.suspect_hold_s - 1)
     run, outcome = worker.run(0)
-    assert isinstance(outcome, Committed) and run.solo
+    assert isinstance(outcome, Committed) and ran_alone(caplog, 0, "gpu0@a")
 
 
-def test_a_benched_worker_backs_off_then_runs_one_chunk_alone_and_a_commit_ends_its_bench(worker, r, store):
+def test_a_benched_worker_backs_off_then_runs_one_chunk_alone_and_a_commit_ends_its_bench(worker, r, store, caplog):
     # Given worker gpu0@a benched: its processes died bench_after times in a row before finishing a chunk
     policy = worker.ctx.policy
     for n in range(policy.bench_after):
@@ -85,5 +91,16 @@ def test_a_benched_worker_backs_off_then_runs_one_chunk_alone_and_a_commit_ends_
     time.sleep(1.1)  # the worker's read of its record is a second old at most
     run, outcome = worker.run(0)
     # Then it runs the chunk alone, and the commit ends the streak
-    assert isinstance(outcome, Committed) and run.solo
+    assert isinstance(outcome, Committed) and ran_alone(caplog, 0, "gpu0@a")
     assert suspects.worker_health(r, "gpu0@a").streak == 0 and suspects.dying_workers(r) == []
+
+
+def test_an_engine_death_in_a_solo_run_counts_against_the_chunk(worker, r, store):
+    # Given chunk 2, suspected twice beside other chunks on another worker
+    suspect(r, 2, died_on="gpu0@b")
+    # When its engine dies right after it starts alone here
+    _, outcome = worker.run(2, raise_(EngineError("engine process died")))
+    # Then the failure says it ran alone, timed from its solo start, and that death counts
+    assert isinstance(outcome, Failed) and outcome.solo and outcome.leased_s is not None and outcome.leased_s < 1
+    assert int(r.hget(keys.crashes(JOB), 2)) == 1 and suspects.suspicion(r, JOB, 2).solo == ("gpu0@a",)
+    assert [m["index"] for m in queued_messages(r)] == [2]

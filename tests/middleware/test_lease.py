@@ -4,7 +4,7 @@ run cancelled at once when another worker holds it."""
 from __future__ import annotations
 
 from fleet.coord import keys
-from fleet.coord.leases import holder
+from fleet.coord.chunks import holder
 from fleet.store.layout import result_key
 from fleet.worker.outcome import Committed, Skipped
 from tests.middleware.conftest import JOB, queued_messages

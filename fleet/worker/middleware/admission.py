@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fleet import metrics
 from fleet.coord import suspects
@@ -17,7 +17,7 @@ from fleet.coord.suspects import WorkerHealth
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.context import WorkerContext
 from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Committed, HandedBack, Outcome
+from fleet.worker.outcome import Committed, Failed, HandedBack, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ HEALTH_MAX_AGE_S = 1.0
 class AdmissionState:
     entered: bool = False
     suspect: bool = False
+    #: when the run started alone (None: it ran beside others)
+    alone_since: float | None = None
 
 
 class AdmissionMiddleware(Middleware[AdmissionState]):
@@ -86,30 +88,38 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
         if alone:
             if not admission.wait_alone(run, ctx.stopping):
                 return HandedBack(f"on shutdown of worker {ctx.name}")
+            lease = ctx.heartbeat.held(run.job, run.index)
+            if lease is not None:
+                lease.restart_clock()  # the wait for the others is not this chunk's run
             suspects.start_solo(ctx.redis, run.job, run.index, ctx.owner)
-            run.solo, run.started = True, time.time()
+            state.alone_since = time.time()
             log.warning("chunk %s runs alone on %s: %s", run.name, ctx.name,
                         f"suspected ({suspicion.deaths} quick death(s), last on {suspicion.last})" if suspicion
                         else "this worker is benched")
         return None
 
-    def after(self, run: ChunkRun, state: AdmissionState, outcome: Outcome) -> None:
+    def after(self, run: ChunkRun, state: AdmissionState, outcome: Outcome) -> Outcome | None:
+        """A failure of a run alone says so (the retry policy counts only those deaths)."""
         if not state.entered:
-            return
+            return None
         ctx = self.ctx
         ctx.admission.leave(run)
-        if run.solo:
+        alone = state.alone_since is not None
+        if alone:
             suspects.end_solo(ctx.redis, run.job, run.index, ctx.owner)
         if not run.assist:
             suspects.drop_holder(ctx.redis, run.job, run.index, ctx.owner)
+        if isinstance(outcome, Failed):
+            return replace(outcome, solo=alone)
         if not isinstance(outcome, Committed):
-            return
+            return None
         suspects.note_commit(ctx.redis, ctx.owner)
         if not run.assist and not run.resumed:
-            suspects.note_duration(ctx.redis, run.job, run.ran_s())
+            suspects.note_duration(ctx.redis, run.job, time.time() - (state.alone_since or run.started))
         if state.suspect:
             suspects.clear_suspicion(ctx.redis, run.job, run.index)
-            log.info("suspected chunk %s ran alone and committed: suspicion cleared", run.name)
+            log.info("suspected chunk %s committed%s: suspicion cleared", run.name, " alone" if alone else "")
+        return None
 
     def _say_benched(self, health: WorkerHealth, bench_s: float) -> None:
         with self._lock:

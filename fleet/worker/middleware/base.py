@@ -3,7 +3,8 @@
 The executor runs `before` in ascending `order`, `progress` every poll while the task
 runs, and `after` in descending order for every middleware whose `before` ran, with the
 run's outcome. Any hook may end the run by returning an outcome (a gate that cannot run
-the chunk returns `HandedBack`: the owner stack requeues it, no attempt spent). Each
+the chunk returns `HandedBack`: the owner stack requeues it, no attempt spent); an `after`
+may return the outcome with facts only it knows added, which later `after`s see. Each
 middleware keeps what it needs between hooks in its own typed state, made per run by
 `new_state` and held by the executor. A hook's own failure is logged, never fatal.
 """
@@ -35,7 +36,7 @@ class Middleware(Generic[S]):
     def progress(self, run: ChunkRun, state: S) -> Outcome | None:
         return None
 
-    def after(self, run: ChunkRun, state: S, outcome: Outcome) -> None:
+    def after(self, run: ChunkRun, state: S, outcome: Outcome) -> Outcome | None:
         return None
 
 

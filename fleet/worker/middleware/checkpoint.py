@@ -7,7 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from fleet.coord import keys
+from fleet.coord import chunks
 from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ChunkCorrupt, ObjectMissing
 from fleet.store.checkpoints import decode_checkpoint, encode_checkpoint
@@ -66,7 +66,7 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         assist_flush_s = settings.assist_poll_s / 2
         if not state.assisted and now - state.last_look >= assist_flush_s:
             state.last_look = now
-            state.assisted = bool(self.ctx.redis.exists(keys.assist(run.job, run.index)))
+            state.assisted = chunks.assisted(self.ctx.redis, run.job, run.index)
         age = now - state.last_flush
         if age >= settings.checkpoint_interval_s or (state.assisted and age >= assist_flush_s):
             self.flush(run, state)

@@ -18,5 +18,5 @@ class CrashMiddleware(Middleware[None]):
         if isinstance(outcome, Failed) and isinstance(outcome.cause, EngineError):
             self.ctx.stopping.set()
             self.ctx.restart(f"engine failed ({outcome.cause})")
-            if run.leased:
+            if outcome.leased_s is not None:  # it held the chunk lease: a death holding chunks
                 note_death(self.ctx.redis, self.ctx.policy, self.ctx.owner)

@@ -4,6 +4,7 @@ a failure means (requeue with or without an attempt spent, or quarantine)."""
 from __future__ import annotations
 
 import logging
+import math
 
 import redis
 
@@ -22,13 +23,13 @@ class RetryMiddleware(Middleware[None]):
         if isinstance(outcome, HandedBack):
             self._requeue(run, outcome.delay_s, outcome.hold_s)  # the runtime logs the hand-back (describe)
         elif isinstance(outcome, Failed):
-            self._failed(run, outcome.cause)
+            self._failed(run, outcome)
 
-    def _failed(self, run: ChunkRun, cause: BaseException) -> None:
-        ctx = self.ctx
+    def _failed(self, run: ChunkRun, outcome: Failed) -> None:
+        ctx, cause, leased_s = self.ctx, outcome.cause, outcome.leased_s
         try:
-            history = History.load(ctx.redis, run.job, run.index, ran_s=run.ran_s(), lease_taken=run.leased,
-                                   solo=run.solo, owner=ctx.owner)
+            history = History.load(ctx.redis, run.job, run.index, ran_s=math.inf if leased_s is None else leased_s,
+                                   lease_taken=leased_s is not None, solo=outcome.solo, owner=ctx.owner)
         except redis.RedisError:
             history = History(lease_taken=False)  # the broker is down: the safest reading
         decision = settle(ctx.redis, ctx.store, ctx.policy, run.job, run.index, cause, history, run.worker)
@@ -43,5 +44,5 @@ class RetryMiddleware(Middleware[None]):
         # Backoff holds this slot, not the lease (released already): a worker whose store or
         # broker fails takes fewer chunks, and a stopping worker requeues at once.
         self.ctx.stopping.wait(delay_s)
-        self.ctx.queue.requeue(run.job, run.index, run.attempt)
+        self.ctx.queue.requeue(run.job, run.index)
         self.ctx.stopping.wait(hold_s)

@@ -1,0 +1,317 @@
+"""The one owner of a chunk's state in Redis: queued marker, lease and running set, the
+lease clock, and the attempt, crash and retry counters.
+
+The producer, the worker and the reaper change that state only through this module, and
+no other module names those keys (tests/test_architecture.py checks). Redis may lose it
+all without losing work: the store decides done and quarantined.
+
+- queued marker (keys.queued): set before a chunk's message is sent, cleared when a worker
+  takes the message. `fleet enqueue` trusts it to avoid double sends.
+- lease (keys.lease) and running set (keys.running): one live owner per chunk; a chunk in
+  the running set without a lease lost its worker, and the reaper sends it round again.
+- lease clock (keys.lease_started, keys.lease_beat): when the lease was taken and last
+  renewed. How long a run held its lease is the one crash evidence fleet.coord.retry
+  reads, for a failure the worker saw (taken -> now) and for a lost worker (taken -> beat).
+- counters (keys.attempts, crashes, retries): what fleet.coord.retry spent on the chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+
+from fleet import metrics
+from fleet.coord import keys
+from fleet.coord.broker import PRIORITY_NORMAL, PRIORITY_RECOVERY, send_chunk
+
+log = logging.getLogger(__name__)
+
+# A watched lease also (re)registers its job: a broker that lost everything relearns the
+# job from the chunks still running, and the reapers' stall watch finds the rest again.
+_ACQUIRE = (
+    "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
+    "if ARGV[3] ~= '' then redis.call('sadd', KEYS[2], ARGV[3]); redis.call('sadd', KEYS[5], ARGV[5]); "
+    "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[4]) end "
+    "return 1"
+)
+# Renewal also stamps the chunk's beat: after the holder dies, the reaper reads how long
+# it held the lease (beat - started).
+_RENEW = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then "
+    "if ARGV[3] ~= '' then redis.call('hset', KEYS[2], ARGV[3], ARGV[4]) end "
+    "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+)
+# Only the owner releases, and only then does the chunk leave the running set: a stale
+# worker must not hide a chunk whose new owner may still die.
+_RELEASE = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); "
+    "if ARGV[2] ~= '' then redis.call('hdel', KEYS[3], ARGV[2]); redis.call('hdel', KEYS[4], ARGV[2]) end "
+    "return redis.call('srem', KEYS[2], ARGV[2]) else return 0 end"
+)
+# Only the owner restarts the clock of its lease.
+_RESTART_CLOCK = (
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('hset', KEYS[2], ARGV[2], ARGV[3]); redis.call('hset', KEYS[3], ARGV[2], ARGV[3]); return 1"
+)
+# Leave the running set only while no lease exists, in one step: a worker that took the
+# lease since the scan keeps its chunk watched, and no duplicate message is sent for it.
+# Also pops the lease clock, the evidence of how long the lost worker held the lease.
+_FORGET_IF_UNLEASED = (
+    "if redis.call('exists', KEYS[1]) == 1 then return false end "
+    "if redis.call('srem', KEYS[2], ARGV[1]) == 0 then return false end "
+    "local s = redis.call('hget', KEYS[3], ARGV[1]); local b = redis.call('hget', KEYS[4], ARGV[1]); "
+    "redis.call('hdel', KEYS[3], ARGV[1]); redis.call('hdel', KEYS[4], ARGV[1]); "
+    "return {s or '', b or ''}"
+)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def held_s(started_ms: int | None, until_ms: int | None) -> float:
+    """The lease clock: seconds a lease was held, inf when unknown (no evidence)."""
+    if started_ms is None or until_ms is None:
+        return math.inf
+    return (until_ms - started_ms) / 1000
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# --- leases and the running set -------------------------------------------------------
+
+
+class Lease:
+    """A short-lived key per running chunk, renewed by a heartbeat (fleet.coord.heartbeat).
+
+    Celery over Redis redelivers a killed worker's chunk only after the visibility timeout
+    (hours). A lease expires within a minute, so the reaper can hand the chunk to another
+    worker long before that, and a duplicate delivery sees the live lease and skips.
+    Only the chunk lease is watched (running set, lease clock); an assist lease is not.
+    """
+
+    def __init__(self, r: redis.Redis, job: str, index: int, owner: str, ttl_s: float, assist: bool = False):
+        self.r, self.job, self.index, self.owner = r, job, index, owner
+        self.key = keys.assist(job, index) if assist else keys.lease(job, index)
+        #: only the chunk lease puts the chunk in the running set the reaper watches
+        self.watched = not assist
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        #: set by a failed renewal; the lease middleware retakes the lease or cancels the run
+        self.lost = False
+        #: ms epoch this owner last took the lease (the start of the lease clock)
+        self.taken_ms: int | None = None
+
+    @property
+    def _member(self) -> str:
+        return keys.member(self.job, self.index) if self.watched else ""
+
+    def acquire(self) -> bool:
+        """Take the lease; a watched one also enters the running set and stamps its start, atomically."""
+        taken = now_ms()
+        ok = bool(self.r.eval(_ACQUIRE, 5, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
+                              keys.jobs(), self.owner, self.ttl_ms, self._member, taken, self.job))
+        if ok:
+            self.lost, self.taken_ms = False, taken
+        return ok
+
+    def renew(self) -> bool:
+        ok = bool(self.r.eval(_RENEW, 2, self.key, keys.lease_beat(), self.owner, self.ttl_ms,
+                              self._member, now_ms()))
+        if not ok and not self.lost:
+            self.lost = True
+            log.warning("lease on %s/%d lost (expired or taken over)", self.job, self.index)
+        return ok
+
+    def release(self) -> None:
+        self.r.eval(_RELEASE, 4, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
+                    self.owner, self._member)
+
+    def restart_clock(self) -> None:
+        """The run starts only now (it waited, leased, for its worker's other chunks to end so
+        as to run alone): the lease clock, the crash evidence, starts again here, for the
+        reaper (in Redis) and for a failure this owner sees."""
+        if not self.watched:
+            return
+        now = now_ms()
+        if self.r.eval(_RESTART_CLOCK, 3, self.key, keys.lease_started(), keys.lease_beat(), self.owner,
+                       self._member, now):
+            self.taken_ms = now
+
+    def held_s(self) -> float:
+        """How long this owner has held the lease now: the crash evidence of a failure it saw."""
+        return held_s(self.taken_ms, now_ms())
+
+    def holder(self) -> str | None:
+        return _text(self.r.get(self.key))
+
+
+def holder(r: redis.Redis, job: str, index: int) -> str | None:
+    return _text(r.get(keys.lease(job, index)))
+
+
+def leased(r: redis.Redis, job: str, index: int) -> bool:
+    return bool(r.exists(keys.lease(job, index)))
+
+
+def assisted(r: redis.Redis, job: str, index: int) -> bool:
+    """Whether a helper holds the chunk's assist lease now."""
+    return bool(r.exists(keys.assist(job, index)))
+
+
+def running_indexes(r: redis.Redis, job: str) -> set[int]:
+    """Chunks whose lease is live right now."""
+    members = [keys.parse_member(m.decode()) for m in r.smembers(keys.running())]
+    indexes = [i for j, i in members if j == job]
+    if not indexes:
+        return set()
+    with r.pipeline(transaction=False) as p:
+        for i in indexes:
+            p.exists(keys.lease(job, i))
+        alive = p.execute()
+    return {i for i, ok in zip(indexes, alive, strict=True) if ok}
+
+
+def unleased(r: redis.Redis) -> list[tuple[str, int]]:
+    """Chunks in the running set whose lease is gone (their worker was lost), every job."""
+    out = []
+    for raw in r.smembers(keys.running()):
+        job, index = keys.parse_member(raw.decode())
+        if not r.exists(keys.lease(job, index)):
+            out.append((job, index))
+    return out
+
+
+def forget_unleased(r: redis.Redis, job: str, index: int) -> float | None:
+    """Remove a lease-less chunk from the running set; None if it has a lease (or is gone),
+    else how long its lost worker held the lease (the lease clock; inf when unknown)."""
+    got = r.eval(_FORGET_IF_UNLEASED, 4, keys.lease(job, index), keys.running(), keys.lease_started(),
+                 keys.lease_beat(), keys.member(job, index))
+    if not got:
+        return None
+    started, beat = (_text(v) for v in got)
+    return held_s(int(started) if started else None, int(beat) if beat else None)
+
+
+def rewatch(r: redis.Redis, job: str, index: int) -> None:
+    """Put a forgotten chunk back in the running set, for the next reaper round to retry."""
+    r.sadd(keys.running(), keys.member(job, index))
+
+
+def claim_recovery(r: redis.Redis, job: str, index: int, ttl_s: int) -> bool:
+    """Whether this reaper is the one (for `ttl_s`) that recovers the lost chunk."""
+    return bool(r.set(keys.requeue_guard(job, index), "1", nx=True, ex=ttl_s))
+
+
+# --- queued marker and sending ----------------------------------------------------------
+
+
+def queued_indexes(r: redis.Redis, job: str) -> set[int]:
+    return {int(v) for v in r.smembers(keys.queued(job))}
+
+
+def taken(r: redis.Redis, job: str, index: int) -> None:
+    """A worker took the chunk's message off the queue: the marker goes."""
+    r.srem(keys.queued(job), index)
+
+
+def clear_markers(r: redis.Redis, job: str, indexes: set[int]) -> None:
+    """Markers no message backs any more (fleet.coord.queuescan found them stale)."""
+    if indexes:
+        r.srem(keys.queued(job), *indexes)
+
+
+@dataclass(frozen=True)
+class ChunkQueue:
+    """The one way a chunk's message is sent: the marker first, then the message.
+
+    Marker first: a consumer fast enough to take the message clears it after us, not before,
+    so the marker `fleet enqueue` trusts is never missing for a sent message.
+    """
+
+    app: Celery
+    queue: str
+    redis: redis.Redis
+
+    def requeue(self, job: str, index: int) -> None:
+        """Recovery priority: a chunk coming back jumps the queue instead of waiting behind the job."""
+        self.redis.sadd(keys.queued(job), index)
+        send_chunk(self.app, self.queue, job, index, next_attempt(self.redis, job, index), PRIORITY_RECOVERY)
+        metrics.CHUNKS_REQUEUED.inc()
+
+    def enqueue(self, job: str, indexes: list[int]) -> list[int]:
+        """First sends of a job's chunks; returns those sent. The marker is the ticket: of two
+        enqueues running at once, only the one that sets it sends the chunk."""
+        self.redis.sadd(keys.jobs(), job)
+        spent = {int(i): int(n) for i, n in self.redis.hgetall(keys.attempts(job)).items()}
+        sent = []
+        for index in indexes:
+            if self.redis.sadd(keys.queued(job), index):
+                send_chunk(self.app, self.queue, job, index, attempt_after(spent.get(index, 0)), PRIORITY_NORMAL)
+                sent.append(index)
+        return sent
+
+
+# --- counters ---------------------------------------------------------------------------
+
+#: fleet.coord.retry's Spend values -> the counter each charges
+_COUNTERS = {"attempt": keys.attempts, "crash": keys.crashes, "retry": keys.retries}
+
+
+@dataclass(frozen=True)
+class Counters:
+    attempts: int = 0
+    crashes: int = 0
+    retries: int = 0
+
+
+def counters(r: redis.Redis, job: str, index: int) -> Counters:
+    with r.pipeline(transaction=False) as p:
+        for counter in _COUNTERS.values():
+            p.hget(counter(job), index)
+        attempts, crashes, retries = p.execute()
+    return Counters(int(attempts or 0), int(crashes or 0), int(retries or 0))
+
+
+def charge(r: redis.Redis, job: str, index: int, spend: str, count: int) -> None:
+    """Set the counter a decision spent ("attempt", "crash" or "retry") to `count`."""
+    r.hset(_COUNTERS[spend](job), index, count)
+
+
+def clear_crashes(r: redis.Redis, job: str, index: int) -> None:
+    r.hdel(keys.crashes(job), index)
+
+
+def forget(r: redis.Redis, job: str, index: int) -> None:
+    """A person retries a quarantined chunk: it starts with a clean history."""
+    with r.pipeline(transaction=False) as p:
+        for counter in _COUNTERS.values():
+            p.hdel(counter(job), index)
+        p.execute()
+
+
+def attempt_after(spent: int) -> int:
+    """The attempt number a message carries once `spent` attempts are spent (logs and result stats)."""
+    return 1 + spent
+
+
+def next_attempt(r: redis.Redis, job: str, index: int) -> int:
+    return attempt_after(int(r.hget(keys.attempts(job), index) or 0))
+
+
+# --- jobs -------------------------------------------------------------------------------
+
+
+def known_jobs(r: redis.Redis) -> list[str]:
+    """The jobs this broker knows (enqueued, or relearned from a running chunk's lease)."""
+    return sorted(_text(m) or "" for m in r.smembers(keys.jobs()))
+
+
+def drop_job(r: redis.Redis, job: str) -> None:
+    r.srem(keys.jobs(), job)
