@@ -9,7 +9,8 @@ It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
   lease clock, fleet.coord.chunks; a fraction of the job's median chunk run time, capped by
   `crash_window_s`) makes it a suspect, which runs alone after `solo_after` such deaths;
   only deaths in solo runs count, and two on two hosts (or `max_crashes` on one) quarantine it.
-  A worker whose processes keep dying before finishing a chunk is the suspect instead: its chunks are not suspected, and it is benched (`bench_after`);
+  A worker whose processes keep dying before finishing a chunk is the suspect instead: its
+  chunks are not suspected, and it is benched (`bench_after`);
 - nothing is quarantined before its lease was taken.
 """
 
