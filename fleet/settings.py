@@ -181,7 +181,7 @@ class Settings(BaseSettings):
         "deaths alone count towards quarantine)"
     )
     bench_after: int = Field(
-        3, ge=1, description="deaths in a row of a worker's processes, each before finishing a chunk, that bench it"
+        3, ge=1, description="deaths in a row of a worker's processes, each before finishing a batch, that bench it"
     )
     bench_backoff_s: float = Field(
         10.0, ge=0, description="seconds a benched worker takes no chunk after its last death, doubling with "

@@ -67,7 +67,7 @@ def test_a_quick_death_beside_other_chunks_is_a_suspicion_never_a_quarantine(cau
 
 
 def test_a_worker_that_keeps_dying_is_blamed_not_its_chunks():
-    # Given a worker whose previous process also died before finishing any chunk
+    # Given a worker whose previous process also died before finishing a batch
     d = POLICY.decide(WorkerLost("x"), History(ran_s=1.0, worker="cpu0@bad", worker_streak=1))
     # Then its chunks are not even suspected, and no evidence they had is erased
     assert (d.action, d.spend, d.clears) == (Action.REQUEUE, Spend.NOTHING, False)
@@ -83,7 +83,7 @@ def test_a_chunk_runs_alone_after_solo_after_deaths_beside_others():
 
 
 def test_a_solo_death_on_a_benched_worker_is_the_workers():
-    # Given a benched worker (its processes died bench_after times in a row before finishing a chunk)
+    # Given a benched worker (its processes died bench_after times in a row before finishing a batch)
     history = History(crashes=2, ran_s=0.5, solo=True, worker="cpu0@bad", worker_streak=POLICY.bench_after,
                       suspicion=Suspicion(deaths=4, solo=("cpu0@bad", "cpu0@bad"), last="cpu0@bad"))
     # When it dies running a chunk alone on probation, Then nothing counts against the chunk

@@ -286,7 +286,7 @@ def test_status_tolerates_a_result_without_header(store):
 
 
 def test_status_names_workers_whose_processes_keep_dying(store, r):
-    # Given worker gpu0@bad whose three processes died before finishing a chunk, and gpu0@ok
+    # Given worker gpu0@bad whose three processes died before finishing a batch, and gpu0@ok
     # whose one death came after it had committed one
     half_done_job(store, time.time())
     for n in range(3):

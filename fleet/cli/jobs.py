@@ -159,7 +159,7 @@ def status_table(st) -> Table:
         t.add_row(f"failed {f['index']}", f"{f['error_type']}: {f['error']} ({f['attempts']} attempts)")
     for d in st.dying_workers:
         t.add_row(escape(f"dying {d['worker']}"),
-                  f"{d['deaths']} deaths, {d['deaths_in_a_row']} in a row before finishing a chunk"
+                  f"{d['deaths']} deaths, {d['deaths_in_a_row']} in a row before finishing a batch"
                   + (": benched, backing off" if d["benched"] else ""))
     for m in st.mismatched_workers:
         differs = escape("; ".join(m["differences"]))  # rich markup would eat "[...]" in values

@@ -89,8 +89,9 @@ def worker_deaths() -> str:
 
 
 def worker_streak() -> str:
-    """Hash worker name -> its processes' deaths in a row before finishing any chunk; a
-    commit clears it; at `bench_after` the worker is benched (fleet.coord.retry)."""
+    """Hash worker name -> its processes' deaths in a row before finishing a batch (as many
+    chunks as they ran at once); a finished batch clears it; at `bench_after` the worker is
+    benched (fleet.coord.retry)."""
     return f"{PREFIX}:worker-streak"
 
 
@@ -106,7 +107,7 @@ def process_dead(owner: str) -> str:
 
 
 def process_committed(owner: str) -> str:
-    """Short-lived: this process committed a chunk, so its death is not an early one."""
+    """Short-lived: this process finished a batch of chunks, so its death is not an early one."""
     return f"{PREFIX}:committed:{owner}"
 
 

@@ -81,11 +81,11 @@ def note_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:
     health = suspects.worker_health(r, worker)
     bench_s = policy.benched_for(health.streak)
     if bench_s is not None and health.streak > before:
-        log.critical("worker %s benched: %d of its processes in a row died before finishing a chunk (%d deaths in "
+        log.critical("worker %s benched: %d of its processes in a row died before finishing a batch (%d deaths in "
                      "all); it takes no chunk for %.0fs, then one at a time until one commits", worker,
                      health.streak, health.deaths, bench_s)
     else:
-        log.warning("process %s died holding chunks (worker %s: %d deaths, %d in a row before finishing a chunk)",
+        log.warning("process %s died holding chunks (worker %s: %d deaths, %d in a row before finishing a batch)",
                     owner, worker, health.deaths, health.streak)
 
 

@@ -9,7 +9,7 @@ It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
   lease clock, fleet.coord.chunks; a fraction of the job's median chunk run time, capped by
   `crash_window_s`) makes it a suspect, which runs alone after `solo_after` such deaths;
   only deaths in solo runs count, and two on two hosts (or `max_crashes` on one) quarantine it.
-  A worker whose processes keep dying before finishing a chunk is the suspect instead: its
+  A worker whose processes keep dying before finishing a batch is the suspect instead: its
   chunks are not suspected, and it is benched (`bench_after`);
 - nothing is quarantined before its lease was taken.
 """
@@ -64,7 +64,7 @@ class History:
     solo: bool = False
     #: the worker whose process ran it ("" when unknown)
     worker: str = ""
-    #: that worker's deaths in a row before finishing a chunk, before this one
+    #: that worker's deaths in a row before finishing a batch, before this one
     worker_streak: int = 0
     #: the quick deaths the chunk was in since its last clean run
     suspicion: Suspicion = Suspicion()
@@ -156,7 +156,7 @@ class RetryPolicy:
         if not history.solo:
             if history.worker_streak > 0:
                 return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
-                                f"its worker {history.worker} keeps dying before finishing a chunk "
+                                f"its worker {history.worker} keeps dying before finishing a batch "
                                 f"({history.worker_streak + 1} in a row): the worker is blamed, not its chunks")
             n = history.suspicion.deaths + 1
             nxt = "runs alone next" if n >= self.solo_after else "runs on another worker next"

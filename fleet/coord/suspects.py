@@ -158,7 +158,7 @@ class WorkerHealth:
     worker: str
     #: deaths of its processes while holding chunks
     deaths: int = 0
-    #: of them in a row, each before the process finished any chunk
+    #: of them in a row, each before the process finished a batch of chunks
     streak: int = 0
     #: epoch seconds of the last death
     at: float = 0.0
@@ -194,8 +194,9 @@ def streak_before_death(r: redis.Redis, owner: str) -> int | None:
 
 
 def note_commit(r: redis.Redis, owner: str) -> None:
-    """A process that finishes a chunk is healthy: its death will not be an early one, and its
-    worker's streak ends."""
+    """A process that finished a batch of chunks (as many as it ran at once) is healthy: its
+    death will not be an early one, and its worker's streak ends. A crash-looping process may
+    finish a short chunk or two before it dies with the rest of its batch: that is no cure."""
     with r.pipeline(transaction=False) as p:
         p.set(keys.process_committed(owner), 1, ex=PROCESS_MARK_TTL_S)
         p.hdel(keys.worker_streak(), worker_of(owner))
@@ -212,7 +213,7 @@ def worker_health(r: redis.Redis, worker: str) -> WorkerHealth:
 
 
 def dying_workers(r: redis.Redis) -> list[WorkerHealth]:
-    """Workers with deaths in a row before finishing any chunk, worst first (`fleet status`)."""
+    """Workers with deaths in a row before finishing a batch, worst first (`fleet status`)."""
     streaks = {k.decode(): int(v) for k, v in r.hgetall(keys.worker_streak()).items() if int(v) > 0}
     out = [worker_health(r, w) for w in streaks]
     return sorted(out, key=lambda h: (-h.streak, h.worker))

@@ -32,7 +32,7 @@ FAMILIES = {
     "fleet_job_eta_seconds": "Estimated seconds until every chunk has a result",
     "fleet_job_cost_usd": "USD spent on GPUs so far (settings.usd_per_gpu_hour)",
     "fleet_job_usd_per_million_tokens": "USD per million output tokens so far",
-    "fleet_dying_worker_deaths": "Deaths of a worker's processes in a row before finishing a chunk (benched at "
+    "fleet_dying_worker_deaths": "Deaths of a worker's processes in a row before finishing a batch (benched at "
     "bench_after)",
 }
 

@@ -61,7 +61,7 @@ class JobStatus:
     failed: list[dict[str, Any]] = field(default_factory=list)
     #: workers whose engine settings differ from the job's: {worker, differences, at, ...}
     mismatched_workers: list[dict[str, Any]] = field(default_factory=list)
-    #: workers whose processes died before finishing a chunk, in a row (broker-wide):
+    #: workers whose processes died before finishing a batch, in a row (broker-wide):
     #: {worker, deaths, deaths_in_a_row, last_death_at, benched}
     dying_workers: list[dict[str, Any]] = field(default_factory=list)
     broker: bool = True

@@ -22,6 +22,9 @@ class Admission:
         self._active: set[ChunkRun] = set()
         #: the run that claimed the process alone: waiting for the others to end, or running
         self._alone: ChunkRun | None = None
+        #: the most chunks this process has run at once, and the chunks it committed
+        self._peak = 0
+        self._commits = 0
 
     def enter(self, run: ChunkRun, alone: bool = False) -> bool:
         """Admit the run; refused while another runs (or waits to run) alone. A run that must
@@ -32,6 +35,7 @@ class Admission:
             if alone:
                 self._alone = run
             self._active.add(run)
+            self._peak = max(self._peak, len(self._active))
             return True
 
     def wait_alone(self, run: ChunkRun, stop: threading.Event) -> bool:
@@ -49,6 +53,13 @@ class Admission:
             if self._alone is run:
                 self._alone = None
             self._cond.notify_all()
+
+    def committed(self) -> bool:
+        """Count a commit; True once this process has finished as many chunks as it ever ran at
+        once (a batch): it is healthy, its death would not be an early one."""
+        with self._cond:
+            self._commits += 1
+            return self._commits >= self._peak
 
     @property
     def alone(self) -> ChunkRun | None:

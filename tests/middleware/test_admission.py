@@ -8,6 +8,8 @@ import time
 
 from fleet.coord import keys, suspects
 from fleet.errors import EngineError
+from fleet.worker.admission import Admission
+from fleet.worker.chunk import ChunkRun
 from fleet.worker.outcome import Committed, Failed, HandedBack
 from tests.fleetproc import wait_for
 from tests.middleware.conftest import JOB, queued_messages
@@ -76,7 +78,7 @@ def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, oth
 
 
 def test_a_benched_worker_backs_off_then_runs_one_chunk_alone_and_a_commit_ends_its_bench(worker, r, store, caplog):
-    # Given worker gpu0@a benched: its processes died bench_after times in a row before finishing a chunk
+    # Given worker gpu0@a benched: its processes died bench_after times in a row before finishing a batch
     policy = worker.ctx.policy
     for n in range(policy.bench_after):
         suspects.note_process_death(r, f"gpu0@a:{100 + n}")
@@ -104,3 +106,14 @@ def test_an_engine_death_in_a_solo_run_counts_against_the_chunk(worker, r, store
     assert isinstance(outcome, Failed) and outcome.solo and outcome.leased_s is not None and outcome.leased_s < 1
     assert int(r.hget(keys.crashes(JOB), 2)) == 1 and suspects.suspicion(r, JOB, 2).solo == ("gpu0@a",)
     assert [m["index"] for m in queued_messages(r)] == [2]
+
+
+def test_a_process_is_healthy_once_it_finished_a_batch():
+    # Given a process that ran three chunks at once
+    admission = Admission()
+    runs = [ChunkRun(job=JOB, index=i, attempt=1, worker="gpu0@a") for i in range(3)]
+    assert all(admission.enter(run) for run in runs)
+    for run in runs:
+        admission.leave(run)
+    # Then one or two commits are no proof of health (a crash-looping process may get that far); three are
+    assert [admission.committed() for _ in range(4)] == [False, False, True, True]

@@ -1,5 +1,5 @@
 """Admission: a suspected chunk runs alone, on another worker than the one it last died on;
-a benched worker (its processes keep dying before finishing a chunk) backs off, then runs
+a benched worker (its processes keep dying before finishing a batch) backs off, then runs
 one chunk at a time until one commits (docs/architecture.md, "Failures"). The judgement
 is fleet.coord.retry's; the record fleet.coord.suspects'.
 """
@@ -113,7 +113,8 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
             return replace(outcome, solo=alone)
         if not isinstance(outcome, Committed):
             return None
-        suspects.note_commit(ctx.redis, ctx.owner)
+        if ctx.admission.committed():
+            suspects.note_commit(ctx.redis, ctx.owner)
         if not run.assist and not run.resumed:
             suspects.note_duration(ctx.redis, run.job, time.time() - (state.alone_since or run.started))
         if state.suspect:
@@ -126,7 +127,7 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
             if self._said_benched:
                 return
             self._said_benched = True
-        log.critical("worker %s is benched: %d of its processes in a row died before finishing a chunk (%d deaths "
+        log.critical("worker %s is benched: %d of its processes in a row died before finishing a batch (%d deaths "
                      "in all); it takes no chunk until %.0fs after the last death, then one at a time until one "
                      "commits. Check this host (GPU, driver, memory).", health.worker, health.streak, health.deaths,
                      bench_s)
