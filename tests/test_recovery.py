@@ -199,7 +199,8 @@ def test_deaths_beside_other_chunks_never_quarantine_solo_deaths_on_two_hosts_do
 
 
 def test_a_worker_whose_processes_keep_dying_is_blamed_and_benched(r, store, app, settings, caplog):
-    # Given a worker whose processes each die soon after taking chunks, before finishing any
+    # Given a healthy worker, and one whose processes each die soon after taking chunks, before finishing a batch
+    suspects.note_commit(r, "gpu0@good:1")
     for n in range(1, settings.bench_after + 1):
         lost_run(r, "j", n, f"gpu0@bad:{n}", committed=False)
         requeue_expired(r, store, app, settings)
@@ -210,6 +211,7 @@ def test_a_worker_whose_processes_keep_dying_is_blamed_and_benched(r, store, app
         [True] + [False] * (settings.bench_after - 1)
     assert "worker gpu0@bad benched" in caplog.text
     assert [h.worker for h in suspects.dying_workers(r)] == ["gpu0@bad"]
+    assert suspects.healthy_others(r, "gpu0@bad") and not suspects.healthy_others(r, "gpu0@good")
     # and a process of it that commits a chunk ends the streak
     suspects.note_commit(r, "gpu0@bad:99")
     assert suspects.dying_workers(r) == [] and suspects.worker_health(r, "gpu0@bad").deaths == settings.bench_after

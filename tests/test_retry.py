@@ -66,12 +66,22 @@ def test_a_quick_death_beside_other_chunks_is_a_suspicion_never_a_quarantine(cau
     assert "alone" in d.why
 
 
-def test_a_worker_that_keeps_dying_is_blamed_not_its_chunks():
-    # Given a worker whose previous process also died before finishing a batch
-    d = POLICY.decide(WorkerLost("x"), History(ran_s=1.0, worker="cpu0@bad", worker_streak=1))
+def test_a_worker_that_keeps_dying_beside_healthy_ones_is_blamed_not_its_chunks():
+    # Given a worker whose previous process also died before finishing a batch, in a fleet
+    # where another worker commits
+    d = POLICY.decide(WorkerLost("x"), History(ran_s=1.0, worker="cpu0@bad", worker_streak=1, others_healthy=True))
     # Then its chunks are not even suspected, and no evidence they had is erased
     assert (d.action, d.spend, d.clears) == (Action.REQUEUE, Spend.NOTHING, False)
     assert "cpu0@bad" in d.why
+
+
+def test_a_dying_worker_alone_cannot_be_told_from_its_chunks_so_they_are_judged():
+    # Given the only worker of a machine, benched after dying on a poison chunk again and again
+    history = History(crashes=2, ran_s=0.5, solo=True, worker="cpu0@h", worker_streak=POLICY.bench_after,
+                      suspicion=Suspicion(deaths=4, solo=("cpu0@h", "cpu0@h"), last="cpu0@h"))
+    # Then its deaths still count against the chunk: the one-machine poison case ends
+    assert POLICY.decide(WorkerLost("x"), history).action is Action.QUARANTINE
+    assert POLICY.decide(WorkerLost("x"), History(ran_s=1.0, worker="cpu0@h", worker_streak=2)).spend is Spend.SUSPECT
 
 
 def test_a_chunk_runs_alone_after_solo_after_deaths_beside_others():
@@ -85,7 +95,8 @@ def test_a_chunk_runs_alone_after_solo_after_deaths_beside_others():
 def test_a_solo_death_on_a_benched_worker_is_the_workers():
     # Given a benched worker (its processes died bench_after times in a row before finishing a batch)
     history = History(crashes=2, ran_s=0.5, solo=True, worker="cpu0@bad", worker_streak=POLICY.bench_after,
-                      suspicion=Suspicion(deaths=4, solo=("cpu0@bad", "cpu0@bad"), last="cpu0@bad"))
+                      suspicion=Suspicion(deaths=4, solo=("cpu0@bad", "cpu0@bad"), last="cpu0@bad"),
+                      others_healthy=True)
     # When it dies running a chunk alone on probation, Then nothing counts against the chunk
     d = POLICY.decide(WorkerLost("x"), history)
     assert (d.action, d.spend, d.clears) == (Action.REQUEUE, Spend.NOTHING, False) and "benched" in d.why

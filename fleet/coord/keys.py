@@ -100,6 +100,12 @@ def worker_last_death() -> str:
     return f"{PREFIX}:worker-last-death"
 
 
+def worker_last_commit() -> str:
+    """Hash worker name -> ms epoch a process of it last committed, once it had finished a
+    batch: whether the fleet has a healthy worker besides a dying one."""
+    return f"{PREFIX}:worker-last-commit"
+
+
 def process_dead(owner: str) -> str:
     """Short-lived: this process's death is recorded (once, whichever reaper sees it first);
     holds the worker's streak from before it, the judge of all its lost chunks."""

@@ -70,6 +70,8 @@ class History:
     suspicion: Suspicion = Suspicion()
     #: median run time of the job's committed chunks so far (None before the first)
     median_s: float | None = None
+    #: another worker committed lately: a dying worker can be told apart from its chunks
+    others_healthy: bool = False
 
     @classmethod
     def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True,
@@ -78,9 +80,10 @@ class History:
         (since it started alone, for a solo run); `owner` the process that ran it."""
         spent = chunks.counters(r, job, index)
         streak = suspects.streak_before_death(r, owner) if owner else None
-        return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken, solo,
-                   worker_of(owner) if owner else "", streak or 0, suspects.suspicion(r, job, index),
-                   suspects.median_duration(r, job))
+        worker = worker_of(owner) if owner else ""
+        return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken, solo, worker, streak or 0,
+                   suspects.suspicion(r, job, index), suspects.median_duration(r, job),
+                   bool(worker) and suspects.healthy_others(r, worker))
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,7 @@ class RetryPolicy:
                             f"ran {history.ran_s:.1f}s before the loss (window {window:.1f}s): not suspected, "
                             "no attempt spent", clears=True)
         if not history.solo:
-            if history.worker_streak > 0:
+            if history.worker_streak > 0 and history.others_healthy:
                 return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
                                 f"its worker {history.worker} keeps dying before finishing a batch "
                                 f"({history.worker_streak + 1} in a row): the worker is blamed, not its chunks")
@@ -163,7 +166,7 @@ class RetryPolicy:
             return Decision(Action.REQUEUE, Spend.SUSPECT, n, 0.0,
                             f"suspected with the rest of its worker's chunks: died {history.ran_s:.1f}s after "
                             f"starting it (window {window:.1f}s); {nxt}")
-        if history.worker_streak >= self.bench_after:
+        if history.worker_streak >= self.bench_after and history.others_healthy:
             return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
                             f"its worker {history.worker} is benched (its processes keep dying before finishing a "
                             "chunk): the worker is blamed, not the chunk it ran alone")

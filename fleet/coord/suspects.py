@@ -24,6 +24,8 @@ from fleet.coord.chunks import now_ms
 PROCESS_MARK_TTL_S = 24 * 3600
 #: committed chunk run times kept per job for the median
 DURATIONS_KEPT = 100
+#: a worker that committed this recently is a healthy alternative to a dying one
+HEALTHY_RECENT_S = 600.0
 
 
 def worker_of(owner: str) -> str:
@@ -200,7 +202,16 @@ def note_commit(r: redis.Redis, owner: str) -> None:
     with r.pipeline(transaction=False) as p:
         p.set(keys.process_committed(owner), 1, ex=PROCESS_MARK_TTL_S)
         p.hdel(keys.worker_streak(), worker_of(owner))
+        p.hset(keys.worker_last_commit(), worker_of(owner), now_ms())
         p.execute()
+
+
+def healthy_others(r: redis.Redis, worker: str, within_s: float = HEALTHY_RECENT_S) -> bool:
+    """Whether another worker committed lately: only then is a dying worker's death evidence
+    against the worker rather than its chunks (alone, a machine cannot tell the two apart,
+    and its poison chunk must still be quarantined)."""
+    since = now_ms() - within_s * 1000
+    return any(w.decode() != worker and int(ms) >= since for w, ms in r.hgetall(keys.worker_last_commit()).items())
 
 
 def worker_health(r: redis.Redis, worker: str) -> WorkerHealth:
