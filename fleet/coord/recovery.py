@@ -36,6 +36,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
         if store.exists(result_key(job, index)):
             if chunks.forget_unleased(r, job, index) is not None:
                 delete_checkpoints(store, job, index)
+                suspects.take_lost(r, job, index)  # its process died after the commit: nothing to judge
             continue
         if not chunks.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
             continue
