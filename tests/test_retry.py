@@ -139,6 +139,8 @@ def test_the_bench_starts_at_bench_after_and_doubles_to_its_cap():
     policy = RetryPolicy(bench_after=3, bench_backoff_s=10, bench_backoff_max_s=60)
     assert [policy.benched_for(n) for n in range(6)] == [None, None, None, 10, 20, 40]
     assert policy.benched_for(30) == 60
+    # and only beside a healthy worker: a fleet whose workers all die alike benches none
+    assert policy.benched_for(5, others_healthy=False) is None
 
 
 def test_fault_is_read_from_the_class_never_the_message():

@@ -80,7 +80,7 @@ def note_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:
         return
     worker = suspects.worker_of(owner)
     health = suspects.worker_health(r, worker)
-    bench_s = policy.benched_for(health.streak)
+    bench_s = policy.benched_for(health.streak, suspects.healthy_others(r, worker))
     if bench_s is not None and health.streak > before:
         log.critical("worker %s benched: %d of its processes in a row died before finishing a batch (%d deaths in "
                      "all); it takes no chunk for %.0fs, then one at a time until one commits", worker,

@@ -138,10 +138,12 @@ class RetryPolicy:
             return self.crash_window_s
         return min(self.crash_window_s, self.crash_window_fraction * median_s)
 
-    def benched_for(self, streak: int) -> float | None:
+    def benched_for(self, streak: int, others_healthy: bool = True) -> float | None:
         """Seconds a worker takes no chunk after its last death, doubling with each more; None
-        while it is not benched. After them it runs one chunk at a time until one commits."""
-        if streak < self.bench_after:
+        while it is not benched. After them it runs one chunk at a time until one commits. Only
+        beside a healthy worker: when every worker dies alike (a fleet under random kills),
+        benching them all would stall the job and single out none."""
+        if streak < self.bench_after or not others_healthy:
             return None
         return min(self.bench_backoff_max_s, self.bench_backoff_s * 2.0 ** min(streak - self.bench_after, 16))
 

@@ -18,7 +18,7 @@ from fleet.coord import keys
 from fleet.coord.chunks import queued_indexes, running_indexes
 from fleet.coord.chunkstate import done_indexes, failed_indexes, read_failures
 from fleet.coord.mismatch import mismatched_workers
-from fleet.coord.suspects import dying_workers
+from fleet.coord.suspects import dying_workers, healthy_others
 from fleet.errors import StoreError
 from fleet.settings import Settings
 from fleet.store import Store
@@ -116,7 +116,8 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
             st.chunks_queued = len(queued_indexes(r, job) - done - failed)
             st.mismatched_workers = mismatched_workers(r, job)
             st.dying_workers = [{"worker": h.worker, "deaths": h.deaths, "deaths_in_a_row": h.streak,
-                                 "last_death_at": h.at, "benched": h.streak >= bench_after}
+                                 "last_death_at": h.at,
+                                 "benched": h.streak >= bench_after and healthy_others(r, h.worker)}
                                 for h in dying_workers(r)]
         except redis.RedisError:
             st.broker, r = False, None

@@ -78,11 +78,13 @@ def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, oth
 
 
 def test_a_benched_worker_backs_off_then_runs_one_chunk_alone_and_a_commit_ends_its_bench(worker, r, store, caplog):
-    # Given worker gpu0@a benched: its processes died bench_after times in a row before finishing a batch
+    # Given worker gpu0@a benched: its processes died bench_after times in a row before finishing a batch,
+    # while worker gpu0@b commits
     policy = worker.ctx.policy
+    suspects.note_commit(r, "gpu0@b:1")
     for n in range(policy.bench_after):
         suspects.note_process_death(r, f"gpu0@a:{100 + n}")
-    assert policy.benched_for(suspects.worker_health(r, "gpu0@a").streak) is not None
+    assert policy.benched_for(suspects.worker_health(r, "gpu0@a").streak, others_healthy=True) is not None
     # When a chunk is delivered within its bench time
     _, outcome = worker.run(0)
     # Then it is handed back at once, to the queue

@@ -43,23 +43,27 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
     def __init__(self, ctx: WorkerContext):
         super().__init__(ctx)
         self._lock = threading.Lock()
-        self._health: tuple[float, WorkerHealth] = (-HEALTH_MAX_AGE_S, WorkerHealth(ctx.name))
+        self._health: tuple[float, WorkerHealth, float | None] = (-HEALTH_MAX_AGE_S, WorkerHealth(ctx.name), None)
         self._said_benched = False
 
     def new_state(self, run: ChunkRun) -> AdmissionState:
         return AdmissionState()
 
-    def health(self) -> WorkerHealth:
+    def health(self) -> tuple[WorkerHealth, float | None]:
+        """This worker's death record, and its bench time (None: not benched)."""
         now = time.monotonic()
         with self._lock:
-            at, health = self._health
+            at, health, bench_s = self._health
             if now - at >= HEALTH_MAX_AGE_S:
-                health = suspects.worker_health(self.ctx.redis, self.ctx.name)
-                self._health = (now, health)
+                r, name = self.ctx.redis, self.ctx.name
+                health = suspects.worker_health(r, name)
+                bench_s = self.ctx.policy.benched_for(health.streak, health.streak > 0 and
+                                                      suspects.healthy_others(r, name))
+                self._health = (now, health, bench_s)
                 metrics.WORKER_DEATHS.labels(kind="all").set(health.deaths)
                 metrics.WORKER_DEATHS.labels(kind="in_a_row").set(health.streak)
-                metrics.WORKER_BENCHED.set(int(self.ctx.policy.benched_for(health.streak) is not None))
-            return health
+                metrics.WORKER_BENCHED.set(int(bench_s is not None))
+            return health, bench_s
 
     def before(self, run: ChunkRun, state: AdmissionState) -> Outcome | None:
         ctx, admission = self.ctx, self.ctx.admission
@@ -68,8 +72,7 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
                 return HandedBack("a chunk runs alone on this worker")
             state.entered = True
             return None
-        health = self.health()
-        bench_s = ctx.policy.benched_for(health.streak)
+        health, bench_s = self.health()
         if bench_s is not None:
             self._say_benched(health, bench_s)
             left = health.at + bench_s - time.time()
