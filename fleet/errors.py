@@ -61,7 +61,7 @@ class ObjectMissing(StoreError):
 
 class ManifestMissing(ObjectMissing):
     """This worker's store has no manifest for the job (another store shares the broker):
-    the chunk goes back for a worker of the right store, never to quarantine."""
+    the chunk is requeued with backoff for a worker of the right store, never quarantined."""
 
     fault = Fault.INFRA
 

@@ -50,7 +50,9 @@ CHUNK_SECONDS = Histogram(
     buckets=CHUNK_SECONDS_BUCKETS,
 )
 CHUNKS_DONE = Counter("fleet_chunks_done", "Chunks whose result this worker committed")
-CHUNKS_FAILED = Counter("fleet_chunks_failed", "Chunk attempts that failed on this worker")
+RUNS_FAILED = Counter(
+    "fleet_runs_failed", "Chunk runs that failed on this worker (requeued or quarantined: fleet.coord.retry)"
+)
 RUNNING_CHUNKS = Gauge("fleet_running_chunks", "Chunks this worker runs now (at most K slots)")
 RUNNING_REQUESTS = Gauge("fleet_running_requests", "Requests in flight in this worker's engine")
 ACCEPT_LENGTH = Gauge("fleet_spec_accept_length", "Mean tokens per speculative step over the last chunk")
@@ -61,7 +63,7 @@ ACCEPT_LENGTH_CHUNKS = Histogram(
 )
 ERRORS = Counter("fleet_errors", "Errors by class", ["error_class"])
 CHUNKS_REQUEUED = Counter(
-    "fleet_chunks_requeued", "Chunks this process requeued after a lost lease or a stalled job (recovery)"
+    "fleet_chunks_requeued", "Chunk messages this process sent again: a failure, a hand-back, a lost lease or a stall"
 )
 ENGINE_MAX_RUNNING = Gauge(
     "fleet_engine_max_running",

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -54,8 +54,10 @@ class SimSettings(BaseModel):
     engine_error_chunks: list[int] = Field(
         default_factory=list, description="chunk indexes whose run kills the engine (fault tests)"
     )
-    crash_chunks: list[int] = Field(
-        default_factory=list, description="chunk indexes whose run raises an engine error (fault tests)"
+    fault_chunks: list[int] = Field(
+        default_factory=list, validation_alias=AliasChoices("fault_chunks", "crash_chunks"),
+        description="chunk indexes whose run fails by the chunk's own fault, spending attempts (fault tests; "
+        "old name crash_chunks still read)",
     )
     kill_chunks: list[int] = Field(
         default_factory=list, description="chunk indexes whose run SIGKILLs the worker process (fault tests)"
@@ -77,9 +79,11 @@ class SglangSettings(BaseModel):
 
     dtype: str = Field("bfloat16", description="weights and activations dtype")
     mtp: bool = Field(True, description="multi-token-prediction speculative decoding (NEXTN)")
-    speculative_num_steps: int = Field(3, ge=1)
-    speculative_eagle_topk: int = Field(1, ge=1)
-    speculative_num_draft_tokens: int = Field(4, ge=1)
+    speculative_num_steps: int = Field(3, ge=1, description="MTP: draft steps per decode step")
+    speculative_eagle_topk: int = Field(1, ge=1, description="MTP: draft candidates kept per step")
+    speculative_num_draft_tokens: int = Field(
+        4, ge=1, description="MTP: draft tokens verified per decode step (reserved per request)"
+    )
     max_running_requests: int | None = Field(
         None, ge=1,
         description="requests the engine runs at once; unset: the most that fit this model on this GPU "
@@ -103,13 +107,19 @@ class SglangSettings(BaseModel):
         4096, ge=1, description="tokens, prompt + output, one running request holds; sizes the batch"
     )
     log_level: str = Field("warning", description="SGLang's log level (its own default, error, hides its warnings)")
-    context_length: int | None = Field(None, ge=1)
-    chunked_prefill_size: int | None = Field(None)
-    tp_size: int = Field(1, ge=1)
-    enable_hierarchical_cache: bool = Field(False)
-    hicache_ratio: float | None = Field(None, gt=0)
+    context_length: int | None = Field(
+        None, ge=1, description="tokens, prompt + output, SGLang accepts per request; unset: the model's"
+    )
+    chunked_prefill_size: int | None = Field(
+        None, description="tokens of prompt prefilled per step; unset: SGLang's default for the GPU"
+    )
+    tp_size: int = Field(1, ge=1, description="GPUs one engine spans (tensor parallel)")
+    enable_hierarchical_cache: bool = Field(False, description="spill the prefix cache to host memory (HiCache)")
+    hicache_ratio: float | None = Field(None, gt=0, description="HiCache: host cache size as a ratio of the GPU cache")
     hicache_size: int | None = Field(None, ge=0, description="GB of host memory for the cache")
-    hicache_write_policy: str | None = Field(None)
+    hicache_write_policy: str | None = Field(
+        None, description="HiCache: when GPU cache pages are written to host (SGLang's write_through, ...)"
+    )
     deterministic: bool = Field(False, description="enable_deterministic_inference (needed for seeds)")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through as is")
 
@@ -117,10 +127,10 @@ class SglangSettings(BaseModel):
 class SamplingSettings(BaseModel):
     """Job-wide sampling; unset values come from the model's generation_config.json."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
+    temperature: float | None = Field(None, description="0 = greedy")
+    top_p: float | None = Field(None, description="nucleus sampling mass; 1 = off")
+    top_k: int | None = Field(None, description="candidates per step; 0 or -1 = off")
+    min_p: float | None = Field(None, description="drop tokens below this fraction of the top one; 0 = off")
     repetition_penalty: float | None = Field(None, gt=0, le=2, description="1 = none (SGLang's range)")
     presence_penalty: float | None = Field(None, ge=-2, le=2, description="0 = none")
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="0 = none")
@@ -128,8 +138,8 @@ class SamplingSettings(BaseModel):
         None, ge=1,
         description="output tokens per sample; unset: the model's recommended length (fleet.model.outputlen)",
     )
-    n: int = Field(1, ge=1)
-    stop: list[str] | None = None
+    n: int = Field(1, ge=1, description="samples per input record (each an output record)")
+    stop: list[str] | None = Field(None, description="strings that end a sample (not included in the output)")
 
 
 class Settings(BaseSettings):
@@ -143,7 +153,7 @@ class Settings(BaseSettings):
     broker_url: str | None = Field(None, description="redis:// or rediss://; unset for `fleet run` = local Redis")
     store_url: str | None = Field(None, description="directory, file://... or s3://bucket/prefix")
     data_dir: Path = Field(DEFAULT_DATA_DIR, description="local runtime files: store default, local Redis")
-    engine: EngineName = "sim"
+    engine: EngineName = Field("sim", description="sim (simulated GPU), hf (transformers) or sglang")
     model: str | None = Field(None, description="model directory (or hub id where a hub is reachable)")
     chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1, description="records per chunk")
     slots: int | None = Field(None, ge=1, description="K chunks a worker runs at once; default derived")
@@ -152,8 +162,8 @@ class Settings(BaseSettings):
         IN_FLIGHT_FACTOR, gt=0, description="derived K = ceil(factor x S / C): requests in flight per engine slot"
     )
     seed: int = Field(0, description="job seed; per-record seeds derive from it")
-    enable_thinking: bool = True
-    return_output_ids: bool = False
+    enable_thinking: bool = Field(True, description="chat template's thinking mode, where the model has one")
+    return_output_ids: bool = Field(False, description="also store each sample's output token ids")
     queue: str = Field("fleet", description="Celery queue name")
 
     lease_ttl_s: float = Field(DEFAULT_LEASE_TTL_S, gt=0, description="lease time to live, seconds")
@@ -191,7 +201,7 @@ class Settings(BaseSettings):
     retry_backoff_s: float = Field(1.0, ge=0, description="seconds before the first requeue after an infra error")
     retry_backoff_max_s: float = Field(30.0, ge=0, description="seconds: cap of the doubling infra-error backoff")
     grace_s: float = Field(30.0, ge=0, description="on SIGTERM, seconds running chunks may finish")
-    checkpoint_interval_s: float = Field(30.0, gt=0, description="seconds between partial-chunk flushes")
+    checkpoint_interval_s: float = Field(30.0, gt=0, description="seconds between a running chunk's checkpoints")
 
     assist: bool = Field(True, description="idle workers help straggler chunks once the queue is empty")
     assist_poll_s: float = Field(2.0, gt=0, description="seconds between an idle worker's looks for a straggler")
@@ -200,15 +210,15 @@ class Settings(BaseSettings):
     multipart_threshold_mb: int = Field(64, ge=5, description="objects above this use multipart upload")
 
     usd_per_gpu_hour: float = Field(0.0, ge=0, description="price for status and plan")
-    flower_port: int = 5555
-    flower_address: str = "127.0.0.1"
+    flower_port: int = Field(5555, description="`fleet flower` port")
+    flower_address: str = Field("127.0.0.1", description="`fleet flower` bind address")
     flower_basic_auth: str | None = Field(None, description="user:password; required off loopback")
     metrics_port: int | None = Field(None, description="Prometheus port per worker (+ worker number)")
 
-    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
-    sim: SimSettings = Field(default_factory=SimSettings)
-    hf: HfSettings = Field(default_factory=HfSettings)
-    sglang: SglangSettings = Field(default_factory=SglangSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings, description="job-wide sampling")
+    sim: SimSettings = Field(default_factory=SimSettings, description="engine sim")
+    hf: HfSettings = Field(default_factory=HfSettings, description="engine hf")
+    sglang: SglangSettings = Field(default_factory=SglangSettings, description="engine sglang")
 
     @classmethod
     def settings_customise_sources(

@@ -69,6 +69,19 @@ def test_no_circle_between_parts():
         pytest.fail(f"parts import each other in a circle: {e.args[1]}")
 
 
+#: docs/architecture.md, "Parts": a part imports only parts of earlier rows (never its own row's)
+LAYERS = [{"records", "errors", "settings", "metrics", "progress", "redact"}, {"store"}, {"model"}, {"coord"},
+          {"engines"}, {"monitor"}, {"worker"}, {"producer"}, {"bench", "export", "tools"}, {"cli"}, {"__main__"}]
+
+
+def test_parts_import_in_the_documented_direction():
+    row = {part: n for n, parts in enumerate(LAYERS) for part in parts}
+    graph = part_graph()
+    assert set(graph) == set(row), "a part was added or removed: place it in LAYERS and docs/architecture.md"
+    upward = sorted(f"{src} -> {dst}" for src, dsts in graph.items() for dst in dsts if row[dst] >= row[src])
+    assert upward == [], "imports against the documented direction (docs/architecture.md, Parts)"
+
+
 def test_the_top_level_names_the_parts():
     loose = [p.name for p in FLEET.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
     assert len(loose) <= MAX_TOP_LEVEL_MODULES, sorted(loose)
@@ -82,7 +95,7 @@ def test_every_part_says_what_it_holds(package):
 
 #: a chunk's state in Redis (docs/architecture.md, "Coordination"): only its owner names these keys
 CHUNK_STATE_KEYS = ("queued", "running", "lease", "lease_started", "lease_beat", "attempts", "crashes", "retries",
-                    "requeue_guard", "assist", "jobs")
+                    "requeue_guard", "assist", "jobs", "progress", "chunk_stats")
 CHUNK_STATE_OWNER = FLEET / "coord" / "chunks.py"
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fleet.store import open_store
-from fleet.store.layout import partial_prefix, results_prefix
+from fleet.store.layout import checkpoint_prefix, results_prefix
 from fleet.store.results import read_result
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, read_jsonl, wait_for, write_prompts
@@ -35,14 +35,14 @@ def test_idle_worker_assists_saturated_owner(tmp_path, redis_server, clean_env):
     finally:
         workers.stop()
     # Then the helper committed at least one chunk as an assist, the owner dropped its copy,
-    stats = [read_result(store, "tail", i)[0] for i in range(4)]
-    assisted = [s for s in stats if s["assist"]]
-    print(f"\nassisted chunks: {[(s['chunk'], s['worker'], s['resumed']) for s in assisted]}")
-    assert assisted and all(s["worker"].endswith("@helper") for s in assisted)
+    stats = [s for s in (read_result(store, "tail", i)[0] for i in range(4)) if s is not None]
+    assisted = [s for s in stats if s.assist]
+    print(f"\nassisted chunks: {[(s.chunk, s.worker, s.resumed) for s in assisted]}")
+    assert len(stats) == 4 and assisted and all((s.worker or "").endswith("@helper") for s in assisted)
     assert "dropped this copy" in workers.logs()
     # and the export still has every record exactly once, with no checkpoint left behind
     out = tmp_path / "o.jsonl"
     assert run_fleet("export", "--job", "tail", "--out", str(out), env=env).returncode == 0
     assert [r["id"] for r in read_jsonl(out)] == [f"r{i:05d}" for i in range(32)]
-    assert not any(list(store.list(partial_prefix("tail", s["chunk"]))) for s in stats)
-    json.dumps(stats)
+    assert not any(list(store.list(checkpoint_prefix("tail", s.chunk))) for s in stats)
+    json.dumps([s.model_dump() for s in stats])

@@ -80,6 +80,6 @@ def test_rejected_record_fails_alone_and_corrupt_chunk_is_quarantined(tmp_path, 
 
 def read_jsonl_export(env: dict[str, str], tmp_path: Path) -> list[dict]:
     out = tmp_path / "partial.jsonl"
-    res = run_fleet("export", "--job", "bad", "--out", str(out), "--partial", env=env)
+    res = run_fleet("export", "--job", "bad", "--out", str(out), "--allow-incomplete", env=env)
     assert res.returncode == 0, res.stderr
     return read_jsonl(out)

@@ -93,7 +93,7 @@ def test_mixed_input_to_training_exports(tmp_path: Path, tiny_model: Path, clean
     assert records["tok"]["metadata"] == {"origin": "s3"} and "metadata" not in records["batch"]
 
     # specforge: input messages plus one assistant turn matching the record, no think markers
-    said = "skipped 3: records without messages (raw prompt or input_ids): use --format tokens"
+    said = "left out 3: records without messages (raw prompt or input_ids): use --format tokens"
     specforge = {r["id"]: r for r in read_jsonl_out(env, "specforge", tmp_path / "sf.jsonl", said=said)}
     assert list(specforge) == [i for i, x in zip(ids, lines, strict=True) if prompt_messages(x) is not None]
     for rid, row in specforge.items():

@@ -1,6 +1,6 @@
 """`fleet export` (docs/architecture.md, Records): results in input order, as JSONL or Parquet, with
 exactly the exported fields; an unfinished job is refused, naming missing chunks, unless
---partial."""
+--allow-incomplete."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from fleet.records import EXPORT_FIELDS, OutputRecord
 from fleet.store.layout import manifest_key, result_key
 from fleet.store.local import LocalStore
 from fleet.store.manifest import Manifest, config_hash
-from fleet.store.results import encode_result
+from fleet.store.results import ChunkStats, encode_result
 
 JOB = "j"
 CHUNK = 3
@@ -73,7 +73,7 @@ def build_job(
         if c in done:
             expected += [(r["id"], r["sample"]) for r in rows]
             rng.shuffle(rows)
-            store.put(result_key(JOB, c), encode_result({"chunk": c, "records": len(rows)}, rows))
+            store.put(result_key(JOB, c), encode_result(ChunkStats(chunk=c, records=len(rows)), rows))
     return expected
 
 
@@ -158,36 +158,36 @@ def test_unfinished_job_is_refused_naming_missing_chunks(store, tmp_path):
     build_job(store, 15, {}, done=[0, 2, 4])
     Quarantine(index=3, error="x", error_type="EngineError", attempts=3).write(store, JOB)
     out = tmp_path / "out.jsonl"
-    # When exported without --partial
+    # When exported without --allow-incomplete
     with pytest.raises(FleetError) as info:
         export_job(store, JOB, out)
     # Then the refusal names the missing chunks and the way out, and writes nothing
     text = str(info.value)
-    assert "2 of 5 chunks" in text and "1, 3" in text and "--partial" in text
+    assert "2 of 5 chunks" in text and "1, 3" in text and "--allow-incomplete" in text
     assert not out.exists()
     assert list(tmp_path.glob("out.jsonl*")) == []
 
 
-def test_partial_exports_the_done_chunks_in_order(store, tmp_path):
+def test_an_incomplete_export_has_the_done_chunks_in_order(store, tmp_path):
     # Given chunks 0, 2 and 4 of 5 done
     expected = build_job(store, 14, {6: 2}, done=[0, 2, 4])
-    # When exported with --partial
-    n = export_job(store, JOB, tmp_path / "p.jsonl", partial=True)
+    # When exported with --allow-incomplete
+    n = export_job(store, JOB, tmp_path / "p.jsonl", allow_incomplete=True)
     # Then the done chunks' records come out in input order, and only those
     rows = read_jsonl(tmp_path / "p.jsonl")
     assert n == len(rows) == 3 + 4 + 2
     assert [(r["id"], r["sample"]) for r in rows] == expected
     assert sorted({r["chunk"] for r in rows}) == [0, 2, 4]
-    export_job(store, JOB, tmp_path / "p.parquet", partial=True)
+    export_job(store, JOB, tmp_path / "p.parquet", allow_incomplete=True)
     pq_rows = pq.read_table(tmp_path / "p.parquet").to_pylist()
     assert [(r["id"], r["sample"]) for r in pq_rows] == expected
 
 
-def test_partial_of_a_job_with_nothing_done_is_empty(store, tmp_path):
+def test_an_incomplete_export_of_a_job_with_nothing_done_is_empty(store, tmp_path):
     build_job(store, 6, {}, done=[])
-    assert export_job(store, JOB, tmp_path / "e.jsonl", partial=True) == 0
+    assert export_job(store, JOB, tmp_path / "e.jsonl", allow_incomplete=True) == 0
     assert (tmp_path / "e.jsonl").read_text() == ""
-    assert export_job(store, JOB, tmp_path / "e.parquet", partial=True) == 0
+    assert export_job(store, JOB, tmp_path / "e.parquet", allow_incomplete=True) == 0
     assert pq.read_table(tmp_path / "e.parquet").column_names == [*EXPORT_FIELDS, "extra"]
 
 
@@ -208,3 +208,22 @@ def test_stable_export_leaves_out_run_facts(store, tmp_path):
     assert all(list(r) == [f for f in EXPORT_FIELDS if f not in VOLATILE_FIELDS] for r in rows)
     export_job(store, JOB, tmp_path / "s.parquet", stable=True)
     assert "worker" not in pq.read_table(tmp_path / "s.parquet").column_names
+
+
+@pytest.mark.parametrize("flag", ["--allow-incomplete", "--partial"])
+def test_the_cli_exports_an_incomplete_job_under_the_new_flag_and_its_old_name(store, tmp_path, clean_env, flag):
+    from typer.testing import CliRunner
+
+    from tests.cliload import cli_app
+
+    # Given chunks 0, 2 and 4 of 5 done
+    expected = build_job(store, 14, {}, done=[0, 2, 4])
+    out = tmp_path / "c.jsonl"
+    # When exported from the CLI, with the flag or with --partial (its old, hidden name)
+    res = CliRunner().invoke(cli_app(), ["export", "--job", JOB, "--out", str(out), "--store-url", str(store.root),
+                                         flag])
+    # Then the done chunks come out, and only the new name is in the help
+    assert res.exit_code == 0, res.output
+    assert [(r["id"], r["sample"]) for r in read_jsonl(out)] == expected
+    help_text = CliRunner().invoke(cli_app(), ["export", "--help"]).output
+    assert "--allow-incomplete" in help_text and "--partial" not in help_text

@@ -14,7 +14,7 @@ from fleet.errors import ExportMismatch
 from fleet.export.writer import export_job
 from fleet.store.layout import result_key
 from fleet.store.local import LocalStore
-from fleet.store.results import encode_result
+from fleet.store.results import ChunkStats, encode_result
 from tests.conftest import fleet_cmd
 from tests.test_export import CHUNK, JOB, build_job, output, read_jsonl
 
@@ -32,7 +32,7 @@ def test_a_result_with_a_record_too_many_is_refused(store, tmp_path):
     # Given a finished 9-record job whose last result holds a fourth record (another chunk size)
     build_job(store, 9, {}, done=[0, 1, 2])
     rows = [output(p, 0, 2) for p in range(6, 10)]
-    store.put(result_key(JOB, 2), encode_result({"chunk": 2}, rows))
+    store.put(result_key(JOB, 2), encode_result(ChunkStats(chunk=2), rows))
     out = tmp_path / "out.jsonl"
     # When it is exported, Then the count is refused and no file is written
     with pytest.raises(ExportMismatch, match=r"10 records, the manifest says 9.*was not written"):
@@ -44,7 +44,7 @@ def test_a_duplicate_id_is_refused(store, tmp_path):
     build_job(store, 9, {}, done=[0, 1, 2])
     rows = [output(p, 0, 1) for p in range(3, 6)]
     rows[2] = {**rows[2], "id": "rec-0"}
-    store.put(result_key(JOB, 1), encode_result({"chunk": 1}, rows))
+    store.put(result_key(JOB, 1), encode_result(ChunkStats(chunk=1), rows))
     with pytest.raises(ExportMismatch, match="'rec-0' appears twice.*was not written"):
         export_job(store, JOB, tmp_path / "out.jsonl")
     assert not (tmp_path / "out.jsonl").exists()
@@ -54,7 +54,7 @@ def test_records_out_of_input_order_are_refused(store, tmp_path):
     build_job(store, 9, {}, done=[0, 1, 2])
     # Chunk 1's result holds the records of chunk 0's positions under new ids
     rows = [{**output(p, 0, 1), "id": f"x{p}"} for p in range(0, 3)]
-    store.put(result_key(JOB, 1), encode_result({"chunk": 1}, rows))
+    store.put(result_key(JOB, 1), encode_result(ChunkStats(chunk=1), rows))
     with pytest.raises(ExportMismatch, match="out of input order"):
         export_job(store, JOB, tmp_path / "out.parquet")
     assert not (tmp_path / "out.parquet").exists() and leftovers(tmp_path) == []
@@ -63,18 +63,18 @@ def test_records_out_of_input_order_are_refused(store, tmp_path):
 def test_a_missing_sample_is_refused(store, tmp_path):
     build_job(store, 6, {1: 3}, done=[0, 1])
     rows = [output(p, 0, 0) for p in range(0, CHUNK)]  # record 1 lost samples 1 and 2
-    store.put(result_key(JOB, 0), encode_result({"chunk": 0}, rows))
+    store.put(result_key(JOB, 0), encode_result(ChunkStats(chunk=0), rows))
     with pytest.raises(ExportMismatch, match="6 samples, the manifest says 8"):
         export_job(store, JOB, tmp_path / "out.jsonl")
 
 
-def test_a_partial_export_checks_the_records_of_its_chunks(store, tmp_path):
+def test_an_incomplete_export_checks_the_records_of_its_chunks(store, tmp_path):
     build_job(store, 8, {1: 3}, done=[0, 2])
-    assert export_job(store, JOB, tmp_path / "p.jsonl", partial=True) == 3 + 2 + 2
+    assert export_job(store, JOB, tmp_path / "p.jsonl", allow_incomplete=True) == 3 + 2 + 2
     rows = [output(p, 0, 2) for p in range(6, 8)][:1]
-    store.put(result_key(JOB, 2), encode_result({"chunk": 2}, rows))
+    store.put(result_key(JOB, 2), encode_result(ChunkStats(chunk=2), rows))
     with pytest.raises(ExportMismatch, match="4 records, the manifest says 5"):
-        export_job(store, JOB, tmp_path / "p2.jsonl", partial=True)
+        export_job(store, JOB, tmp_path / "p2.jsonl", allow_incomplete=True)
 
 
 def test_concurrent_exports_to_one_path(store, tmp_path):

@@ -12,14 +12,14 @@ import boto3
 import pytest
 
 from fleet.errors import FleetError
-from fleet.export.formats import Skipped
+from fleet.export.formats import LeftOut
 from fleet.export.writer import export_job
 from fleet.monitor.status import job_status
 from fleet.records import InputRecord, OutputRecord, prompt_digest
 from fleet.store.layout import chunk_key, encode_lines, manifest_key, result_key
 from fleet.store.local import LocalStore
 from fleet.store.manifest import Manifest, config_hash
-from fleet.store.results import chunk_stats, encode_result
+from fleet.store.results import ChunkStats, encode_result, sample_counts
 
 JOB = "t"
 USER = [{"role": "user", "content": "hi"}]
@@ -45,7 +45,7 @@ def build(store: LocalStore, records: list[InputRecord], rows: list[dict]) -> No
                                           records=len(records), samples=len(rows), config=config,
                                           config_hash=config_hash(config)).to_bytes())
     store.put(chunk_key(JOB, 0), encode_lines(r.model_dump(mode="json", exclude_none=True) for r in records))
-    store.put(result_key(JOB, 0), encode_result({"records": len(records), **chunk_stats(rows)}, rows))
+    store.put(result_key(JOB, 0), encode_result(ChunkStats(records=len(records), **sample_counts(rows)), rows))
 
 
 @pytest.fixture
@@ -88,9 +88,9 @@ def test_specforge_skips_what_it_cannot_hold_and_counts_it(store, tmp_path):
     marker, failed, tok = rec(1, messages=USER), rec(2, messages=USER), rec(3, input_ids=[1, 2])
     rows = [out(good), out(good, 1), out(marker, output="a </think> b"), out(failed, 0, "error", error="x"), out(tok)]
     build(store, [good, marker, failed, tok], rows)
-    skipped = Skipped()
+    left_out = LeftOut()
     # When exported for SpecForge
-    n = export_job(store, JOB, tmp_path / "s.jsonl", fmt="specforge", skipped=skipped)
+    n = export_job(store, JOB, tmp_path / "s.jsonl", fmt="specforge", left_out=left_out)
     first, second = lines(tmp_path / "s.jsonl")
     # Then only the good record's samples are written, messages plus the assistant turn
     assert n == 2 and first == {"id": "r0", "conversations": [
@@ -98,19 +98,19 @@ def test_specforge_skips_what_it_cannot_hold_and_counts_it(store, tmp_path):
         {"role": "assistant", "content": "answer 0", "reasoning_content": "think 0"}], "metadata": {"k": 1}}
     assert second["sample"] == 1 and "sample" not in first
     # And every other row is counted by reason
-    assert skipped.total == 3 and any("input_ids" in k for k in skipped.reasons)
+    assert left_out.total == 3 and any("input_ids" in k for k in left_out.reasons)
 
 
 def test_tokens_from_given_ids_and_refusals(store, tmp_path):
     # Given a pre-tokenized record on the sim engine, and a failed one
     tok, failed = rec(0, input_ids=[5, 6], extra={"source": "s3"}), rec(1, input_ids=[1])
     build(store, [tok, failed], [out(tok), out(failed, 0, "error", error="x", output_ids=None)])
-    skipped = Skipped()
+    left_out = LeftOut()
     # Then its token row is the given ids, then the output ids, masked over the output
-    assert export_job(store, JOB, tmp_path / "t.jsonl", fmt="tokens", skipped=skipped) == 1
+    assert export_job(store, JOB, tmp_path / "t.jsonl", fmt="tokens", left_out=left_out) == 1
     assert lines(tmp_path / "t.jsonl") == [{"id": "r0", "input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 1],
                                             "source": "s3"}]
-    assert skipped.reasons == {"error records": 1}
+    assert left_out.reasons == {"error records": 1}
     # And ids that are not what the engine saw (digest differs) fail the export, leaving no file
     build(store, [tok], [out(tok, prompt_digest="0" * 16)])
     with pytest.raises(FleetError, match="differ from those the engine saw"):
@@ -146,7 +146,7 @@ def test_only_finished_and_status_agree_on_truncation(store, tmp_path):
             out(records[3], 0, "error", error="x", reasoning=None, output="")]  # fmt: skip
     build(store, records, rows)
     # Then the chunk's stats count both cuts, one inside the thinking
-    assert chunk_stats(rows)["records_truncated"] == 2 and chunk_stats(rows)["records_truncated_in_thinking"] == 1
+    assert sample_counts(rows)["records_truncated"] == 2 and sample_counts(rows)["records_truncated_in_thinking"] == 1
     st = job_status(store, None, JOB)
     assert (st.records_truncated, st.records_truncated_in_thinking, st.record_errors) == (2, 1, 1)
     # And --only-finished keeps exactly the row that stopped on its own

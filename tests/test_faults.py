@@ -19,7 +19,7 @@ import redis
 from fleet.coord import keys
 from fleet.coord.localredis import LocalRedis
 from fleet.store import open_store
-from fleet.store.layout import failed_prefix, partial_prefix, result_key, results_prefix
+from fleet.store.layout import checkpoint_prefix, failed_prefix, result_key, results_prefix
 from fleet.store.results import read_result
 from tests.conftest import run_fleet
 from tests.faultproxy import FaultProxy
@@ -202,7 +202,7 @@ def test_sigterm_hands_chunk_back_from_checkpoint(tmp_path, redis_server, clean_
         wait_for(lambda: r.exists(keys.lease("faults", 0)), 60, "hostA running chunk 0")
         b = workers.start("hostB", extra_env={"FLEET_SLOTS": "4"})  # a free slot for chunk 0
         wait_for(lambda: b.poll() is None and "hostB ready" in workers.logs(), 30, "hostB ready")
-        wait_for(lambda: any(store.list(partial_prefix("faults", 0))), 60, "a checkpoint of chunk 0")
+        wait_for(lambda: any(store.list(checkpoint_prefix("faults", 0))), 60, "a checkpoint of chunk 0")
         # and then gets SIGTERM
         a.send_signal(signal.SIGTERM)
 
@@ -217,11 +217,12 @@ def test_sigterm_hands_chunk_back_from_checkpoint(tmp_path, redis_server, clean_
         workers.stop()
     # Then it re-ran at once (not after the 60 s TTL), resuming from the checkpoint
     stats, rows = read_result(store, "faults", 0)
-    print(f"\nSIGTERM hand-over in {handover:.2f}s; resumed {stats['resumed']} of {stats['samples']} samples")
+    assert stats is not None
+    print(f"\nSIGTERM hand-over in {handover:.2f}s; resumed {stats.resumed} of {stats.samples} samples")
     assert handover < 10
-    assert stats["resumed"] > 0 and stats["worker"].endswith("hostB")
+    assert stats.resumed > 0 and (stats.worker or "").endswith("hostB")
     assert len(rows) == 16 and a.returncode == 0
-    assert not list(store.list(partial_prefix("faults", 0)))
+    assert not list(store.list(checkpoint_prefix("faults", 0)))
     assert "handed back: on shutdown" in workers.logs()
 
 
@@ -229,7 +230,7 @@ def test_failing_chunk_is_quarantined_and_job_finishes(tmp_path, clean_env):
     # Given a job where chunk 3 always fails
     prompts = write_prompts(tmp_path / "p.jsonl", 40)
     env = {**SIM, "FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_CHUNK_SIZE": "4",
-           "FLEET_SIM__CRASH_CHUNKS": "[3]", "FLEET_SIM__STEP_S": "0.0002", "FLEET_MAX_ATTEMPTS": "3"}
+           "FLEET_SIM__FAULT_CHUNKS": "[3]", "FLEET_SIM__STEP_S": "0.0002", "FLEET_MAX_ATTEMPTS": "3"}
     # When it runs
     run = run_fleet("run", str(prompts), "--job", "q", "--workers", "2", env=env)
     # Then the run fails naming it, after the other nine chunks finished
@@ -237,13 +238,13 @@ def test_failing_chunk_is_quarantined_and_job_finishes(tmp_path, clean_env):
     store = open_store(str(tmp_path / "data" / "store"))
     assert len(list(store.list(results_prefix("q")))) == 9
     failure = json.loads(store.get("q/failed/000003.json"))
-    assert failure["attempts"] == 3 and "crash_chunks" in failure["error"] and "Traceback" in failure["traceback"]
+    assert failure["attempts"] == 3 and "fault_chunks" in failure["error"] and "Traceback" in failure["traceback"]
     status = run_fleet("status", "--job", "q", "--json", env={**env, "FLEET_BROKER_URL": ""})
     st = json.loads(status.stdout)
     assert st["chunks_failed"] == 1 and st["failed"][0]["index"] == 3 and not st["done"]
     # And a retry with the fault gone finishes the job
-    env.pop("FLEET_SIM__CRASH_CHUNKS")
-    retry_env = {**env, "FLEET_SIM__CRASH_CHUNKS": "[]"}
+    env.pop("FLEET_SIM__FAULT_CHUNKS")
+    retry_env = {**env, "FLEET_SIM__FAULT_CHUNKS": "[]"}
     server = LocalRedis(tmp_path / "r2", persist=False).start()
     try:
         retry_env["FLEET_BROKER_URL"] = server.url

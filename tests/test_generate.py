@@ -290,5 +290,5 @@ def test_a_failing_record_becomes_an_error_record_and_the_chunk_goes_on():
 def test_an_engine_failure_fails_the_whole_attempt():
     run = chunk_run([rec(0, "a"), rec(1, "b")], index=2)
     with pytest.raises(RuntimeError):
-        generate(run, SimSettings(step_s=0, crash_chunks=[2]))
+        generate(run, SimSettings(step_s=0, fault_chunks=[2]))
     assert run.finished == {}

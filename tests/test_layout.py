@@ -10,6 +10,8 @@ import zstandard
 
 from fleet.errors import ChunkCorrupt
 from fleet.store.layout import (
+    checkpoint_key,
+    checkpoint_prefix,
     chunk_key,
     decode_lines,
     encode_lines,
@@ -18,13 +20,11 @@ from fleet.store.layout import (
     idx,
     index_of,
     manifest_key,
-    partial_key,
-    partial_prefix,
     result_key,
     results_prefix,
 )
 from fleet.store.local import LocalStore
-from fleet.store.results import HEADER, decode_result, encode_result, iter_records, read_result
+from fleet.store.results import HEADER, ChunkStats, decode_result, encode_result, iter_records, read_result
 
 # -- keys --------------------------------------------------------------------------------
 
@@ -37,7 +37,7 @@ def test_keys_follow_the_documented_layout():
     assert results_prefix("j") == "j/results/"
     assert failed_key("j", 12) == "j/failed/000012.json"
     assert failed_prefix("j") == "j/failed/"
-    assert partial_prefix("j", 3) == "j/partial/000003/"
+    assert checkpoint_prefix("j", 3) == "j/partial/000003/"
 
 
 def test_zero_padding_keeps_lexicographic_equal_to_numeric_order():
@@ -46,9 +46,9 @@ def test_zero_padding_keeps_lexicographic_equal_to_numeric_order():
 
 
 def test_partial_key_is_one_safe_path_segment_per_worker():
-    key = partial_key("j", 3, 12, "gpu0@host/a")
+    key = checkpoint_key("j", 3, 12, "gpu0@host/a")
     assert key == "j/partial/000003/000012-gpu0_at_host_a"
-    assert key.startswith(partial_prefix("j", 3))
+    assert key.startswith(checkpoint_prefix("j", 3))
     assert key.count("/") == 3
 
 
@@ -126,7 +126,7 @@ def out(pos: int, sample: int, rid: str | None = None) -> dict:
 
 def test_result_header_is_separate_from_records():
     # Given stats and rows
-    stats = {"records": 2, "samples": 3, "completion_tokens": 7, "worker": "gpu0@h"}
+    stats = ChunkStats(records=2, samples=3, completion_tokens=7, worker="gpu0@h")
     rows = [out(0, 0), out(0, 1), out(1, 0)]
     # When encoded and decoded
     header, records = decode_result(encode_result(stats, rows), "r")
@@ -140,7 +140,7 @@ def test_result_records_are_ordered_by_pos_then_sample():
     # Given rows in the order samples finished
     rows = [out(2, 1), out(0, 1), out(2, 0), out(1, 0), out(0, 0), out(10, 0)]
     # When encoded
-    _, records = decode_result(encode_result({}, rows), "r")
+    _, records = decode_result(encode_result(ChunkStats(), rows), "r")
     # Then they come back in input order, samples ascending
     assert [(r["pos"], r["sample"]) for r in records] == [
         (0, 0),
@@ -154,17 +154,17 @@ def test_result_records_are_ordered_by_pos_then_sample():
 
 def test_a_headerless_result_decodes_as_records_only():
     _, records = decode_result(encode_lines([out(0, 0)]), "r")
-    assert decode_result(encode_lines([out(0, 0)]), "r")[0] == {}
+    assert decode_result(encode_lines([out(0, 0)]), "r")[0] is None
     assert records == [out(0, 0)]
 
 
 def test_read_result_and_iter_records_from_a_store(tmp_path):
     # Given two result objects in a store
     store = LocalStore(tmp_path)
-    store.put(result_key("j", 0), encode_result({"chunk": 0}, [out(1, 0), out(0, 0)]))
-    store.put(result_key("j", 1), encode_result({"chunk": 1}, [out(2, 0)]))
+    store.put(result_key("j", 0), encode_result(ChunkStats(chunk=0), [out(1, 0), out(0, 0)]))
+    store.put(result_key("j", 1), encode_result(ChunkStats(chunk=1), [out(2, 0)]))
     # Then read_result splits header and records, iter_records follows the given index order
-    assert read_result(store, "j", 1) == ({"chunk": 1}, [out(2, 0)])
+    assert read_result(store, "j", 1) == (ChunkStats(chunk=1), [out(2, 0)])
     assert [r["pos"] for r in iter_records(store, "j", [1, 0])] == [2, 0, 1]
 
 
@@ -173,3 +173,22 @@ def test_corrupt_result_in_store_names_its_key(tmp_path):
     store.put(result_key("j", 4), b"\x28\xb5\x2f\xfdjunk")
     with pytest.raises(ChunkCorrupt, match="j/results/000004"):
         read_result(store, "j", 4)
+
+
+def test_records_are_zstd_json_lines_and_the_small_documents_plain_json(tmp_path, clean_env):
+    """docs/architecture.md, Store layout: which objects are compressed and which people read."""
+    from fleet.coord.chunkstate import Quarantine
+    from fleet.producer.enqueue import prepare_job
+    from fleet.settings import Settings
+    from tests.fleetproc import write_prompts
+
+    # Given a job written by the producer, with one quarantined chunk
+    store = LocalStore(tmp_path / "store")
+    settings = Settings(store_url=str(tmp_path / "store"), chunk_size=4)
+    prepare_job(settings, store, str(write_prompts(tmp_path / "p.jsonl", 6)), "j")
+    Quarantine(index=1, error="x", error_type="RuntimeError", attempts=3).write(store, "j")
+    # Then the chunk objects are zstd frames, and the claim, manifest and quarantine record plain JSON
+    zstd_magic = b"\x28\xb5\x2f\xfd"
+    assert all(store.get(k).startswith(zstd_magic) for k in store.list("j/chunks/"))
+    for key in ("j/claim.json", "j/manifest.json", "j/failed/000001.json"):
+        assert isinstance(json.loads(store.get(key)), dict), key

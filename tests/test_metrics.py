@@ -44,7 +44,7 @@ def test_served_values_change_after_updates(port: int) -> None:
         42.0, prompt_tokens=1000, completion_tokens=5000, records_ok=9, records_error=1, accept_length=2.5
     )
     metrics.RUNNING_REQUESTS.set(37)
-    metrics.CHUNKS_FAILED.inc()
+    metrics.RUNS_FAILED.inc()
     metrics.count_error(RuntimeError("engine gone"))
     metrics.count_error(KeyError)
     metrics.set_worker_info("gpu3@hostA", gpu="3", engine="sim", model="none")
@@ -57,6 +57,8 @@ def test_served_values_change_after_updates(port: int) -> None:
         == 1000
     )
     assert after[done] - before.get(done, 0) == 1
+    runs_failed = ("fleet_runs_failed_total", ())
+    assert after[runs_failed] - before.get(runs_failed, 0) == 1
     assert after[("fleet_running_requests", ())] == 37
     assert after[("fleet_spec_accept_length", ())] == 2.5
     assert after[("fleet_errors_total", (("error_class", "RuntimeError"),))] >= 1

@@ -21,7 +21,7 @@ from fleet.coord.recovery import StallWatch, requeue_expired, watch_jobs
 from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
 from fleet.store.local import LocalStore
-from fleet.store.results import encode_result
+from fleet.store.results import ChunkStats, encode_result
 from tests.fleetproc import wait_for
 
 QUEUE = "fleet-test-q"
@@ -80,7 +80,7 @@ def expired_lease(r: redis.Redis, job: str, index: int, attempts_started: int) -
 
 
 def put_result(store: LocalStore, job: str, index: int) -> None:
-    store.put(result_key(job, index), encode_result({"chunk": index}, []))
+    store.put(result_key(job, index), encode_result(ChunkStats(chunk=index), []))
 
 
 # -- requeue_expired ---------------------------------------------------------------------
@@ -232,13 +232,13 @@ def test_reaper_never_drops_a_new_owner(r, store, app, settings):
 
 
 def test_expired_lease_with_result_drops_leftover_checkpoints(r, store, app, settings):
-    from fleet.store.layout import partial_prefix
+    from fleet.store.layout import checkpoint_prefix
 
     expired_lease(r, "j", 4, attempts_started=0)
-    store.put(partial_prefix("j", 4) + "000001-w", b"x")
+    store.put(checkpoint_prefix("j", 4) + "000001-w", b"x")
     put_result(store, "j", 4)
     requeue_expired(r, store, app, settings)
-    assert list(store.list(partial_prefix("j", 4))) == []
+    assert list(store.list(checkpoint_prefix("j", 4))) == []
 
 
 def test_jobs_are_kept_apart(r, store, app, settings):
@@ -358,10 +358,10 @@ def test_a_job_without_manifest_is_pruned_and_does_not_stop_the_others(r, store,
 
 
 def test_job_end_drops_every_checkpoint(r, store, app, settings):
-    from fleet.store.layout import partial_prefix, partials_prefix
+    from fleet.store.layout import checkpoint_prefix, checkpoints_prefix
 
     for i in range(2):
         put_result(store, "j", i)
-        store.put(partial_prefix("j", i) + "000001-w", b"x")
+        store.put(checkpoint_prefix("j", i) + "000001-w", b"x")
     StallWatch().check(r, store, app, settings, "j", 2)
-    assert list(store.list(partials_prefix("j"))) == []
+    assert list(store.list(checkpoints_prefix("j"))) == []

@@ -9,9 +9,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from fleet.settings import IN_FLIGHT_FACTOR, Settings, load_settings
 
@@ -73,7 +74,7 @@ def test_nested_env_with_double_underscore(monkeypatch):
     assert (s.sim.step_s, s.sim.max_running, s.sim.prefill_s) == (0.01, 16, 0.2)
     assert (s.sim.mean_output_tokens, s.sim.sigma, s.sim.fail_ids) == (200, 1.0, ["a", "b"])
     assert s.sampling.max_tokens == 99 and s.sampling.n == 1
-    assert s.sim.crash_chunks == []
+    assert s.sim.fault_chunks == []
 
 
 def test_fleet_toml_in_cwd(tmp_path):
@@ -232,7 +233,7 @@ def test_to_env_rebuilds_the_same_settings_in_a_child(tmp_path):
             "n": 2,
             "stop": ["</s>", "x y"],
         },
-        sim={"max_running": 7, "step_s": 0.003, "fail_ids": ["r1", "7"], "crash_chunks": [2, 5]},
+        sim={"max_running": 7, "step_s": 0.003, "fail_ids": ["r1", "7"], "fault_chunks": [2, 5]},
         hf={"device": "cpu", "context_length": 4096},
         sglang={"mtp": False, "engine_kwargs": {"attention_backend": "fa3", "n": {"k": [1, 2]}}},
     )
@@ -290,3 +291,35 @@ def test_validation_error_from_toml_names_the_field(tmp_path):
     with pytest.raises(ValidationError) as info:
         Settings()
     assert "sampling.max_tokens" in str(info.value)
+
+
+def undescribed(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every field, at any depth, that has no description (a nested model counts, and so do its fields)."""
+    missing = []
+    for name, info in model.model_fields.items():
+        if not (info.description or "").strip():
+            missing.append(prefix + name)
+        for nested in (info.annotation, *get_args(info.annotation)):
+            if isinstance(nested, type) and issubclass(nested, BaseModel):
+                missing += undescribed(nested, f"{prefix}{name}.")
+    return missing
+
+
+def test_every_setting_has_a_description():
+    assert undescribed(Settings) == []
+
+
+def test_the_description_check_sees_nested_fields():
+    class Inner(BaseModel):
+        bare: int = 0
+
+    class Outer(BaseModel):
+        inner: Inner = Field(default_factory=Inner, description="a section")
+
+    assert undescribed(Outer) == ["inner.bare"]
+
+
+def test_the_sim_fault_chunks_are_still_read_under_their_old_name(monkeypatch):
+    monkeypatch.setenv("FLEET_SIM__CRASH_CHUNKS", "[4]")
+    assert Settings().sim.fault_chunks == [4]
+    assert Settings(sim={"fault_chunks": [1]}).sim.fault_chunks == [1]

@@ -1,6 +1,6 @@
 """The sim engine (docs/architecture.md, CLI: engines): deterministic text and heavy-tailed length per
 (seed, record id, sample), the configured mean, max_tokens, a slot limit like continuous
-batching, and the fault knobs (fail_ids, crash_chunks)."""
+batching, and the fault knobs (fail_ids, fault_chunks)."""
 
 from __future__ import annotations
 
@@ -212,8 +212,8 @@ def test_fail_ids_raise_record_error_for_that_record_only():
     assert isinstance(good, GenResult) and good.finish_reason == "stop"
 
 
-def test_crash_chunks_raise_for_every_record_of_that_chunk():
-    cfg = SimSettings(step_s=0, crash_chunks=[3])
+def test_fault_chunks_raise_for_every_record_of_that_chunk():
+    cfg = SimSettings(step_s=0, fault_chunks=[3])
     with pytest.raises(Exception) as info:
         run(cfg, request("a", chunk=3))
     # A chunk failure, not a record failure: the record error path must not swallow it

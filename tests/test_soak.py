@@ -17,7 +17,7 @@ import redis
 
 from fleet.coord import keys
 from fleet.store import open_store
-from fleet.store.layout import failed_prefix, partials_prefix, results_prefix
+from fleet.store.layout import checkpoints_prefix, failed_prefix, results_prefix
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, clean_reference, wait_for
 
@@ -86,7 +86,7 @@ def test_random_kills_and_a_broker_wipe_lose_nothing_and_quarantine_nothing(tmp_
                 print(f"t={time.monotonic() - began:5.1f}s broker wiped (FLUSHALL)")
         elapsed = time.monotonic() - began
         # and no checkpoint outlives the job (deleted at commit, or by the job-end sweep)
-        wait_for(lambda: not list(store.list(partials_prefix("soak"))), 30, "checkpoints swept at job end")
+        wait_for(lambda: not list(store.list(checkpoints_prefix("soak"))), 30, "checkpoints swept at job end")
     finally:
         workers.stop()
     logs = workers.logs()

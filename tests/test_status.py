@@ -23,7 +23,7 @@ from fleet.monitor.status import RATE_WINDOW_S, job_status, recent_rate
 from fleet.store.layout import encode_lines, manifest_key, result_key
 from fleet.store.local import LocalStore
 from fleet.store.manifest import Manifest, config_hash
-from fleet.store.results import encode_result
+from fleet.store.results import ChunkStats, encode_result
 
 JOB = "j"
 
@@ -77,7 +77,7 @@ def write_result(
         }
         for i in range(records)
     ]
-    store.put(result_key(JOB, index), encode_result(stats, rows))
+    store.put(result_key(JOB, index), encode_result(ChunkStats(**stats), rows))
     return stats
 
 
@@ -111,8 +111,8 @@ def test_recent_rate_of_nothing_is_zero():
 def test_recent_rate_of_a_young_running_job_spans_the_whole_run():
     # Given two chunks done within the window, the run younger than the window
     stats = [
-        {"started": 0, "finished": 100, "completion_tokens": 1000},
-        {"started": 50, "finished": 150, "completion_tokens": 2000},
+        ChunkStats(started=0, finished=100, completion_tokens=1000),
+        ChunkStats(started=50, finished=150, completion_tokens=2000),
     ]
     # When asked at t = 160
     # Then the rate is all tokens over the time since the first chunk started
@@ -122,9 +122,9 @@ def test_recent_rate_of_a_young_running_job_spans_the_whole_run():
 def test_recent_rate_counts_only_chunks_finished_in_the_window():
     # Given chunks finishing at 100, 500 and 900, asked at 950 with a 300 s window
     stats = [
-        {"started": 0, "finished": 100, "completion_tokens": 1000},
-        {"started": 400, "finished": 500, "completion_tokens": 1000},
-        {"started": 700, "finished": 900, "completion_tokens": 600},
+        ChunkStats(started=0, finished=100, completion_tokens=1000),
+        ChunkStats(started=400, finished=500, completion_tokens=1000),
+        ChunkStats(started=700, finished=900, completion_tokens=600),
     ]
     # Then only the chunk inside [650, 950] counts
     assert recent_rate(stats, now=950, window_s=300) == pytest.approx(600 / 300)
@@ -133,8 +133,8 @@ def test_recent_rate_counts_only_chunks_finished_in_the_window():
 def test_recent_rate_of_a_finished_job_is_its_last_window():
     # Given a job whose last chunk finished long ago
     stats = [
-        {"started": 0, "finished": 100, "completion_tokens": 1000},
-        {"started": 50, "finished": 150, "completion_tokens": 2000},
+        ChunkStats(started=0, finished=100, completion_tokens=1000),
+        ChunkStats(started=50, finished=150, completion_tokens=2000),
     ]
     # Then the rate is that of its last window, not diluted by the idle time since
     assert recent_rate(stats, now=10_000, window_s=300) == pytest.approx(3000 / 150)

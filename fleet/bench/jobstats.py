@@ -60,12 +60,14 @@ def read_job(store: Store, job: str, chunks: int, step_s: float = 0.0, prefill_s
     out = []
     for index in range(chunks):
         stats, rows = read_result(store, job, index)
+        if stats is None or stats.started is None or stats.finished is None:
+            raise ValueError(f"chunk {index} of job {job} has no timed stats header")
         lengths = [int(r.get("completion_tokens") or 0) for r in rows]
         out.append(ChunkTiming(
             index=index,
-            worker=str(stats.get("worker", "?")),
-            started=float(stats["started"]),
-            finished=float(stats["finished"]),
+            worker=stats.worker or "?",
+            started=stats.started,
+            finished=stats.finished,
             tokens=sum(lengths),
             work_slot_s=sum(prefill_s + n * step_s for n in lengths),
             lengths=lengths,

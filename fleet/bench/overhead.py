@@ -24,7 +24,7 @@ from fleet.bench.report import Figure, Section
 from fleet.bench.simjob import SimJob, SimShape, run_sim_job
 from fleet.engines.sim import sim_text
 from fleet.store import open_store
-from fleet.store.results import encode_result
+from fleet.store.results import ChunkStats, encode_result
 
 REF_COMMIT_REPEATS = 5
 
@@ -55,7 +55,7 @@ def time_reference_commit(store_url: str) -> float:
     times = []
     for i in range(REF_COMMIT_REPEATS):
         began = time.perf_counter()
-        store.put_if_absent(f"refcommit/results/{i:06d}", encode_result({"chunk": i}, rows))
+        store.put_if_absent(f"refcommit/results/{i:06d}", encode_result(ChunkStats(chunk=i), rows))
         times.append(time.perf_counter() - began)
     return statistics.median(times)
 

@@ -20,7 +20,7 @@ from typing import Any
 from fleet.bench.reference import REFERENCE
 from fleet.engines.sim import sim_text
 from fleet.records import OutputRecord, prompt_digest
-from fleet.store.results import chunk_stats, encode_result
+from fleet.store.results import ChunkStats, encode_result, sample_counts
 
 QWEN_VOCAB = 151_936
 
@@ -57,7 +57,7 @@ def measure(records: int = 256, output_tokens: int = int(REFERENCE.output_tokens
             rng = random.Random(seed)
             rows = [_row(p, rng, output_tokens, _ids(rng, prompt_tokens, uniform), variant, uniform)
                     for p in range(records)]
-            data = encode_result(chunk_stats(rows), rows)
+            data = encode_result(ChunkStats(**sample_counts(rows)), rows)
             per_record = len(data) / records
             out.append({
                 "ids": "uniform" if uniform else "log-uniform", "variant": variant,

@@ -173,23 +173,25 @@ def export(
     out: Annotated[str, typer.Option("--out", "-o", help="local path or s3://bucket/key")],
     fmt: Annotated[str | None, typer.Option(
         "--format", help="jsonl, parquet, specforge, tokens or openai (default by suffix: parquet or jsonl)")] = None,
-    partial: Annotated[bool, typer.Option("--partial", help="export what is done so far")] = False,
+    allow_incomplete: Annotated[bool, typer.Option(
+        "--allow-incomplete", help="export the chunks done so far of an unfinished job")] = False,
+    partial: Annotated[bool, typer.Option("--partial", hidden=True, help="old name of --allow-incomplete")] = False,
     stable: Annotated[bool, typer.Option("--stable", help="omit worker and latency, for byte comparison")] = False,
     only_finished: Annotated[bool, typer.Option(
         "--only-finished", help="only samples that stopped on their own (no max-tokens cuts, no errors)")] = False,
     store_url: StoreOpt = None,
 ) -> None:
     """Results in input order."""
-    from fleet.export.formats import Skipped
+    from fleet.export.formats import LeftOut
     from fleet.export.writer import export_job
     from fleet.store import store_for
 
     settings = settings_from(store_url=store_url)
     preflight(settings, store=True)
-    skipped = Skipped()
+    left_out = LeftOut()
     with live_progress(console) as progress:
-        n = run_guarded(export_job, store_for(settings), job, out, fmt, partial, stable, only_finished, skipped,
-                        progress)
+        n = run_guarded(export_job, store_for(settings), job, out, fmt, allow_incomplete or partial, stable,
+                        only_finished, left_out, progress)
     console.print(f"wrote {n} records to {out}")
-    for reason, count in skipped.reasons.items():
-        console.print(f"skipped {count}: {reason}")
+    for reason, count in left_out.reasons.items():
+        console.print(f"left out {count}: {reason}")

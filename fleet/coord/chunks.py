@@ -13,6 +13,8 @@ all without losing work: the store decides done and quarantined.
   renewed. How long a run held its lease is the one crash evidence fleet.coord.retry
   reads, for a failure the worker saw (taken -> now) and for a lost worker (taken -> beat).
 - counters (keys.attempts, crashes, retries): what fleet.coord.retry spent on the chunk.
+- running figures: samples a running chunk still lacks (keys.progress, for assist), and the
+  done chunks' `ChunkStats` (keys.chunk_stats, a cache of the result headers).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from celery import Celery
 from fleet import metrics
 from fleet.coord import keys
 from fleet.coord.broker import PRIORITY_NORMAL, PRIORITY_RECOVERY, send_chunk
+from fleet.store.results import ChunkStats
 
 log = logging.getLogger(__name__)
 
@@ -303,6 +306,33 @@ def attempt_after(spent: int) -> int:
 
 def next_attempt(r: redis.Redis, job: str, index: int) -> int:
     return attempt_after(int(r.hget(keys.attempts(job), index) or 0))
+
+
+# --- running figures and the stats cache ------------------------------------------------
+
+
+def publish_unstarted(r: redis.Redis, job: str, index: int, samples: int | None) -> None:
+    """Samples a running chunk has not started yet (None: it stopped), for idle workers to assist."""
+    if samples is None:
+        r.hdel(keys.progress(job), index)
+    else:
+        r.hset(keys.progress(job), index, samples)
+
+
+def unstarted(r: redis.Redis, job: str) -> dict[int, int]:
+    return {int(i): int(n) for i, n in r.hgetall(keys.progress(job)).items()}
+
+
+def cache_stats(r: redis.Redis, job: str, index: int, stats: ChunkStats) -> None:
+    r.hset(keys.chunk_stats(job), index, stats.model_dump_json(exclude_unset=True))
+
+
+def stats_cached(r: redis.Redis, job: str, index: int) -> bool:
+    return bool(r.hexists(keys.chunk_stats(job), index))
+
+
+def cached_stats(r: redis.Redis, job: str) -> dict[int, ChunkStats]:
+    return {int(i): ChunkStats.model_validate_json(v) for i, v in r.hgetall(keys.chunk_stats(job)).items()}
 
 
 # --- jobs -------------------------------------------------------------------------------

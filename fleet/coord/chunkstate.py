@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from fleet.store import Store
-from fleet.store.layout import failed_key, failed_prefix, index_of, partial_prefix, results_prefix
+from fleet.store.layout import checkpoint_prefix, failed_key, failed_prefix, index_of, results_prefix
 
 
 def done_indexes(store: Store, job: str) -> set[int]:
@@ -25,7 +25,7 @@ def failed_indexes(store: Store, job: str) -> set[int]:
 def delete_checkpoints(store: Store, job: str, index: int) -> None:
     """Call only once the chunk's result is known to exist: before that, checkpoints are the
     work done. Every caller has just seen the result, so this does not look again."""
-    store.delete_prefix(partial_prefix(job, index))
+    store.delete_prefix(checkpoint_prefix(job, index))
 
 
 @dataclass

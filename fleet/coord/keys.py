@@ -138,7 +138,7 @@ def stall_guard(job: str) -> str:
 
 
 def chunk_stats(job: str) -> str:
-    """Hash index -> result stats JSON; a cache of the result headers for `fleet status`."""
+    """Hash index -> ChunkStats JSON (fleet.store.results): a cache of the result headers for `fleet status`."""
     return f"{PREFIX}:{job}:stats"
 
 

@@ -21,7 +21,7 @@ from fleet.coord.retry import Action, History, RetryPolicy, settle
 from fleet.errors import WorkerLost
 from fleet.settings import Settings
 from fleet.store import Store
-from fleet.store.layout import partials_prefix, result_key
+from fleet.store.layout import checkpoints_prefix, result_key
 from fleet.store.manifest import load_manifest
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class StallWatch:
         done = done_indexes(store, job)
         if len(done) == total:
             self.finished.add(job)
-            store.delete_prefix(partials_prefix(job))  # job end: every chunk has its result
+            store.delete_prefix(checkpoints_prefix(job))  # job end: every chunk has its result
             return []
         missing = set(range(total)) - done - failed_indexes(store, job)
         if not missing:

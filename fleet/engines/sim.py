@@ -94,8 +94,8 @@ class SimEngine(Engine):
             os.kill(os.getpid(), signal.SIGKILL)  # a poison chunk: the process dies on it, no error raised
         if request.chunk in self.cfg.engine_error_chunks:
             raise EngineError(f"sim engine dies on chunk {request.chunk} (engine_error_chunks)")
-        if request.chunk in self.cfg.crash_chunks:
-            raise RuntimeError(f"sim engine fails chunk {request.chunk} (crash_chunks)")
+        if request.chunk in self.cfg.fault_chunks:
+            raise RuntimeError(f"sim engine fails chunk {request.chunk} (fault_chunks)")
         if request.record_id in self.cfg.fail_ids:
             raise RecordError(f"sim engine rejects record {request.record_id!r} (fail_ids)")
         seed = request.sampling.seed

@@ -32,12 +32,12 @@ def chunk_records(manifest: Manifest, index: int) -> int:
 
 
 class ExportCheck:
-    """Counts and checks the rows of one export of `indexes` (all chunks unless partial)."""
+    """Counts and checks the rows of one export of `indexes` (all chunks unless incomplete)."""
 
     def __init__(self, manifest: Manifest, indexes: list[int]):
         self.job = manifest.job
         self.expect_records = sum(chunk_records(manifest, i) for i in indexes)
-        #: exact for a full export; per-record n makes a partial one's unknown
+        #: exact for a full export; per-record n makes an incomplete one's unknown
         self.expect_samples = manifest.samples if len(indexes) == manifest.chunks else None
         self.records = self.samples = 0
         self.last_pos = -1

@@ -8,7 +8,7 @@ from pathlib import Path
 from fleet.coord.chunkstate import done_indexes
 from fleet.errors import FleetError
 from fleet.export.check import ExportCheck
-from fleet.export.formats import FORMATS, VOLATILE_FIELDS, ExportRow, Skipped, target
+from fleet.export.formats import FORMATS, VOLATILE_FIELDS, ExportRow, LeftOut, target
 from fleet.progress import Progress
 from fleet.store import Store
 from fleet.store.layout import read_chunk
@@ -33,23 +33,24 @@ def chunk_rows(
 
 
 def export_job(
-    store: Store, job: str, out: Path | str, fmt: str | None = None, partial: bool = False,
-    stable: bool = False, only_finished: bool = False, skipped: Skipped | None = None, progress: Progress | None = None,
+    store: Store, job: str, out: Path | str, fmt: str | None = None, allow_incomplete: bool = False,
+    stable: bool = False, only_finished: bool = False, left_out: LeftOut | None = None,
+    progress: Progress | None = None,
 ) -> int:
-    """Returns the number of lines written; refuses an unfinished job unless `partial`.
+    """Returns the number of lines written; refuses an unfinished job unless `allow_incomplete`.
 
     `stable` leaves out the volatile run facts, so two runs of one job export the same bytes;
     `only_finished` keeps only samples that stopped on their own (not at max tokens, not
-    failed); rows a format cannot hold are counted in `skipped`.
+    failed); rows a format cannot hold are counted in `left_out`.
     """
     manifest = require_manifest(store, job)
     done = done_indexes(store, job)
     missing = [i for i in range(manifest.chunks) if i not in done]
-    if missing and not partial:
+    if missing and not allow_incomplete:
         head = ", ".join(map(str, missing[:10]))
         raise FleetError(
             f"job {job!r} has {len(missing)} of {manifest.chunks} chunks without a result "
-            f"(first: {head}); wait for them, or pass --partial"
+            f"(first: {head}); wait for them, or pass --allow-incomplete"
         )
     fmt = fmt or ("parquet" if str(out).endswith(".parquet") else "jsonl")
     if fmt not in FORMATS:
@@ -58,11 +59,11 @@ def export_job(
     indexes = [i for i in range(manifest.chunks) if i in done]
     count = 0
     check = ExportCheck(manifest, indexes)
-    total = check.expect_samples  # one checked row per sample; unknown for a partial export
+    total = check.expect_samples  # one checked row per sample; unknown for an incomplete export
     report = progress or (lambda phase, done, total: None)
     report("export", 0, total)
     with target(out) as path:
-        with writer_cls(path, manifest, stable, skipped or Skipped()) as writer:
+        with writer_cls(path, manifest, stable, left_out or LeftOut()) as writer:
             for index in indexes:
                 count += writer.write(chunk_rows(store, job, index, writer_cls.needs_inputs, only_finished, check))
                 report("export", check.samples, total)

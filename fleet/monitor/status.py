@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from fleet.coord import keys
+from fleet.coord import chunks
 from fleet.coord.chunks import queued_indexes, running_indexes
 from fleet.coord.chunkstate import done_indexes, failed_indexes, read_failures
 from fleet.coord.mismatch import mismatched_workers
@@ -23,7 +23,7 @@ from fleet.errors import StoreError
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, require_manifest
-from fleet.store.results import read_result
+from fleet.store.results import ChunkStats, read_result
 
 RATE_WINDOW_S = 300.0
 BENCH_AFTER: int = Settings.model_fields["bench_after"].default
@@ -71,33 +71,35 @@ class JobStatus:
         return json.dumps(asdict(self), indent=2)
 
 
-def chunk_stats(store: Store, r: redis.Redis | None, job: str, done: set[int]) -> list[dict[str, Any]]:
-    """Result headers of done chunks: cached in Redis, read from the store when missing."""
-    cached: dict[int, dict[str, Any]] = {}
-    if r is not None:
-        cached = {int(k): json.loads(v) for k, v in r.hgetall(keys.chunk_stats(job)).items()}
+def done_stats(store: Store, r: redis.Redis | None, job: str, done: set[int]) -> list[ChunkStats]:
+    """Result headers of done chunks: cached in Redis, read from the store when missing
+    (a result written without a header counts as done, with no figures)."""
+    cached = chunks.cached_stats(r, job) if r is not None else {}
     out = []
     for index in sorted(done):
         stats = cached.get(index)
         if stats is None:
             stats = read_result(store, job, index)[0]
-            if r is not None and stats:
-                r.hset(keys.chunk_stats(job), index, json.dumps(stats))
+            if stats is None:
+                continue
+            if r is not None:
+                chunks.cache_stats(r, job, index, stats)
         out.append(stats)
     return out
 
 
-def recent_rate(stats: list[dict[str, Any]], now: float, window_s: float = RATE_WINDOW_S,
+def recent_rate(stats: list[ChunkStats], now: float, window_s: float = RATE_WINDOW_S,
                 finished: bool = False) -> float:
     """Output tok/s over the recent window ending now (over the whole run while it is
     younger); for a finished job, over the window ending at its last result."""
-    if not stats:
+    timed = [s for s in stats if s.started is not None and s.finished is not None]
+    if not timed:
         return 0.0
-    first = min(s.get("started", now) for s in stats)
-    last = max(s.get("finished", now) for s in stats)
+    first = min(s.started for s in timed if s.started is not None)
+    last = max(s.finished for s in timed if s.finished is not None)
     end = last if finished or now - last >= window_s else max(last, now)
     start = max(first, end - window_s)
-    tokens = sum(s.get("completion_tokens", 0) for s in stats if s.get("finished", 0) >= start)
+    tokens = sum(s.completion_tokens for s in timed if s.finished is not None and s.finished >= start)
     return tokens / max(end - start, 1e-6)
 
 
@@ -121,28 +123,28 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
                                 for h in dying_workers(r)]
         except redis.RedisError:
             st.broker, r = False, None
-    stats = [s for s in chunk_stats(store, r, job, done) if s]
+    stats = done_stats(store, r, job, done)
     now = time.time()
     for s in stats:
-        st.records_done += s.get("records", 0)
-        st.samples_done += s.get("samples", 0)
-        st.prompt_tokens += s.get("prompt_tokens", 0)
-        st.completion_tokens += s.get("completion_tokens", 0)
-        st.record_errors += s.get("errors", 0)
-        st.records_truncated += s.get("records_truncated", 0)
-        st.records_truncated_in_thinking += s.get("records_truncated_in_thinking", 0)
-    st.workers = sorted({s["worker"] for s in stats if "worker" in s})
-    timed = [s for s in stats if "started" in s and "finished" in s]
+        st.records_done += s.records
+        st.samples_done += s.samples
+        st.prompt_tokens += s.prompt_tokens
+        st.completion_tokens += s.completion_tokens
+        st.record_errors += s.errors
+        st.records_truncated += s.records_truncated
+        st.records_truncated_in_thinking += s.records_truncated_in_thinking
+    st.workers = sorted({s.worker for s in stats if s.worker is not None})
+    timed = [s for s in stats if s.timed()]
     if timed:
-        first = min(s["started"] for s in timed)
-        last = max(s["finished"] for s in timed)
+        first = min(s.started for s in timed if s.started is not None)
+        last = max(s.finished for s in timed if s.finished is not None)
         st.elapsed_s = round((last if len(done) == manifest.chunks else now) - first, 3)
         finished = len(done) == manifest.chunks
         st.tok_s = round(recent_rate(timed, now, finished=finished), 2)
         for worker in st.workers:
-            mine = [s for s in timed if s.get("worker") == worker]
+            mine = [s for s in timed if s.worker == worker]
             st.worker_tok_s[worker] = round(recent_rate(mine, now, finished=finished), 2)
-        accept = [s["spec_accept_length"] for s in stats if s.get("spec_accept_length")]
+        accept = [s.spec_accept_length for s in stats if s.spec_accept_length]
         st.spec_accept_length = round(sum(accept) / len(accept), 3) if accept else None
         remaining = manifest.samples - st.samples_done
         if st.tok_s > 0 and st.samples_done:

@@ -1,7 +1,7 @@
 """Store layout (docs/architecture.md) and the codec of chunk and result objects.
 
 <job>/claim.json (written once, before any chunk), <job>/manifest.json, <job>/chunks/<index>,
-<job>/results/<index> (written once), <job>/partial/<index>/<seq>-<worker>,
+<job>/results/<index> (written once), <job>/partial/<index>/<seq>-<worker> (checkpoints),
 <job>/failed/<index>.json. Indexes are zero-padded to six digits. Chunks, results and
 checkpoints are zstd-compressed JSON lines.
 """
@@ -47,17 +47,19 @@ def result_key(job: str, index: int) -> str:
     return f"{job}/results/{idx(index)}"
 
 
-def partials_prefix(job: str) -> str:
+def checkpoints_prefix(job: str) -> str:
+    """Checkpoints live under `partial/`, the prefix's name since the first stores: renaming
+    it would orphan the checkpoints of jobs running across an upgrade."""
     return f"{job}/partial/"
 
 
-def partial_prefix(job: str, index: int) -> str:
-    return f"{partials_prefix(job)}{idx(index)}/"
+def checkpoint_prefix(job: str, index: int) -> str:
+    return f"{checkpoints_prefix(job)}{idx(index)}/"
 
 
-def partial_key(job: str, index: int, seq: int, worker: str) -> str:
+def checkpoint_key(job: str, index: int, seq: int, worker: str) -> str:
     safe = worker.replace("/", "_").replace("@", "_at_")
-    return f"{partial_prefix(job, index)}{seq:06d}-{safe}"
+    return f"{checkpoint_prefix(job, index)}{seq:06d}-{safe}"
 
 
 def failed_prefix(job: str) -> str:

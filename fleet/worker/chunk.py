@@ -1,6 +1,10 @@
-"""The state of one chunk while a worker runs it: the task fills it; middleware reads it.
+"""The data of one run of a chunk: its manifest and records, and the samples finished so
+far (from checkpoints and this run). The task, the manifest gate and the checkpoint
+middleware fill it; every middleware may read it.
 
-Policy state lives in each middleware's own typed state, never here."""
+Policy state (the lease, retry counts, the crash evidence) never lives here: each
+middleware keeps its own in its typed state, and a fact a later `after` needs travels on
+the outcome (`Failed.leased_s`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Generate a chunk's missing samples on the engine loop, record by record.
 
 A record that fails alone becomes an error record and the chunk goes on; any other
-exception fails the whole attempt, so a partial chunk is never reported done.
+exception fails the whole run, so an incomplete chunk is never reported done.
 """
 
 from __future__ import annotations

@@ -3,15 +3,16 @@ raising control-flow exceptions; `after` hooks read them to decide what to clean
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+from fleet.store.results import ChunkStats
 
 
 @dataclass(frozen=True)
 class Committed:
     """This run wrote the chunk's result."""
 
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: ChunkStats
 
 
 @dataclass(frozen=True)

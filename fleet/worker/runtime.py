@@ -117,8 +117,7 @@ class Runtime:
         r, best = self.ctx.redis, None
         for job in chunks.known_jobs(r):
             suspected = suspects.suspected_indexes(r, job)
-            for index_raw, unstarted_raw in r.hgetall(keys.progress(job)).items():
-                index, unstarted = int(index_raw), int(unstarted_raw)
+            for index, unstarted in chunks.unstarted(r, job).items():
                 if unstarted <= 0 or (best and unstarted <= best[0]) or (job, index) in self._assisted:
                     continue
                 if index in suspected:

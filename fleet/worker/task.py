@@ -11,7 +11,7 @@ from typing import Any
 from fleet.errors import FleetError
 from fleet.store import Store
 from fleet.store.layout import read_chunk, result_key
-from fleet.store.results import chunk_stats, encode_result
+from fleet.store.results import ChunkStats, encode_result, sample_counts
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.enginehost import EngineHost
 from fleet.worker.generate import generate_chunk
@@ -60,18 +60,18 @@ class ChunkTask:
         return Superseded(f"chunk {run.name} already committed by another worker: dropped this copy")
 
     @staticmethod
-    def stats(run: ChunkRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "job": run.job,
-            "chunk": run.index,
-            "records": len(run.records),
-            **chunk_stats(rows),
-            "resumed": run.resumed,
-            "seconds": round(time.time() - run.started, 3),
-            "assist": run.assist,
-            "spec_accept_length": mean_of(rows, "spec_accept_length"),
-            "started": run.started,
-            "finished": time.time(),
-            "worker": run.worker,
-            "attempt": run.attempt,
-        }
+    def stats(run: ChunkRun, rows: list[dict[str, Any]]) -> ChunkStats:
+        return ChunkStats(
+            job=run.job,
+            chunk=run.index,
+            records=len(run.records),
+            **sample_counts(rows),
+            resumed=run.resumed,
+            seconds=round(time.time() - run.started, 3),
+            assist=run.assist,
+            spec_accept_length=mean_of(rows, "spec_accept_length"),
+            started=run.started,
+            finished=time.time(),
+            worker=run.worker,
+            attempt=run.attempt,
+        )

@@ -7,7 +7,7 @@ import logging
 from fleet.coord import keys
 from fleet.coord.mismatch import mismatched_workers
 from fleet.store.checkpoints import encode_checkpoint
-from fleet.store.layout import partial_prefix, result_key
+from fleet.store.layout import checkpoint_prefix, result_key
 from fleet.worker.outcome import Committed, HandedBack
 from tests.middleware.conftest import JOB, make_worker, queued_messages
 
@@ -54,7 +54,7 @@ def test_checkpoints_of_another_configuration_are_not_resumed(worker, store):
     manifest = worker.ctx.manifests.get(JOB)
     assert manifest is not None
     fake = [{"id": f"r{i:05d}", "sample": 0, "output": "FOREIGN"} for i in range(8, 12)]
-    store.put(partial_prefix(JOB, 2) + "000001-odd", encode_checkpoint(fake, "another-identity"))
+    store.put(checkpoint_prefix(JOB, 2) + "000001-odd", encode_checkpoint(fake, "another-identity"))
     # When a matching worker runs the chunk
     run, outcome = worker.run(2)
     # Then it generated every record itself: nothing foreign in the result

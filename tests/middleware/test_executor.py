@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.store.results import ChunkStats
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.executor import Executor
 from fleet.worker.middleware.base import Middleware
@@ -49,7 +50,7 @@ def run() -> ChunkRun:
 
 def task(r: ChunkRun, poll: Any) -> Outcome:
     stop = poll()
-    return stop if stop is not None else Committed({"ok": 1})
+    return stop if stop is not None else Committed(ChunkStats(chunk=0))
 
 
 def test_before_in_order_after_in_reverse_with_each_own_state():

@@ -7,7 +7,7 @@ import json
 
 from fleet import metrics
 from fleet.coord import keys
-from fleet.store.layout import partial_prefix, result_key
+from fleet.store.layout import checkpoint_prefix, result_key
 from fleet.worker.outcome import Committed, Superseded
 from tests.middleware.conftest import JOB
 from tests.middleware.tasks import hold
@@ -15,7 +15,7 @@ from tests.middleware.tasks import hold
 
 def test_owner_stops_at_once_when_its_helper_committed_first(worker, other, r, store):
     # Given an owner running chunk 0, with a checkpoint, and a helper assisting it
-    store.put(partial_prefix(JOB, 0) + "000001-owner", b"")
+    store.put(checkpoint_prefix(JOB, 0) + "000001-owner", b"")
 
     def helper_commits(run):
         assert isinstance(other.run(0, assist=True)[1], Committed)
@@ -24,7 +24,7 @@ def test_owner_stops_at_once_when_its_helper_committed_first(worker, other, r, s
     _, outcome = worker.run(0, hold(worker.task, lambda: False, then=helper_commits))
     # Then the owner drops its copy without waiting to finish, and the checkpoints go
     assert isinstance(outcome, Superseded)
-    assert store.exists(result_key(JOB, 0)) and list(store.list(partial_prefix(JOB, 0))) == []
+    assert store.exists(result_key(JOB, 0)) and list(store.list(checkpoint_prefix(JOB, 0))) == []
     assert r.hget(keys.progress(JOB), 0) is None
 
 

@@ -32,7 +32,7 @@ class ExportRow:
 
 
 @dataclass
-class Skipped:
+class LeftOut:
     """Rows a format cannot represent, counted by reason, so the CLI can say what was left out."""
 
     reasons: dict[str, int] = field(default_factory=dict)
@@ -51,8 +51,8 @@ class Writer:
     #: whether rows need their input record (messages, input ids) from the chunk objects
     needs_inputs: ClassVar[bool] = False
 
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        self.path, self.manifest, self.stable, self.skipped = path, manifest, stable, skipped
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
+        self.path, self.manifest, self.stable, self.left_out = path, manifest, stable, left_out
 
     def __enter__(self) -> Writer:
         return self
@@ -68,15 +68,15 @@ class Writer:
 
 
 class JsonLinesWriter(Writer):
-    """A format of one JSON object per line; `line` maps a row to its object, or None to skip it."""
+    """A format of one JSON object per line; `line` maps a row to its object, or None to leave it out."""
 
     #: json.dumps separators; token rows are compact, text rows keep the readable default
     separators: ClassVar[tuple[str, str] | None] = None
-    #: training formats have nothing to train on in a failed record: skipped and counted
+    #: training formats have nothing to train on in a failed record: left out and counted
     skip_errors: ClassVar[bool] = False
 
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        super().__init__(path, manifest, stable, skipped)
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
+        super().__init__(path, manifest, stable, left_out)
         self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def line(self, row: ExportRow) -> dict[str, Any] | None:
@@ -86,7 +86,7 @@ class JsonLinesWriter(Writer):
         written = 0
         for row in rows:
             if self.skip_errors and row.out["finish_reason"] == "error":
-                self.skipped.add("error records")
+                self.left_out.add("error records")
                 continue
             obj = self.line(row)
             if obj is not None:

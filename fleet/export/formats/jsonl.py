@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fleet.export.formats.base import ExportRow, JsonLinesWriter, Skipped
+from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut
 from fleet.records import EXPORT_FIELDS
 from fleet.store.manifest import Manifest
 
@@ -25,8 +25,8 @@ def flat_record(row: dict[str, Any], fields: list[str]) -> dict[str, Any]:
 
 
 class JsonlWriter(JsonLinesWriter):
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        super().__init__(path, manifest, stable, skipped)
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
+        super().__init__(path, manifest, stable, left_out)
         self.fields = export_fields(stable)
 
     def line(self, row: ExportRow) -> dict[str, Any]:

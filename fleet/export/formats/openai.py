@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fleet.export.formats.base import ExportRow, JsonLinesWriter, Skipped
+from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut
 from fleet.store.manifest import Manifest
 
 ERROR_CODE = "record_error"
@@ -40,8 +40,8 @@ def choice(out: dict[str, Any], index: int, chat: bool) -> dict[str, Any]:
 class OpenAIBatchWriter(JsonLinesWriter):
     needs_inputs = True
 
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        super().__init__(path, manifest, stable, skipped)
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
+        super().__init__(path, manifest, stable, left_out)
         self.created = int(datetime.fromisoformat(manifest.created).timestamp())
 
     def write(self, rows: list[ExportRow]) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fleet.export.formats.base import ExportRow, Skipped, Writer
+from fleet.export.formats.base import ExportRow, LeftOut, Writer
 from fleet.export.formats.jsonl import export_fields
 from fleet.records import EXPORT_FIELDS
 from fleet.store.manifest import Manifest
@@ -31,8 +31,8 @@ EXTRA_COLUMN = pa.field("extra", pa.string())
 
 
 class ParquetWriter(Writer):
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        super().__init__(path, manifest, stable, skipped)
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
+        super().__init__(path, manifest, stable, left_out)
         self.fields = export_fields(stable)
         self.schema = pa.schema([*(PARQUET_SCHEMA.field(f) for f in self.fields), EXTRA_COLUMN])
         self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")

@@ -7,13 +7,13 @@ its `scripts/regenerate_train_data.py --reasoning save` writes it and as
 `specforge/data/parse.py` (ThinkingParser: role, content, tool_calls, reasoning_content)
 reads it for the qwen3.5 thinking template. The template re-inserts the think markers
 around `reasoning_content`, so markers left in `content` would train the drafter on
-`<think>` twice (SpecForge#296, #455): such rows are skipped and counted, as
+`<think>` twice (SpecForge#296, #455): such rows are left out and counted, as
 SpecForge's regeneration does.
 
 Records without messages (a raw prompt or pre-tokenized ids) have no conversation to
 extend, and a file mixing SpecForge's pre-formatted `{"id", "text"}` rows with
 conversation rows cannot be loaded (`is_preformatted` is per dataset), so they are
-skipped and counted; `--format tokens` covers every record. Error rows are skipped too.
+left out and counted; `--format tokens` covers every record. Error rows are left out too.
 Passthrough input fields follow at top level; `sample` is added to every sample after
 a record's first.
 """
@@ -45,10 +45,10 @@ class SpecForgeWriter(JsonLinesWriter):
         out, record = row.out, row.record
         assert record is not None
         if not record.messages:
-            self.skipped.add("records without messages (raw prompt or input_ids): use --format tokens")
+            self.left_out.add("records without messages (raw prompt or input_ids): use --format tokens")
             return None
         if has_marker(out["output"]) or has_marker(out.get("reasoning")):
-            self.skipped.add("a think marker left in the answer or the reasoning")
+            self.left_out.add("a think marker left in the answer or the reasoning")
             return None
         messages = [m.model_dump(exclude_none=True) for m in record.messages]
         line: dict[str, Any] = {"id": out["id"], "conversations": [*messages, assistant_turn(out)]}

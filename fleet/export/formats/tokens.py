@@ -11,7 +11,7 @@ chat template, which is deterministic. The rebuild is proven, not trusted: each 
 carries a digest of the ids the engine saw (`prompt_digest`), and a mismatch (other
 tokenizer files, another transformers version) fails the export instead of writing a
 subtly different prompt (the SpecForge#296 class of mismatch). The chat template's hash
-must also equal the manifest's. Error rows are skipped and counted; passthrough input
+must also equal the manifest's. Error rows are left out and counted; passthrough input
 fields follow at top level, and `sample` is added to every sample after a record's first.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.errors import FleetError
-from fleet.export.formats.base import ExportRow, JsonLinesWriter, Skipped, with_sample_and_extra
+from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut, with_sample_and_extra
 from fleet.records import GenRequest, InputRecord, Sampling, prompt_digest
 from fleet.store.manifest import Manifest
 
@@ -93,8 +93,8 @@ class TokensWriter(JsonLinesWriter):
     skip_errors = True
     separators = (",", ":")
 
-    def __init__(self, path: Path, manifest: Manifest, stable: bool, skipped: Skipped):
-        super().__init__(path, manifest, stable, skipped)
+    def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
+        super().__init__(path, manifest, stable, left_out)
         self.prompts = PromptIds(manifest)
 
     def line(self, row: ExportRow) -> dict[str, Any] | None:

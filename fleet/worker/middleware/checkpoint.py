@@ -11,7 +11,7 @@ from fleet.coord import chunks
 from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ChunkCorrupt, ObjectMissing
 from fleet.store.checkpoints import decode_checkpoint, encode_checkpoint
-from fleet.store.layout import partial_key, partial_prefix
+from fleet.store.layout import checkpoint_key, checkpoint_prefix
 from fleet.worker.chunk import ChunkRun, sample_key
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Outcome, result_exists
@@ -35,7 +35,7 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
 
     def before(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
         store = self.ctx.store
-        for key in store.list(partial_prefix(run.job, run.index)):
+        for key in store.list(checkpoint_prefix(run.job, run.index)):
             try:
                 rows = decode_checkpoint(store.get(key), key, self.ctx.identity_hash)
             except (ChunkCorrupt, ObjectMissing) as e:
@@ -56,7 +56,7 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         state.last_flush = time.monotonic()
         if fresh:
             # Nanoseconds name it: unique across flushes, runs and restarts of a same-named worker.
-            key = partial_key(run.job, run.index, time.time_ns(), run.worker)
+            key = checkpoint_key(run.job, run.index, time.time_ns(), run.worker)
             self.ctx.store.put(key, encode_checkpoint(fresh, self.ctx.identity_hash))
 
     def progress(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:

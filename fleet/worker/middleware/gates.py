@@ -27,7 +27,10 @@ class StopGate(Middleware[None]):
 
 class ManifestGate(Middleware[None]):
     """The job's manifest must be in this worker's store. Another store's job (a shared
-    broker, a wrong FLEET_STORE_URL) is handed back with backoff, never quarantined."""
+    broker, a wrong FLEET_STORE_URL) fails before the lease with an infra fault: the retry
+    policy requeues it after a doubling backoff, spending a retry, never an attempt, and
+    never quarantines it. A failure, not a hand-back: a worker that keeps meeting the job
+    backs off further each time instead of taking it straight back."""
 
     order = Order.MANIFEST
 
@@ -36,7 +39,7 @@ class ManifestGate(Middleware[None]):
         if run.manifest is None:
             return Failed(ManifestMissing(
                 f"job {run.job!r} has no manifest in this worker's store {self.ctx.store.url}: "
-                "chunk handed back (is FLEET_STORE_URL the one `fleet enqueue` used?)"))
+                "chunk requeued with backoff (is FLEET_STORE_URL the one `fleet enqueue` used?)"))
         return None
 
 

@@ -20,10 +20,9 @@ class MetricsMiddleware(Middleware[None]):
         if isinstance(outcome, Committed):
             s = outcome.stats
             metrics.observe_chunk(
-                s["seconds"], prompt_tokens=s["prompt_tokens"], completion_tokens=s["completion_tokens"],
-                records_ok=s["samples"] - s["errors"], records_error=s["errors"],
-                accept_length=s.get("spec_accept_length"),
+                s.seconds, prompt_tokens=s.prompt_tokens, completion_tokens=s.completion_tokens,
+                records_ok=s.samples - s.errors, records_error=s.errors, accept_length=s.spec_accept_length,
             )
         elif isinstance(outcome, Failed):
-            metrics.CHUNKS_FAILED.inc()
+            metrics.RUNS_FAILED.inc()
             metrics.count_error(outcome.cause)

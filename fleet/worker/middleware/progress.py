@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from fleet.coord import keys
+from fleet.coord import chunks
 from fleet.store.layout import result_key
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
@@ -31,13 +31,13 @@ class ProgressMiddleware(Middleware[ProgressState]):
         state.last_publish = now
         r = self.ctx.redis
         if not run.assist:
-            r.hset(keys.progress(run.job), run.index, max(0, run.remaining() - run.inflight))
+            chunks.publish_unstarted(r, run.job, run.index, max(0, run.remaining() - run.inflight))
         # The committing run caches its stats in Redis: a cheap sign, confirmed by the store,
         # that lasts after a helper that finished first has released its assist key.
-        if r.hexists(keys.chunk_stats(run.job), run.index) and self.ctx.store.exists(result_key(run.job, run.index)):
+        if chunks.stats_cached(r, run.job, run.index) and self.ctx.store.exists(result_key(run.job, run.index)):
             return Superseded(f"chunk {run.name} committed elsewhere first: dropped this copy")
         return None
 
     def after(self, run: ChunkRun, state: ProgressState, outcome: Outcome) -> None:
         if not run.assist:
-            self.ctx.redis.hdel(keys.progress(run.job), run.index)
+            chunks.publish_unstarted(self.ctx.redis, run.job, run.index, None)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
-from fleet.coord import keys
+from fleet.coord import chunks
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Committed, Outcome
@@ -15,4 +13,4 @@ class StatsMiddleware(Middleware[None]):
 
     def after(self, run: ChunkRun, state: None, outcome: Outcome) -> None:
         if isinstance(outcome, Committed):
-            self.ctx.redis.hset(keys.chunk_stats(run.job), run.index, json.dumps(outcome.stats))
+            chunks.cache_stats(self.ctx.redis, run.job, run.index, outcome.stats)
