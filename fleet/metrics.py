@@ -74,6 +74,13 @@ ENGINE_MAX_RUNNING = Gauge(
     "S: requests the engine really runs at once (SGLang's, read back after start); running requests' ceiling",
 )
 USD_PER_GPU_HOUR = Gauge("fleet_usd_per_gpu_hour", "Price of this worker's GPU in USD per hour (settings)")
+WORKER_DEATHS = Gauge(
+    "fleet_worker_deaths", "Recorded deaths of this worker's processes while holding chunks: all, or in a row "
+    "before finishing a batch", ["kind"]
+)  #: kind = "all" | "in_a_row"
+WORKER_BENCHED = Gauge(
+    "fleet_worker_benched", "1 while this worker is benched: its processes keep dying before finishing a batch"
+)
 WORKER = Info("fleet_worker", "Which worker this is: name, gpu, engine, model")
 
 _server: WSGIServer | None = None

@@ -99,11 +99,33 @@ class _Settings(BaseSettings):
     visibility_timeout_s: int = Field(DEFAULT_VISIBILITY_TIMEOUT_S, gt=0, description="longer than any chunk runs")
     max_attempts: int = Field(3, ge=1, description="failed attempts before a chunk is quarantined")
     max_crashes: int = Field(
-        5, ge=1, description="consecutive worker losses or engine deaths a chunk is suspected of before quarantine"
+        3, ge=1, description="deaths of processes that ran a chunk alone, all on one host, that quarantine it "
+        "(two on two hosts do); deaths beside other chunks never count"
     )
     crash_window_s: float = Field(
-        10.0, ge=0, description="seconds: a process dying this soon after taking a chunk's lease is evidence against it"
+        10.0, ge=0, description="seconds, at most: a process dying this soon after taking a chunk's lease (or "
+        "starting it alone) makes it a suspect"
     )
+    crash_window_fraction: float = Field(
+        0.5, gt=0, description="the crash window is this fraction of the job's median chunk run time so far, "
+        "capped by crash_window_s"
+    )
+    suspect_hold_s: float = Field(
+        30.0, ge=0, description="seconds a suspected chunk is left to workers other than the one it last died on "
+        "(and than benched ones) before they may run it alone again"
+    )
+    solo_after: int = Field(
+        2, ge=1, description="quick deaths beside other chunks after which a suspected chunk runs alone (only "
+        "deaths alone count towards quarantine)"
+    )
+    bench_after: int = Field(
+        3, ge=1, description="deaths in a row of a worker's processes, each before finishing a batch, that bench it"
+    )
+    bench_backoff_s: float = Field(
+        10.0, ge=0, description="seconds a benched worker takes no chunk after its last death, doubling with "
+        "each more; then it runs one at a time until one commits"
+    )
+    bench_backoff_max_s: float = Field(300.0, ge=0, description="seconds: cap of the bench backoff")
     retry_backoff_s: float = Field(1.0, ge=0, description="seconds before the first requeue after an infra error")
     retry_backoff_max_s: float = Field(30.0, ge=0, description="seconds: cap of the doubling infra-error backoff")
     grace_s: float = Field(30.0, ge=0, description="on SIGTERM, seconds running chunks may finish")

@@ -114,7 +114,8 @@ def test_engine_failure_restarts_the_worker_and_never_commits_a_partial_chunk(tm
     store_url = str(tmp_path / "store")
     env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url,
            "FLEET_CHUNK_SIZE": "4", "FLEET_SIM__STEP_S": "0.0005", "FLEET_SIM__ENGINE_ERROR_CHUNKS": "[1]",
-           "FLEET_MAX_ATTEMPTS": "2", "FLEET_MAX_CRASHES": "2", "FLEET_GRACE_S": "1"}
+           "FLEET_MAX_ATTEMPTS": "2", "FLEET_MAX_CRASHES": "2", "FLEET_GRACE_S": "1",
+           "FLEET_SUSPECT_HOLD_S": "1"}
     prompts = write_prompts(tmp_path / "p.jsonl", 16)
     assert run_fleet("enqueue", str(prompts), "--job", "dies", env=env).returncode == 0
     workers = Workers(env, tmp_path / "logs")

@@ -13,7 +13,7 @@ import time
 import pytest
 import redis
 
-from fleet.coord import keys
+from fleet.coord import keys, suspects
 from fleet.coord.broker import TASK_NAME, make_celery
 from fleet.coord.chunks import Lease
 from fleet.coord.chunkstate import Quarantine, read_failures
@@ -22,6 +22,7 @@ from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
 from fleet.store.local import LocalStore
 from fleet.store.results import ChunkStats, encode_result
+from tests.fleetproc import wait_for
 
 QUEUE = "fleet-test-q"
 
@@ -163,25 +164,57 @@ def test_worker_loss_after_a_long_run_spends_nothing(r, store, app, settings):
     assert r.hget(keys.lease_started(), "j/7") is None and r.hget(keys.lease_beat(), "j/7") is None
 
 
-def test_chunk_killing_its_workers_within_seconds_is_quarantined_on_its_own_budget(r, store, app, settings):
-    # Given a chunk whose workers die right after starting it
-    sent = 0
-    for n in range(1, settings.max_crashes + 1):
-        expired_lease(r, "j", 7, attempts_started=0)
-        r.delete(keys.requeue_guard("j", 7))
-        # When the reaper runs after each loss
+def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = False, committed: bool = True) -> None:
+    """A process took the chunk (beside others, or alone) and died at once: its lease runs out."""
+    lease = Lease(r, job, index, owner, ttl_s=0.2)
+    assert lease.acquire()
+    suspects.note_holder(r, job, index, owner)
+    if solo:
+        lease.restart_clock()
+        suspects.start_solo(r, job, index, owner)
+    if committed:  # it had finished other chunks before: a healthy process
+        suspects.note_commit(r, owner)
+    wait_for(lambda: not r.exists(keys.lease(job, index)), 2, "lease expiry")
+    r.delete(keys.requeue_guard(job, index))
+
+
+def test_deaths_beside_other_chunks_never_quarantine_solo_deaths_on_two_hosts_do(r, store, app, settings):
+    # Given a chunk in six quick deaths of processes running it beside other chunks
+    for n in range(1, 7):
+        lost_run(r, "j", 7, f"gpu0@a:{n}")
         assert requeue_expired(r, store, app, settings) == ["j/7"]
-        sent = len(queued_messages(r))
-        if n < settings.max_crashes:
-            # Then each is a suspicion, counted, and the chunk goes back (more than max_attempts of them)
-            assert int(r.hget(keys.crashes("j"), 7)) == n and sent == n
-    # and the last one quarantines it as a worker-killer, without spending attempts
-    assert settings.max_crashes > settings.max_attempts
-    assert sent == settings.max_crashes - 1
+        # Then each makes it a suspect, never a quarantine, and no attempt or crash is counted
+        assert suspects.suspicion(r, "j", 7).deaths == n and r.hget(keys.crashes("j"), 7) is None
+    assert read_failures(store, "j") == [] and len(queued_messages(r)) == 6
+    # When it then kills a process running it alone on host b, and one on host a
+    lost_run(r, "j", 7, "gpu0@b:1", solo=True)
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    assert int(r.hget(keys.crashes("j"), 7)) == 1 and read_failures(store, "j") == []
+    lost_run(r, "j", 7, "gpu0@a:9", solo=True)
+    requeue_expired(r, store, app, settings)
+    # Then it is quarantined as a worker-killer, on the evidence of its solo runs only, no attempt spent
     [failure] = read_failures(store, "j")
-    assert failure["error_type"] == "WorkerLost" and failure["attempts"] == settings.max_crashes
-    assert "within" in failure["error"]
-    assert r.hget(keys.attempts("j"), 7) == b"0"
+    assert failure["error_type"] == "WorkerLost" and failure["attempts"] == 2 and "2 host(s)" in failure["error"]
+    assert len(queued_messages(r)) == 7 and not r.hget(keys.attempts("j"), 7)
+
+
+def test_a_worker_whose_processes_keep_dying_is_blamed_and_benched(r, store, app, settings, caplog):
+    # Given a healthy worker, and one whose processes each die soon after taking chunks, before finishing a batch
+    suspects.note_commit(r, "gpu0@good:1")
+    for n in range(1, settings.bench_after + 1):
+        lost_run(r, "j", n, f"gpu0@bad:{n}", committed=False)
+        requeue_expired(r, store, app, settings)
+    # Then its deaths are counted in a row, and only the first one's chunk is suspected
+    health = suspects.worker_health(r, "gpu0@bad")
+    assert (health.deaths, health.streak) == (settings.bench_after, settings.bench_after)
+    assert [bool(suspects.suspicion(r, "j", n)) for n in range(1, settings.bench_after + 1)] == \
+        [True] + [False] * (settings.bench_after - 1)
+    assert "worker gpu0@bad benched" in caplog.text
+    assert [h.worker for h in suspects.dying_workers(r)] == ["gpu0@bad"]
+    assert suspects.healthy_others(r, "gpu0@bad") and not suspects.healthy_others(r, "gpu0@good")
+    # and a process of it that commits a chunk ends the streak
+    suspects.note_commit(r, "gpu0@bad:99")
+    assert suspects.dying_workers(r) == [] and suspects.worker_health(r, "gpu0@bad").deaths == settings.bench_after
 
 
 def test_reaper_never_drops_a_new_owner(r, store, app, settings):

@@ -8,9 +8,11 @@ import pytest
 import redis as redis_lib
 
 from fleet.coord.retry import Action, History, RetryPolicy, Spend, fault_of
+from fleet.coord.suspects import Suspicion
 from fleet.errors import ChunkCorrupt, EngineError, ManifestMissing, ObjectMissing, StoreError, WorkerLost
 
-POLICY = RetryPolicy(max_attempts=3, max_crashes=5, crash_window_s=10, backoff_s=1, backoff_max_s=30)
+POLICY = RetryPolicy(max_attempts=3, max_crashes=3, crash_window_s=10, backoff_s=1, backoff_max_s=30,
+                     crash_window_fraction=0.5)
 
 
 @pytest.mark.parametrize("cause", [StoreError("s3 down"), ManifestMissing("other store"),
@@ -54,11 +56,91 @@ def test_a_crash_with_no_clock_is_no_evidence():
 
 
 @pytest.mark.parametrize("cause", [WorkerLost("lease expired"), EngineError("engine died")])
-def test_quick_crashes_are_suspicions_with_their_own_budget(cause):
-    d = POLICY.decide(cause, History(attempts=2, crashes=3, ran_s=1.5))
-    assert (d.action, d.spend, d.count) == (Action.REQUEUE, Spend.CRASH, 4)
-    d = POLICY.decide(cause, History(attempts=0, crashes=4, ran_s=1.5))
-    assert (d.action, d.spend, d.count) == (Action.QUARANTINE, Spend.CRASH, 5)
+def test_a_quick_death_beside_other_chunks_is_a_suspicion_never_a_quarantine(cause):
+    # Given a chunk already in many quick deaths, each beside the other chunks of its worker
+    history = History(attempts=2, ran_s=1.5, worker="cpu0@a", suspicion=Suspicion(deaths=40, last="cpu0@a"))
+    # When one more such death is seen
+    d = POLICY.decide(cause, history)
+    # Then it stays a suspect (it runs alone next); nothing counts towards quarantine
+    assert (d.action, d.spend, d.count) == (Action.REQUEUE, Spend.SUSPECT, 41)
+    assert "alone" in d.why
+
+
+def test_a_worker_that_keeps_dying_beside_healthy_ones_is_blamed_not_its_chunks():
+    # Given a worker whose previous process also died before finishing a batch, in a fleet
+    # where another worker commits
+    d = POLICY.decide(WorkerLost("x"), History(ran_s=1.0, worker="cpu0@bad", worker_streak=1, others_healthy=True))
+    # Then its chunks are not even suspected, and no evidence they had is erased
+    assert (d.action, d.spend, d.clears) == (Action.REQUEUE, Spend.NOTHING, False)
+    assert "cpu0@bad" in d.why
+
+
+def test_a_dying_worker_alone_cannot_be_told_from_its_chunks_so_they_are_judged():
+    # Given the only worker of a machine, benched after dying on a poison chunk again and again
+    history = History(crashes=2, ran_s=0.5, solo=True, worker="cpu0@h", worker_streak=POLICY.bench_after,
+                      suspicion=Suspicion(deaths=4, solo=("cpu0@h", "cpu0@h"), last="cpu0@h"))
+    # Then its deaths still count against the chunk: the one-machine poison case ends
+    assert POLICY.decide(WorkerLost("x"), history).action is Action.QUARANTINE
+    assert POLICY.decide(WorkerLost("x"), History(ran_s=1.0, worker="cpu0@h", worker_streak=2)).spend is Spend.SUSPECT
+
+
+def test_a_chunk_runs_alone_after_solo_after_deaths_beside_others():
+    assert not POLICY.runs_alone(Suspicion())
+    assert not POLICY.runs_alone(Suspicion(deaths=POLICY.solo_after - 1))
+    assert POLICY.runs_alone(Suspicion(deaths=POLICY.solo_after))
+    assert POLICY.decide(WorkerLost("x"), History(ran_s=1, suspicion=Suspicion(deaths=1))).why.endswith(
+        "runs alone next")
+
+
+def test_a_solo_death_on_a_benched_worker_is_the_workers():
+    # Given a benched worker (its processes died bench_after times in a row before finishing a batch)
+    history = History(crashes=2, ran_s=0.5, solo=True, worker="cpu0@bad", worker_streak=POLICY.bench_after,
+                      suspicion=Suspicion(deaths=4, solo=("cpu0@bad", "cpu0@bad"), last="cpu0@bad"),
+                      others_healthy=True)
+    # When it dies running a chunk alone on probation, Then nothing counts against the chunk
+    d = POLICY.decide(WorkerLost("x"), history)
+    assert (d.action, d.spend, d.clears) == (Action.REQUEUE, Spend.NOTHING, False) and "benched" in d.why
+
+
+def test_solo_deaths_on_two_hosts_quarantine():
+    # Given a chunk whose solo run already killed a worker on host a
+    history = History(crashes=1, ran_s=0.5, solo=True, worker="cpu0@b",
+                      suspicion=Suspicion(deaths=2, solo=("cpu0@a",), last="cpu0@a"))
+    # When it kills a worker on host b, alone
+    d = POLICY.decide(WorkerLost("x"), history)
+    # Then it is quarantined, naming both hosts
+    assert (d.action, d.spend, d.count) == (Action.QUARANTINE, Spend.CRASH, 2)
+    assert "a, b" in d.why
+
+
+def test_solo_deaths_on_one_host_need_max_crashes():
+    # Given one machine: every solo death is on host a (several workers, or one restarted)
+    one = Suspicion(deaths=2, solo=("cpu0@a",), last="cpu0@a")
+    d = POLICY.decide(WorkerLost("x"), History(crashes=1, ran_s=0.5, solo=True, worker="cpu1@a", suspicion=one))
+    assert (d.action, d.spend, d.count) == (Action.REQUEUE, Spend.CRASH, 2)
+    two = Suspicion(deaths=3, solo=("cpu0@a", "cpu1@a"), last="cpu1@a")
+    d = POLICY.decide(WorkerLost("x"), History(crashes=2, ran_s=0.5, solo=True, worker="cpu0@a", suspicion=two))
+    # Then the max_crashes-th quarantines it: the one-machine poison case ends
+    assert (d.action, d.spend, d.count) == (Action.QUARANTINE, Spend.CRASH, POLICY.max_crashes)
+
+
+def test_the_crash_window_is_a_fraction_of_the_jobs_median_chunk_time_capped_by_the_setting():
+    assert POLICY.window(None) == 10
+    assert POLICY.window(8.0) == 4.0
+    assert POLICY.window(600.0) == 10
+    # a death 5 s into a chunk of a job whose chunks run 8 s is no evidence; 3 s is
+    d = POLICY.decide(WorkerLost("x"), History(ran_s=5, median_s=8, solo=True, crashes=2,
+                                               suspicion=Suspicion(deaths=3, solo=("cpu0@a",))))
+    assert (d.action, d.spend, d.clears) == (Action.REQUEUE, Spend.NOTHING, True)
+    assert POLICY.decide(WorkerLost("x"), History(ran_s=3, median_s=8)).spend is Spend.SUSPECT
+
+
+def test_the_bench_starts_at_bench_after_and_doubles_to_its_cap():
+    policy = RetryPolicy(bench_after=3, bench_backoff_s=10, bench_backoff_max_s=60)
+    assert [policy.benched_for(n) for n in range(6)] == [None, None, None, 10, 20, 40]
+    assert policy.benched_for(30) == 60
+    # and only beside a healthy worker: a fleet whose workers all die alike benches none
+    assert policy.benched_for(5, others_healthy=False) is None
 
 
 def test_fault_is_read_from_the_class_never_the_message():

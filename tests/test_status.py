@@ -11,8 +11,10 @@ import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from rich.console import Console
 
-from fleet.coord import keys
+from fleet.cli.jobs import status_table
+from fleet.coord import keys, suspects
 from fleet.coord.chunks import Lease
 from fleet.coord.chunkstate import Quarantine
 from fleet.coord.localredis import free_port
@@ -303,3 +305,24 @@ def test_retractions_are_counted_per_chunk_and_shown_by_status(store):
     table = status_table(st)
     cells = dict(zip(table.columns[0]._cells, table.columns[1]._cells, strict=True))
     assert cells["retractions"].startswith("3 (0.75 per sample): the batch outgrows the KV pool")
+
+
+def test_status_names_workers_whose_processes_keep_dying(store, r):
+    # Given worker gpu0@bad whose three processes died before finishing a batch, and gpu0@ok
+    # whose one death came after it had committed one
+    half_done_job(store, time.time())
+    for n in range(3):
+        suspects.note_process_death(r, f"gpu0@bad:{n}")
+    suspects.note_commit(r, "gpu0@ok:1")
+    suspects.note_process_death(r, "gpu0@ok:1")
+    # When status is taken
+    st = job_status(store, r, JOB, bench_after=3)
+    # Then only the dying one is listed, with its deaths, benched; in JSON and in the table
+    [dying] = st.dying_workers
+    assert (dying["worker"], dying["deaths"], dying["deaths_in_a_row"], dying["benched"]) == ("gpu0@bad", 3, 3, True)
+    assert json.loads(st.to_json())["dying_workers"][0]["worker"] == "gpu0@bad"
+    console = Console(record=True, width=200)
+    console.print(status_table(st))
+    text = console.export_text()
+    assert "dying gpu0@bad" in text and "3 deaths, 3 in a row" in text and "benched" in text
+    assert "gpu0@ok" not in text

@@ -148,7 +148,7 @@ def status(
     manifest = run_guarded(require_manifest, store, job)
 
     def current():
-        return run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour, manifest)
+        return run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour, manifest, settings.bench_after)
 
     if as_json:
         while True:
@@ -203,6 +203,10 @@ def status_table(st) -> Table:
         t.add_row(k, v)
     for f in st.failed:
         t.add_row(f"failed {f['index']}", f"{f['error_type']}: {f['error']} ({f['attempts']} attempts)")
+    for d in st.dying_workers:
+        t.add_row(escape(f"dying {d['worker']}"),
+                  f"{d['deaths']} deaths, {d['deaths_in_a_row']} in a row before finishing a batch"
+                  + (": benched, backing off" if d["benched"] else ""))
     for m in st.mismatched_workers:
         differs = escape("; ".join(m["differences"]))  # rich markup would eat "[...]" in values
         t.add_row(escape(f"mismatched {m['worker']}"), f"other engine settings, runs nothing: {differs}")

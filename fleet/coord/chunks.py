@@ -56,6 +56,11 @@ _RELEASE = (
     "if ARGV[2] ~= '' then redis.call('hdel', KEYS[3], ARGV[2]); redis.call('hdel', KEYS[4], ARGV[2]) end "
     "return redis.call('srem', KEYS[2], ARGV[2]) else return 0 end"
 )
+# Only the owner restarts the clock of its lease.
+_RESTART_CLOCK = (
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('hset', KEYS[2], ARGV[2], ARGV[3]); redis.call('hset', KEYS[3], ARGV[2], ARGV[3]); return 1"
+)
 # Leave the running set only while no lease exists, in one step: a worker that took the
 # lease since the scan keeps its chunk watched, and no duplicate message is sent for it.
 # Also pops the lease clock, the evidence of how long the lost worker held the lease.
@@ -130,6 +135,17 @@ class Lease:
     def release(self) -> None:
         self.r.eval(_RELEASE, 4, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
                     self.owner, self._member)
+
+    def restart_clock(self) -> None:
+        """The run starts only now (it waited, leased, for its worker's other chunks to end so
+        as to run alone): the lease clock, the crash evidence, starts again here, for the
+        reaper (in Redis) and for a failure this owner sees."""
+        if not self.watched:
+            return
+        now = now_ms()
+        if self.r.eval(_RESTART_CLOCK, 3, self.key, keys.lease_started(), keys.lease_beat(), self.owner,
+                       self._member, now):
+            self.taken_ms = now
 
     def held_s(self) -> float:
         """How long this owner has held the lease now: the crash evidence of a failure it saw."""

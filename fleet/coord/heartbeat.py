@@ -32,6 +32,11 @@ class Heartbeat:
         with self._lock:
             self._leases.discard(lease)
 
+    def held(self, job: str, index: int) -> Lease | None:
+        """The chunk lease (not an assist's) this process holds on the chunk, if any."""
+        with self._lock:
+            return next((x for x in self._leases if x.watched and (x.job, x.index) == (job, index)), None)
+
     def stop(self) -> None:
         self._stop.set()
 

@@ -39,8 +39,8 @@ def attempts(job: str) -> str:
 
 
 def crashes(job: str) -> str:
-    """Hash index -> consecutive worker losses or engine deaths the chunk is suspected of
-    (the process died within the crash window of starting it); its own, larger budget."""
+    """Hash index -> deaths of processes that ran the chunk alone within the crash window of
+    starting it: the only deaths that count towards its quarantine (fleet.coord.retry)."""
     return f"{PREFIX}:{job}:crashes"
 
 
@@ -58,6 +58,63 @@ def lease_started() -> str:
 def lease_beat() -> str:
     """Hash "job/index" -> ms epoch of the lease's last renewal (its holder was alive then)."""
     return f"{PREFIX}:lease-beat"
+
+
+def lease_holder() -> str:
+    """Hash "job/index" -> lease owner (worker:pid) of the run now holding it; the reaper reads
+    which process a lost chunk died with (fleet.coord.suspects)."""
+    return f"{PREFIX}:lease-holder"
+
+
+def solo_runs() -> str:
+    """Hash "job/index" -> owner running it alone (no other chunk in its process): only a
+    death in such a run is evidence against the chunk itself (fleet.coord.retry)."""
+    return f"{PREFIX}:solo-runs"
+
+
+def suspects(job: str) -> str:
+    """Hash index -> JSON of the quick deaths a chunk was in (shared or alone), the workers
+    whose solo runs of it died, and the last one; cleared by a result or a long run."""
+    return f"{PREFIX}:{job}:suspects"
+
+
+def chunk_seconds(job: str) -> str:
+    """List of the last run times of committed chunks; its median fits the crash window."""
+    return f"{PREFIX}:{job}:chunk-seconds"
+
+
+def worker_deaths() -> str:
+    """Hash worker name -> deaths of its processes while holding chunks (all time)."""
+    return f"{PREFIX}:worker-deaths"
+
+
+def worker_streak() -> str:
+    """Hash worker name -> its processes' deaths in a row before finishing a batch (as many
+    chunks as they ran at once); a finished batch clears it; at `bench_after` the worker is
+    benched (fleet.coord.retry)."""
+    return f"{PREFIX}:worker-streak"
+
+
+def worker_last_death() -> str:
+    """Hash worker name -> ms epoch of its last recorded death (the bench counts from it)."""
+    return f"{PREFIX}:worker-last-death"
+
+
+def worker_last_commit() -> str:
+    """Hash worker name -> ms epoch a process of it last committed, once it had finished a
+    batch: whether the fleet has a healthy worker besides a dying one."""
+    return f"{PREFIX}:worker-last-commit"
+
+
+def process_dead(owner: str) -> str:
+    """Short-lived: this process's death is recorded (once, whichever reaper sees it first);
+    holds the worker's streak from before it, the judge of all its lost chunks."""
+    return f"{PREFIX}:dead:{owner}"
+
+
+def process_committed(owner: str) -> str:
+    """Short-lived: this process finished a batch of chunks, so its death is not an early one."""
+    return f"{PREFIX}:committed:{owner}"
 
 
 def requeue_guard(job: str, index: int) -> str:

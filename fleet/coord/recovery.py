@@ -14,7 +14,7 @@ from collections.abc import Callable
 import redis
 from celery import Celery
 
-from fleet.coord import chunks, keys
+from fleet.coord import chunks, keys, suspects
 from fleet.coord.chunks import ChunkQueue
 from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes
 from fleet.coord.retry import Action, History, RetryPolicy, settle
@@ -36,6 +36,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
         if store.exists(result_key(job, index)):
             if chunks.forget_unleased(r, job, index) is not None:
                 delete_checkpoints(store, job, index)
+                suspects.take_lost(r, job, index)  # its process died after the commit: nothing to judge
             continue
         if not chunks.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
             continue
@@ -55,16 +56,38 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
 def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryPolicy, job: str, index: int,
                  ran_s: float) -> None:
     """What a lost worker's chunk comes to: the retry policy requeues or quarantines it.
-    `ran_s` is the lease clock: how long the lost worker held the lease."""
+    `ran_s` is the lease clock: how long the lost worker held the lease (since it started
+    alone, for a solo run). The death is recorded against its process's worker first."""
     member = keys.member(job, index)
-    history = History.load(r, job, index, ran_s=ran_s)
-    lost = WorkerLost(f"worker lost: lease of {member} expired with no result")
-    decision = settle(r, store, policy, job, index, lost, history)
+    owner, solo = suspects.take_lost(r, job, index)
+    if owner is not None:
+        note_death(r, policy, owner)
+    history = History.load(r, job, index, ran_s=ran_s, solo=solo, owner=owner)
+    lost = WorkerLost(f"worker lost: lease of {member} expired with no result"
+                      + (f" (held by {owner}{', alone' if solo else ''})" if owner else ""))
+    decision = settle(r, store, policy, job, index, lost, history, history.worker or None)
     if decision.action is Action.QUARANTINE:
         log.error("chunk %s quarantined: %s", member, decision.why)
     else:  # a lost worker never spends an attempt
         queue.requeue(job, index)
         log.warning("chunk %s lease expired without result: requeued (%s)", member, decision.why)
+
+
+def note_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:
+    """Count a process's death against its worker; say so loudly when it benches the worker."""
+    first, before = suspects.note_process_death(r, owner)
+    if not first:
+        return
+    worker = suspects.worker_of(owner)
+    health = suspects.worker_health(r, worker)
+    bench_s = policy.benched_for(health.streak, suspects.healthy_others(r, worker))
+    if bench_s is not None and health.streak > before:
+        log.critical("worker %s benched: %d of its processes in a row died before finishing a batch (%d deaths in "
+                     "all); it takes no chunk for %.0fs, then one at a time until one commits", worker,
+                     health.streak, health.deaths, bench_s)
+    else:
+        log.warning("process %s died holding chunks (worker %s: %d deaths, %d in a row before finishing a batch)",
+                    owner, worker, health.deaths, health.streak)
 
 
 def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, stall: StallWatch,

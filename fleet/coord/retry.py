@@ -4,10 +4,13 @@
 It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
 - the chunk's own failures spend attempts (`max_attempts`), a broken chunk object none;
 - store, broker and network errors spend nothing and come back after a backoff;
-- a worker loss or engine death is blamed on the chunk only on evidence: the process died
-  within `crash_window_s` of taking the chunk's lease (the lease clock, fleet.coord.chunks).
-  Those suspicions have their own, larger budget (`max_crashes`), and a loss after a longer
-  run clears them, so random kills of a fleet never quarantine a healthy chunk;
+- a worker loss or engine death is evidence against the worker and the set of chunks it
+  ran, not each of them: a death within the crash window of taking a chunk's lease (the
+  lease clock, fleet.coord.chunks; a fraction of the job's median chunk run time, capped by
+  `crash_window_s`) makes it a suspect, which runs alone after `solo_after` such deaths;
+  only deaths in solo runs count, and two on two hosts (or `max_crashes` on one) quarantine it.
+  A worker whose processes keep dying before finishing a batch is the suspect instead: its
+  chunks are not suspected, and it is benched (`bench_after`);
 - nothing is quarantined before its lease was taken.
 """
 
@@ -20,8 +23,9 @@ from enum import Enum
 
 import redis
 
-from fleet.coord import chunks
+from fleet.coord import chunks, suspects
 from fleet.coord.chunkstate import Quarantine
+from fleet.coord.suspects import Suspicion, host_of, worker_of
 from fleet.errors import Fault
 from fleet.settings import Settings
 from fleet.store import Store
@@ -39,7 +43,10 @@ class Spend(Enum):
 
     NOTHING = "nothing"
     ATTEMPT = "attempt"
+    #: a death in a solo run: counts towards quarantine
     CRASH = "crash"
+    #: a death beside other chunks: the chunk runs alone next, nothing counts
+    SUSPECT = "suspect"
     RETRY = "retry"
 
 
@@ -53,12 +60,30 @@ class History:
     #: seconds the failed run had run when it failed (inf when unknown: no evidence)
     ran_s: float = math.inf
     lease_taken: bool = True
+    #: the failed run ran alone in its process (fleet.worker.middleware.admission)
+    solo: bool = False
+    #: the worker whose process ran it ("" when unknown)
+    worker: str = ""
+    #: that worker's deaths in a row before finishing a batch, before this one
+    worker_streak: int = 0
+    #: the quick deaths the chunk was in since its last clean run
+    suspicion: Suspicion = Suspicion()
+    #: median run time of the job's committed chunks so far (None before the first)
+    median_s: float | None = None
+    #: another worker committed lately: a dying worker can be told apart from its chunks
+    others_healthy: bool = False
 
     @classmethod
-    def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True) -> History:
-        """`ran_s` is the lease clock (fleet.coord.chunks.held_s): how long the failed run held the lease."""
+    def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True,
+             solo: bool = False, owner: str | None = None) -> History:
+        """`ran_s` is the lease clock (fleet.coord.chunks.held_s): how long the failed run held the lease
+        (since it started alone, for a solo run); `owner` the process that ran it."""
         spent = chunks.counters(r, job, index)
-        return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken)
+        streak = suspects.streak_before_death(r, owner) if owner else None
+        worker = worker_of(owner) if owner else ""
+        return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken, solo, worker, streak or 0,
+                   suspects.suspicion(r, job, index), suspects.median_duration(r, job),
+                   bool(worker) and suspects.healthy_others(r, worker))
 
 
 @dataclass(frozen=True)
@@ -70,6 +95,8 @@ class Decision:
     delay_s: float
     #: for logs and the quarantine record
     why: str
+    #: a clean run: the chunk's crash suspicion ends
+    clears: bool = False
 
 
 def fault_of(cause: BaseException) -> Fault:
@@ -85,18 +112,75 @@ def fault_of(cause: BaseException) -> Fault:
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 3
-    max_crashes: int = 5
+    max_crashes: int = 3
     crash_window_s: float = 10.0
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
+    crash_window_fraction: float = 0.5
+    bench_after: int = 3
+    bench_backoff_s: float = 10.0
+    bench_backoff_max_s: float = 300.0
+    solo_after: int = 2
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
         return cls(settings.max_attempts, settings.max_crashes, settings.crash_window_s,
-                   settings.retry_backoff_s, settings.retry_backoff_max_s)
+                   settings.retry_backoff_s, settings.retry_backoff_max_s, settings.crash_window_fraction,
+                   settings.bench_after, settings.bench_backoff_s, settings.bench_backoff_max_s, settings.solo_after)
 
     def backoff(self, retries: int) -> float:
         return min(self.backoff_max_s, self.backoff_s * 2.0 ** min(retries, 16))
+
+    def window(self, median_s: float | None) -> float:
+        """Seconds after a start within which a death is evidence: a fraction of the job's
+        median chunk run time, capped by the setting (the cap alone before any chunk is done)."""
+        if median_s is None:
+            return self.crash_window_s
+        return min(self.crash_window_s, self.crash_window_fraction * median_s)
+
+    def benched_for(self, streak: int, others_healthy: bool = True) -> float | None:
+        """Seconds a worker takes no chunk after its last death, doubling with each more; None
+        while it is not benched. After them it runs one chunk at a time until one commits. Only
+        beside a healthy worker: when every worker dies alike (a fleet under random kills),
+        benching them all would stall the job and single out none."""
+        if streak < self.bench_after or not others_healthy:
+            return None
+        return min(self.bench_backoff_max_s, self.bench_backoff_s * 2.0 ** min(streak - self.bench_after, 16))
+
+    def runs_alone(self, suspicion: Suspicion) -> bool:
+        """A chunk in `solo_after` quick deaths beside others (or one alone) runs alone next:
+        one death beside K chunks says little about any of them, and a solo run drains its worker."""
+        return suspicion.deaths >= self.solo_after or bool(suspicion.solo)
+
+    def _crash(self, history: History) -> Decision:
+        window = self.window(history.median_s)
+        if history.ran_s > window:
+            return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
+                            f"ran {history.ran_s:.1f}s before the loss (window {window:.1f}s): not suspected, "
+                            "no attempt spent", clears=True)
+        if not history.solo:
+            if history.worker_streak > 0 and history.others_healthy:
+                return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
+                                f"its worker {history.worker} keeps dying before finishing a batch "
+                                f"({history.worker_streak + 1} in a row): the worker is blamed, not its chunks")
+            n = history.suspicion.deaths + 1
+            nxt = "runs alone next" if n >= self.solo_after else "runs on another worker next"
+            return Decision(Action.REQUEUE, Spend.SUSPECT, n, 0.0,
+                            f"suspected with the rest of its worker's chunks: died {history.ran_s:.1f}s after "
+                            f"starting it (window {window:.1f}s); {nxt}")
+        if history.worker_streak >= self.bench_after and history.others_healthy:
+            return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
+                            f"its worker {history.worker} is benched (its processes keep dying before finishing a "
+                            "chunk): the worker is blamed, not the chunk it ran alone")
+        n = history.crashes + 1
+        hosts = {host_of(w) for w in (*history.suspicion.solo, history.worker) if w}
+        if len(hosts) >= 2 or n >= self.max_crashes:
+            return Decision(Action.QUARANTINE, Spend.CRASH, n, 0.0,
+                            f"its process died within {window:.1f}s of starting it alone {n} times, "
+                            f"on {len(hosts)} host(s): {', '.join(sorted(hosts))}")
+        return Decision(Action.REQUEUE, Spend.CRASH, n, 0.0,
+                        f"suspected: died {history.ran_s:.1f}s after starting it alone on {history.worker or '?'} "
+                        f"({n} of {self.max_crashes} on one host, or 2 on two hosts)")
 
     def decide(self, cause: BaseException, history: History) -> Decision:
         fault = fault_of(cause)
@@ -107,27 +191,21 @@ class RetryPolicy:
         if fault is Fault.HOPELESS:
             return Decision(Action.QUARANTINE, Spend.ATTEMPT, history.attempts + 1, 0.0, "retrying cannot help")
         if fault is Fault.CRASH:
-            if history.ran_s > self.crash_window_s:
-                return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
-                                f"ran {history.ran_s:.0f}s before the loss: not suspected, no attempt spent")
-            n = history.crashes + 1
-            if n >= self.max_crashes:
-                return Decision(Action.QUARANTINE, Spend.CRASH, n, 0.0,
-                                f"its process died within {self.crash_window_s:g}s of taking it {n} times in a row")
-            return Decision(Action.REQUEUE, Spend.CRASH, n, 0.0,
-                            f"suspected: died {history.ran_s:.1f}s after taking it ({n} of {self.max_crashes})")
+            return self._crash(history)
         n = history.attempts + 1
         if n >= self.max_attempts:
             return Decision(Action.QUARANTINE, Spend.ATTEMPT, n, 0.0, f"failed {n} time(s)")
         return Decision(Action.REQUEUE, Spend.ATTEMPT, n, 0.0, f"attempt {n} of {self.max_attempts} failed")
 
 
-def record(r: redis.Redis, job: str, index: int, decision: Decision) -> None:
+def record(r: redis.Redis, job: str, index: int, decision: Decision, worker: str = "") -> None:
     """Write what the decision spent; a loss after a long run clears the crash suspicion."""
-    if decision.spend is not Spend.NOTHING:
+    if decision.spend in (Spend.CRASH, Spend.SUSPECT):
+        suspects.note_death(r, job, index, worker, solo=decision.spend is Spend.CRASH)
+    if decision.spend in (Spend.ATTEMPT, Spend.CRASH, Spend.RETRY):
         chunks.charge(r, job, index, decision.spend.value, decision.count)
-    elif decision.action is Action.REQUEUE:
-        chunks.clear_crashes(r, job, index)
+    elif decision.clears:
+        suspects.clear_suspicion(r, job, index)
 
 
 def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: int, cause: BaseException,
@@ -136,7 +214,7 @@ def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: i
     is the decision; the caller requeues (after its own backoff) otherwise. The worker and the
     reaper both come through here, so a failure is settled the same way wherever it is seen."""
     decision = policy.decide(cause, history)
-    record(r, job, index, decision)
+    record(r, job, index, decision, history.worker or worker or "")
     if decision.action is Action.QUARANTINE:
         Quarantine(index=index, error=f"{cause} ({decision.why})", error_type=type(cause).__name__,
                    attempts=decision.count, traceback="".join(traceback.format_exception(cause)),

@@ -32,6 +32,8 @@ FAMILIES = {
     "fleet_job_eta_seconds": "Estimated seconds until every chunk has a result",
     "fleet_job_cost_usd": "USD spent on GPUs so far (settings.usd_per_gpu_hour)",
     "fleet_job_usd_per_million_tokens": "USD per million output tokens so far",
+    "fleet_dying_worker_deaths": "Deaths of a worker's processes in a row before finishing a batch (benched at "
+    "bench_after)",
 }
 
 
@@ -64,7 +66,9 @@ class JobCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         fam = {name: GaugeMetricFamily(name, text, labels=self._labels(name)) for name, text in FAMILIES.items()}
+        dying: dict[str, int] = {}
         for st in self.statuses():
+            dying.update({d["worker"]: d["deaths_in_a_row"] for d in st.dying_workers})
             for state, n in (
                 ("done", st.chunks_done),
                 ("failed", st.chunks_failed),
@@ -81,8 +85,11 @@ class JobCollector(Collector):
                 fam["fleet_job_eta_seconds"].add_metric([st.job], st.eta_s)
             if st.usd_per_m_tokens is not None:
                 fam["fleet_job_usd_per_million_tokens"].add_metric([st.job], st.usd_per_m_tokens)
+        for worker, n in sorted(dying.items()):
+            fam["fleet_dying_worker_deaths"].add_metric([worker], n)
         yield from fam.values()
 
     @staticmethod
     def _labels(name: str) -> list[str]:
-        return {"fleet_job_chunks": ["job", "state"], "fleet_job_records": ["job", "kind"]}.get(name, ["job"])
+        return {"fleet_job_chunks": ["job", "state"], "fleet_job_records": ["job", "kind"],
+                "fleet_dying_worker_deaths": ["worker"]}.get(name, ["job"])

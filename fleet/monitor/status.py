@@ -18,12 +18,15 @@ from fleet.coord import chunks
 from fleet.coord.chunks import queued_indexes, running_indexes
 from fleet.coord.chunkstate import done_indexes, failed_indexes, read_failures
 from fleet.coord.mismatch import mismatched_workers
+from fleet.coord.suspects import dying_workers, healthy_others
 from fleet.errors import StoreError
+from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, require_manifest
 from fleet.store.results import ChunkStats, read_result
 
 RATE_WINDOW_S = 300.0
+BENCH_AFTER: int = Settings.model_fields["bench_after"].default
 
 
 @dataclass
@@ -62,6 +65,9 @@ class JobStatus:
     failed: list[dict[str, Any]] = field(default_factory=list)
     #: workers whose engine settings differ from the job's: {worker, differences, at, ...}
     mismatched_workers: list[dict[str, Any]] = field(default_factory=list)
+    #: workers whose processes died before finishing a batch, in a row (broker-wide):
+    #: {worker, deaths, deaths_in_a_row, last_death_at, benched}
+    dying_workers: list[dict[str, Any]] = field(default_factory=list)
     broker: bool = True
     done: bool = False
 
@@ -102,7 +108,7 @@ def recent_rate(stats: list[ChunkStats], now: float, window_s: float = RATE_WIND
 
 
 def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: float = 0.0,
-               manifest: Manifest | None = None) -> JobStatus:
+               manifest: Manifest | None = None, bench_after: int = BENCH_AFTER) -> JobStatus:
     """`manifest` saves a read of it per call where the caller polls (fleet run, --watch)."""
     manifest = manifest or require_manifest(store, job)
     done = done_indexes(store, job)
@@ -115,6 +121,10 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
             st.chunks_running = len(running_indexes(r, job) - done)
             st.chunks_queued = len(queued_indexes(r, job) - done - failed)
             st.mismatched_workers = mismatched_workers(r, job)
+            st.dying_workers = [{"worker": h.worker, "deaths": h.deaths, "deaths_in_a_row": h.streak,
+                                 "last_death_at": h.at,
+                                 "benched": h.streak >= bench_after and healthy_others(r, h.worker)}
+                                for h in dying_workers(r)]
         except redis.RedisError:
             st.broker, r = False, None
     stats = done_stats(store, r, job, done)

@@ -20,6 +20,7 @@ from fleet.coord.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, load_manifest
+from fleet.worker.admission import Admission
 
 #: seconds a worker trusts its copy of a job's manifest before reading it again
 MANIFEST_MAX_AGE_S = 30.0
@@ -73,3 +74,5 @@ class WorkerContext:
     stopping: threading.Event = field(default_factory=threading.Event)
     #: stops the process for its supervisor to restart it (the engine is gone)
     restart: Callable[[str], None] = lambda why: None
+    #: which chunks this process runs now, and whether one runs alone (process-wide, both stacks)
+    admission: Admission = field(default_factory=Admission)

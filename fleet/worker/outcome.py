@@ -26,10 +26,12 @@ class Superseded:
 class HandedBack:
     """This run stops without blame: the owner requeues the chunk (no attempt spent); a
     helper just stops, the owner goes on. `delay_s` keeps a worker that cannot run the
-    chunk from taking it straight back."""
+    chunk from taking it straight back; `hold_s` requeues it at once and keeps the slot
+    idle after (a worker that must not take chunks now leaves them to the others)."""
 
     reason: str
     delay_s: float = 0.0
+    hold_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class Failed:
     #: seconds the run had held the chunk lease when it failed (the lease clock); None when
     #: it failed before taking it, and then it cannot be charged to the chunk
     leased_s: float | None = None
+    #: the run ran alone in its process (fleet.worker.middleware.admission): a death is
+    #: evidence against this chunk only
+    solo: bool = False
 
 
 Outcome = Committed | Superseded | HandedBack | Skipped | Failed

@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery
 
 from fleet import metrics
-from fleet.coord import chunks, keys
+from fleet.coord import chunks, keys, suspects
 from fleet.coord.broker import redis_client
 from fleet.coord.chunks import ChunkQueue
 from fleet.coord.heartbeat import Heartbeat
@@ -98,7 +98,7 @@ class Runtime:
         """Once the queue is empty and the engine has room, help the most lagging chunk."""
         while not self._stop.wait(self.settings.assist_poll_s):
             try:
-                if self._assisting.is_set() or self.ctx.stopping.is_set():
+                if self._assisting.is_set() or self.ctx.stopping.is_set() or self.ctx.admission.alone:
                     continue
                 if self.inflight() >= self.engine.max_running:
                     continue
@@ -112,11 +112,15 @@ class Runtime:
                 log.warning("assist check failed: %s", e)
 
     def _straggler(self) -> tuple[str, int] | None:
-        """The running chunk of another worker with the most unstarted samples."""
+        """The running chunk of another worker with the most unstarted samples; never a suspect
+        (it may kill its helper, and it runs alone to settle that)."""
         r, best = self.ctx.redis, None
         for job in chunks.known_jobs(r):
+            suspected = suspects.suspected_indexes(r, job)
             for index, unstarted in chunks.unstarted(r, job).items():
                 if unstarted <= 0 or (best and unstarted <= best[0]) or (job, index) in self._assisted:
+                    continue
+                if index in suspected:
                     continue
                 owner = chunks.holder(r, job, index)
                 if owner is None or owner == self.ctx.owner or chunks.assisted(r, job, index):

@@ -7,6 +7,7 @@ import time
 
 from fleet.coord import keys
 from fleet.coord.chunkstate import read_failures
+from fleet.coord.suspects import suspicion, worker_health
 from fleet.errors import EngineError, StoreError
 from fleet.store.layout import manifest_key, result_key
 from fleet.worker.context import ManifestCache
@@ -67,8 +68,10 @@ def test_engine_death_right_after_start_is_a_suspicion_and_restarts_the_worker(w
     # Then the worker restarts and stops taking chunks; the chunk is requeued as a suspect, no attempt spent
     assert isinstance(outcome, Failed)
     assert worker.restarts and worker.ctx.stopping.is_set()
-    assert int(r.hget(keys.crashes(JOB), 2)) == 1 and attempts(r, 2) == 0
+    assert suspicion(r, JOB, 2).deaths == 1 and r.hget(keys.crashes(JOB), 2) is None and attempts(r, 2) == 0
     assert [m["index"] for m in queued_messages(r)] == [2]
+    # and the death is counted against the worker
+    assert worker_health(r, "gpu0@a").deaths == 1
 
 
 def test_a_stopping_worker_hands_the_delivery_straight_back(worker, r, store):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import random
+import signal
 import time
 
 from fleet.engines.base import Engine
@@ -88,6 +90,8 @@ class SimEngine(Engine):
         return min(sim_length(self.cfg, seed), request.sampling.max_tokens)
 
     async def generate(self, request: GenRequest) -> GenResult:
+        if request.chunk in self.cfg.kill_chunks:
+            os.kill(os.getpid(), signal.SIGKILL)  # a poison chunk: the process dies on it, no error raised
         if request.chunk in self.cfg.engine_error_chunks:
             raise EngineError(f"sim engine dies on chunk {request.chunk} (engine_error_chunks)")
         if request.chunk in self.cfg.fault_chunks:

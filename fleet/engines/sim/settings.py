@@ -31,6 +31,9 @@ class SimSettings(BaseModel):
         description="chunk indexes whose run fails by the chunk's own fault, spending attempts (fault tests; "
         "old name crash_chunks still read)",
     )
+    kill_chunks: list[int] = Field(
+        default_factory=list, description="chunk indexes whose run SIGKILLs the worker process (fault tests)"
+    )
 
     def requests_at_once(self) -> int:
         """S, the requests the engine runs at once."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fleet.worker.context import WorkerContext
+from fleet.worker.middleware.admission import AdmissionMiddleware
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.middleware.checkpoint import CheckpointMiddleware
 from fleet.worker.middleware.config import ConfigGate
@@ -21,11 +22,11 @@ def owner_stack(ctx: WorkerContext) -> list[Middleware]:
     """A delivered chunk: the only stack that requeues or quarantines."""
     return [MetricsMiddleware(ctx), StatsMiddleware(ctx), RetryMiddleware(ctx), CrashMiddleware(ctx),
             ResultGate(ctx), StopGate(ctx), ManifestGate(ctx), ConfigGate(ctx), LeaseMiddleware(ctx),
-            CheckpointMiddleware(ctx), ProgressMiddleware(ctx)]
+            AdmissionMiddleware(ctx), CheckpointMiddleware(ctx), ProgressMiddleware(ctx)]
 
 
 def assist_stack(ctx: WorkerContext) -> list[Middleware]:
     """An end-of-job helper: never requeues, never quarantines; the owner stays responsible."""
     return [MetricsMiddleware(ctx), StatsMiddleware(ctx), CrashMiddleware(ctx), ResultGate(ctx), StopGate(ctx),
-            ManifestGate(ctx), ConfigGate(ctx), AssistLeaseMiddleware(ctx), CheckpointMiddleware(ctx),
-            ProgressMiddleware(ctx)]
+            ManifestGate(ctx), ConfigGate(ctx), AssistLeaseMiddleware(ctx), AdmissionMiddleware(ctx),
+            CheckpointMiddleware(ctx), ProgressMiddleware(ctx)]

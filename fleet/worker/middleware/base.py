@@ -56,5 +56,7 @@ class Order:
     #: the worker's engine configuration against the job's (hands chunks back)
     GATE = 34
     LEASE = 40
+    #: after the lease: a chunk that must run alone holds its lease while the others end
+    ADMISSION = 45
     CHECKPOINT = 50
     PROGRESS = 60

@@ -1,8 +1,10 @@
 """A dead engine stops its worker, so the supervisor starts a fresh one and this process
-takes no more chunks (the failed chunk's own fate is fleet.coord.retry's)."""
+takes no more chunks. The death is counted against the worker (fleet.coord.suspects)
+before the failed chunk's own fate is decided (fleet.coord.retry)."""
 
 from __future__ import annotations
 
+from fleet.coord.recovery import note_death
 from fleet.errors import EngineError
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
@@ -16,3 +18,5 @@ class CrashMiddleware(Middleware[None]):
         if isinstance(outcome, Failed) and isinstance(outcome.cause, EngineError):
             self.ctx.stopping.set()
             self.ctx.restart(f"engine failed ({outcome.cause})")
+            if outcome.leased_s is not None:  # it held the chunk lease: a death holding chunks
+                note_death(self.ctx.redis, self.ctx.policy, self.ctx.owner)

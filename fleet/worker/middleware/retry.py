@@ -21,7 +21,7 @@ class RetryMiddleware(Middleware[None]):
 
     def after(self, run: ChunkRun, state: None, outcome: Outcome) -> None:
         if isinstance(outcome, HandedBack):
-            self._requeue(run, outcome.delay_s)  # the runtime logs the hand-back (describe)
+            self._requeue(run, outcome.delay_s, outcome.hold_s)  # the runtime logs the hand-back (describe)
         elif isinstance(outcome, Failed):
             self._failed(run, outcome)
 
@@ -29,7 +29,7 @@ class RetryMiddleware(Middleware[None]):
         ctx, cause, leased_s = self.ctx, outcome.cause, outcome.leased_s
         try:
             history = History.load(ctx.redis, run.job, run.index, ran_s=math.inf if leased_s is None else leased_s,
-                                   lease_taken=leased_s is not None)
+                                   lease_taken=leased_s is not None, solo=outcome.solo, owner=ctx.owner)
         except redis.RedisError:
             history = History(lease_taken=False)  # the broker is down: the safest reading
         decision = settle(ctx.redis, ctx.store, ctx.policy, run.job, run.index, cause, history, run.worker)
@@ -40,8 +40,9 @@ class RetryMiddleware(Middleware[None]):
                     run.name, type(cause).__name__, cause, decision.delay_s, decision.why)
         self._requeue(run, decision.delay_s)
 
-    def _requeue(self, run: ChunkRun, delay_s: float) -> None:
+    def _requeue(self, run: ChunkRun, delay_s: float, hold_s: float = 0.0) -> None:
         # Backoff holds this slot, not the lease (released already): a worker whose store or
         # broker fails takes fewer chunks, and a stopping worker requeues at once.
         self.ctx.stopping.wait(delay_s)
         self.ctx.queue.requeue(run.job, run.index)
+        self.ctx.stopping.wait(hold_s)
