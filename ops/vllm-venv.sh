@@ -14,7 +14,7 @@
 #
 # fleet is installed from a copy of this checkout (no build files or egg-info in the repo);
 # pip's cache lives under DIR and is removed at the end. .ci/run builds it once under
-# ~/.cache/fleet/vllm-venv and runs tests/test_engines_vllm.py -k real_vllm in it.
+# ~/.cache/fleet/vllm-venv and runs tests/test_engines_vllm.py in it.
 set -euo pipefail
 
 VLLM_VERSION="0.32.0"

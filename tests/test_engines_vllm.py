@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from fleet.engines.identity import engine_identity, identity_hash
@@ -208,6 +209,9 @@ def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int
         assert r["finish_reason"] in ("stop", "length") and r["error"] is None
         assert r["completion_tokens"] == len(r["output_ids"]) <= max_tokens
         assert r["reasoning"] is not None  # the prompt opened <think>; the split ran
+    # a row is flagged as ended in its thinking exactly when the model never wrote </think>
+    tok = AutoTokenizer.from_pretrained(model)
+    assert [r["in_thinking"] for r in rows] == ["</think>" not in tok.decode(r["output_ids"]) for r in rows]
     settings = Settings(engine="vllm", model=str(model),
                         vllm={k.removeprefix("FLEET_VLLM__").lower(): v for k, v in env.items()
                               if k.startswith("FLEET_VLLM__")})

@@ -102,6 +102,7 @@ def _sglang_on_cpu() -> bool:
 
 def _sglang_vs_bare(out: Path | None, requests: int | None, max_tokens: int | None) -> None:
     import os
+    import tempfile
 
     from rich.console import Console
 
@@ -109,14 +110,15 @@ def _sglang_vs_bare(out: Path | None, requests: int | None, max_tokens: int | No
     from fleet.bench.sglangcompare import measure_sglang_vs_bare
     from fleet.errors import FleetError
 
-    where = out or DEFAULT_OUT
     try:
-        section = measure_sglang_vs_bare(where / "sglang-work", dict(os.environ), requests or 64, max_tokens or 64, 16)
+        with tempfile.TemporaryDirectory(prefix="fleet-bench-sglang-") as tmp:
+            section = measure_sglang_vs_bare(Path(tmp), dict(os.environ), requests or 64, max_tokens or 64, 16)
     except FleetError as e:
         fail(str(e))
         return
     print_table([section], Console())
-    path = write_json(where / "sglang.json", [section], {"command": "fleet bench --engine sglang (CPU)"})
+    command = {"command": "fleet bench --engine sglang (CPU)"}
+    path = write_json((out or DEFAULT_OUT) / "sglang-cpu.json", [section], command)
     console.print(f"fleet / bare Engine = {section.data['ratio']:.3f}; wrote {path}")
 
 

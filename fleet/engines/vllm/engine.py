@@ -19,7 +19,7 @@ from typing import Any
 from fleet.engines.model import ModelEngine
 from fleet.engines.vllm.plan import engine_kwargs
 from fleet.errors import EngineError, RecordError
-from fleet.model.prompting import Prompt, check_length, fill_sampling, render, split_reasoning
+from fleet.model.prompting import Prompt, check_length, ended_in_thinking, fill_sampling, render, split_reasoning
 from fleet.records import GenRequest, GenResult, Sampling, prompt_digest
 from fleet.settings import Settings
 
@@ -180,7 +180,8 @@ class VllmEngine(ModelEngine):
         if reason is None:
             raise RecordError(f"vllm finished record {request.record_id!r} with {sample.finish_reason!r}")
         output_ids = list(sample.token_ids)
-        reasoning, answer = split_reasoning(sample.text or "", prompt.opened_think)
+        text = sample.text or ""
+        reasoning, answer = split_reasoning(text, prompt.opened_think)
         meta: dict[str, Any] = {"prompt_digest": prompt_digest(prompt.ids)}
         if out.num_cached_tokens:
             meta["cached_tokens"] = out.num_cached_tokens
@@ -192,6 +193,7 @@ class VllmEngine(ModelEngine):
             prompt_tokens=len(out.prompt_token_ids or prompt.ids),
             finish_reason=reason,
             output_ids=output_ids if request.return_output_ids else None,
+            in_thinking=ended_in_thinking(text, prompt.opened_think),
             meta=meta,
         )
 
