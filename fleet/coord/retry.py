@@ -221,11 +221,13 @@ def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: i
            history: History, worker: str | None = None) -> Decision:
     """Decide a failed run, record what it spends, and write the quarantine record when that
     is the decision; the caller requeues (after its own backoff) otherwise. The worker and the
-    reaper both come through here, so a failure is settled the same way wherever it is seen."""
+    reaper both come through here, so a failure is settled the same way wherever it is seen.
+    The quarantine record is written before the spend: if it fails, nothing is counted, and the
+    reaper's next round (which keeps the evidence) decides the same death once more."""
     decision = policy.decide(cause, history)
-    record(r, job, index, decision, history.worker or worker or "")
     if decision.action is Action.QUARANTINE:
         Quarantine(index=index, error=f"{cause} ({decision.why})", error_type=type(cause).__name__,
                    attempts=decision.count, traceback="".join(traceback.format_exception(cause)),
                    worker=worker).write(store, job)
+    record(r, job, index, decision, history.worker or worker or "")
     return decision

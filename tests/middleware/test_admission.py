@@ -44,6 +44,8 @@ def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worke
     second.start()
     wait_for(lambda: worker.ctx.admission.alone is not None, 10, "chunk 1 claims the worker")
     assert r.hget(keys.solo_runs(), f"{JOB}/1") is None and r.get(keys.lease(JOB, 1)) is not None
+    # marked as waiting, not running, alone: a death now is no evidence either way
+    assert r.hget(keys.solo_waits(), f"{JOB}/1") == worker.ctx.owner.encode()
     # and meanwhile a third chunk is handed back to the queue at once, not run beside it
     began = time.monotonic()
     _, third = worker.run(2)
@@ -58,6 +60,7 @@ def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worke
     assert ran_alone(caplog, 1, "gpu0@a") and not ran_alone(caplog, 0, "gpu0@a")
     assert suspects.suspicion(r, JOB, 1).deaths == 0
     assert r.hget(keys.solo_runs(), f"{JOB}/1") is None and r.hget(keys.lease_holder(), f"{JOB}/1") is None
+    assert r.hget(keys.solo_waits(), f"{JOB}/1") is None
     assert worker.ctx.admission.alone is None and len(worker.ctx.admission) == 0
     assert suspects.median_duration(r, JOB) is not None
 
