@@ -1,6 +1,7 @@
 """Crash evidence beyond a chunk's own counters: which process held a chunk when it died,
-which runs ran alone, which chunks are suspected, which workers keep dying, and how long
-the job's chunks run (docs/architecture.md, "Failures").
+which runs ran alone (or waited to), which chunks are suspected, which workers keep dying,
+and how long the job's chunks run (docs/architecture.md, "Failures"). No other module
+names these keys (tests/test_architecture.py checks).
 
 One death is evidence against the worker and against the set of chunks it ran, never
 against each of them: they become suspects and run alone next, and only deaths in such
