@@ -140,29 +140,36 @@ def test_every_part_says_what_it_holds(package):
     assert ast.get_docstring(ast.parse(init)), f"fleet/{package}/__init__.py has no docstring"
 
 
-#: a chunk's state in Redis (docs/architecture.md, "Coordination"): only its owner names these keys
+#: a chunk's state in Redis (docs/architecture.md, "Redis keys" and "Recovery"): only its owner names these keys
 CHUNK_STATE_KEYS = ("queued", "running", "lease", "lease_started", "lease_beat", "attempts", "crashes", "retries",
                     "requeue_guard", "assist", "jobs", "progress", "chunk_stats")
 CHUNK_STATE_OWNER = FLEET / "coord" / "chunks.py"
+#: the crash evidence beside it (docs/architecture.md, "Redis keys" and "Failures"): only its owner names these
+CRASH_EVIDENCE_KEYS = ("lease_holder", "solo_runs", "solo_waits", "suspects", "chunk_seconds", "worker_deaths",
+                       "worker_streak", "worker_last_death", "worker_last_commit", "process_dead", "process_committed")
+CRASH_EVIDENCE_OWNER = FLEET / "coord" / "suspects.py"
 
 
-def key_users(path: Path) -> set[str]:
-    """The chunk-state key functions a module names: keys.queued(...), or imported by name."""
+def key_users(path: Path, names: tuple[str, ...] = CHUNK_STATE_KEYS) -> set[str]:
+    """The key functions of `names` a module names: keys.queued(...), or imported by name."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Attribute) and node.attr in CHUNK_STATE_KEYS and \
+        if isinstance(node, ast.Attribute) and node.attr in names and \
                 isinstance(node.value, ast.Name) and node.value.id == "keys":
             found.add(node.attr)
         elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("keys"):
-            found.update(a.name for a in node.names if a.name in CHUNK_STATE_KEYS)
+            found.update(a.name for a in node.names if a.name in names)
     return found
 
 
-def test_one_module_owns_a_chunks_state_in_redis():
+@pytest.mark.parametrize(("names", "owner"), [(CHUNK_STATE_KEYS, CHUNK_STATE_OWNER),
+                                              (CRASH_EVIDENCE_KEYS, CRASH_EVIDENCE_OWNER)],
+                         ids=["chunk-state", "crash-evidence"])
+def test_one_module_owns_each_part_of_a_chunks_state_in_redis(names, owner):
     from fleet.coord import keys
 
-    assert all(callable(getattr(keys, k, None)) for k in CHUNK_STATE_KEYS), "keys.py renamed a chunk-state key"
-    users = {str(p.relative_to(FLEET.parent)): key_users(p) for p in FLEET.rglob("*.py")
-             if p not in (CHUNK_STATE_OWNER, FLEET / "coord" / "keys.py")}
-    assert {p: u for p, u in users.items() if u} == {}, "only fleet/coord/chunks.py may name a chunk's state keys"
-    assert key_users(CHUNK_STATE_OWNER) == set(CHUNK_STATE_KEYS)
+    assert all(callable(getattr(keys, k, None)) for k in names), "keys.py renamed a key of this part"
+    users = {str(p.relative_to(FLEET.parent)): key_users(p, names) for p in FLEET.rglob("*.py")
+             if p not in (owner, FLEET / "coord" / "keys.py")}
+    assert {p: u for p, u in users.items() if u} == {}, f"only {owner.relative_to(FLEET.parent)} may name these keys"
+    assert key_users(owner, names) == set(names)

@@ -178,6 +178,68 @@ def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = Fals
     r.delete(keys.requeue_guard(job, index))
 
 
+@pytest.mark.parametrize("waited_s", [0.0, 60.0])
+def test_a_death_while_a_suspect_waits_to_run_alone_is_no_evidence(r, store, app, settings, waited_s):
+    # Given a suspect with a solo death on host b, now leased by a process on host a that waits
+    # (short or long) for its other chunks to end before running it alone
+    for n in range(settings.solo_after):
+        lost_run(r, "j", 7, f"gpu0@b:{n}")
+        assert requeue_expired(r, store, app, settings) == ["j/7"]
+    lost_run(r, "j", 7, "gpu0@b:9", solo=True)
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    before = suspects.suspicion(r, "j", 7)
+    assert before.deaths == settings.solo_after + 1 and int(r.hget(keys.crashes("j"), 7)) == 1
+    lease = Lease(r, "j", 7, "gpu0@a:1", ttl_s=0.2)
+    assert lease.acquire()
+    suspects.wait_solo(r, "j", 7, "gpu0@a:1")
+    suspects.note_holder(r, "j", 7, "gpu0@a:1")
+    # When the process dies during the wait (killed by one of its other chunks)
+    wait_for(lambda: not r.exists(keys.lease("j", 7)), 2, "lease expiry")
+    r.delete(keys.requeue_guard("j", 7))
+    long_run(r, "j", 7, waited_s)
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    # Then the chunk is requeued with its suspicion and solo death as they were: nothing spent, nothing cleared
+    assert suspects.suspicion(r, "j", 7) == before and int(r.hget(keys.crashes("j"), 7)) == 1
+    assert read_failures(store, "j") == [] and len(queued_messages(r)) == settings.solo_after + 2
+    # and its marks are gone, the process's death counted against its worker
+    assert r.hget(keys.solo_waits(), "j/7") is None and r.hget(keys.lease_holder(), "j/7") is None
+    assert suspects.worker_health(r, "gpu0@a").deaths == 1
+
+
+class FailingStore(LocalStore):
+    """A store whose writes of quarantine records fail `fails` times (the store is down)."""
+
+    fails = 0
+
+    def put(self, key: str, data: bytes) -> None:
+        if "/failed/" in key and self.fails:
+            self.fails -= 1
+            raise OSError("store down")
+        super().put(key, data)
+
+
+def test_a_failed_recovery_round_keeps_the_crash_evidence_for_the_next(r, tmp_path, app, settings):
+    # Given a chunk with one solo death on host b, whose next solo run on host a dies at once
+    store = FailingStore(tmp_path / "store")
+    lost_run(r, "j", 7, "gpu0@b:1", solo=True)
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    lost_run(r, "j", 7, "gpu0@a:1", solo=True)
+    # When the reaper's round fails writing the quarantine record
+    store.fails = 1
+    assert requeue_expired(r, store, app, settings) == []
+    # Then the chunk is watched again with its evidence, nothing counted twice
+    assert running(r) == {"j/7"} and r.hget(keys.lease_started(), "j/7") is not None
+    assert r.hget(keys.lease_holder(), "j/7") == b"gpu0@a:1" and r.hget(keys.solo_runs(), "j/7") == b"gpu0@a:1"
+    assert int(r.hget(keys.crashes("j"), 7)) == 1
+    # and the next round judges the same death: quarantined on its two solo deaths on two hosts
+    r.delete(keys.requeue_guard("j", 7))
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    [failure] = read_failures(store, "j")
+    assert failure["attempts"] == 2 and "2 host(s)" in failure["error"] and "alone" in failure["error"]
+    assert int(r.hget(keys.crashes("j"), 7)) == 2 and running(r) == set()
+    assert r.hget(keys.lease_started(), "j/7") is None and r.hget(keys.lease_holder(), "j/7") is None
+
+
 def test_deaths_beside_other_chunks_never_quarantine_solo_deaths_on_two_hosts_do(r, store, app, settings):
     # Given a chunk in six quick deaths of processes running it beside other chunks
     for n in range(1, 7):

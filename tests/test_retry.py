@@ -146,3 +146,15 @@ def test_the_bench_starts_at_bench_after_and_doubles_to_its_cap():
 def test_fault_is_read_from_the_class_never_the_message():
     assert fault_of(RuntimeError("S3 connection reset")).value == "chunk"
     assert fault_of(StoreError("bad record")).value == "infra"
+
+
+@pytest.mark.parametrize("waited_s", [0.5, 60.0])
+def test_a_death_while_waiting_to_run_alone_spends_nothing_and_clears_nothing(waited_s):
+    # Given a suspect with a solo death behind it, that waited (leased) for its worker's other chunks to end
+    history = History(crashes=1, ran_s=waited_s, waiting=True, worker="cpu0@a",
+                      suspicion=Suspicion(deaths=3, solo=("cpu0@b",), last="cpu0@b"))
+    # When its process dies during the wait, short or long
+    d = POLICY.decide(WorkerLost("x"), history)
+    # Then it is requeued: it never ran, so it is neither suspected again nor cleared
+    assert (d.action, d.spend, d.count, d.clears) == (Action.REQUEUE, Spend.NOTHING, 0, False)
+    assert "waited" in d.why

@@ -63,13 +63,18 @@ _RESTART_CLOCK = (
 )
 # Leave the running set only while no lease exists, in one step: a worker that took the
 # lease since the scan keeps its chunk watched, and no duplicate message is sent for it.
-# Also pops the lease clock, the evidence of how long the lost worker held the lease.
+# Also reads the lease clock, the evidence of how long the lost worker held the lease; the
+# clock stays until the reaper has carried out its decision (drop_clock).
 _FORGET_IF_UNLEASED = (
     "if redis.call('exists', KEYS[1]) == 1 then return false end "
     "if redis.call('srem', KEYS[2], ARGV[1]) == 0 then return false end "
     "local s = redis.call('hget', KEYS[3], ARGV[1]); local b = redis.call('hget', KEYS[4], ARGV[1]); "
-    "redis.call('hdel', KEYS[3], ARGV[1]); redis.call('hdel', KEYS[4], ARGV[1]); "
     "return {s or '', b or ''}"
+)
+# A new owner's clock (its lease is live) is not the lost worker's: it stays.
+_DROP_CLOCK_IF_UNLEASED = (
+    "if redis.call('exists', KEYS[1]) == 1 then return 0 end "
+    "redis.call('hdel', KEYS[2], ARGV[1]); redis.call('hdel', KEYS[3], ARGV[1]); return 1"
 )
 
 
@@ -193,13 +198,21 @@ def unleased(r: redis.Redis) -> list[tuple[str, int]]:
 
 def forget_unleased(r: redis.Redis, job: str, index: int) -> float | None:
     """Remove a lease-less chunk from the running set; None if it has a lease (or is gone),
-    else how long its lost worker held the lease (the lease clock; inf when unknown)."""
+    else how long its lost worker held the lease (the lease clock; inf when unknown). The
+    clock stays until `drop_clock`."""
     got = r.eval(_FORGET_IF_UNLEASED, 4, keys.lease(job, index), keys.running(), keys.lease_started(),
                  keys.lease_beat(), keys.member(job, index))
     if not got:
         return None
     started, beat = (_text(v) for v in got)
     return held_s(int(started) if started else None, int(beat) if beat else None)
+
+
+def drop_clock(r: redis.Redis, job: str, index: int) -> None:
+    """The lost worker's lease clock, once the reaper has judged its chunk: until then a failed
+    round leaves the evidence to the next (a clock read as unknown would clear the suspicion)."""
+    r.eval(_DROP_CLOCK_IF_UNLEASED, 3, keys.lease(job, index), keys.lease_started(), keys.lease_beat(),
+           keys.member(job, index))
 
 
 def rewatch(r: redis.Redis, job: str, index: int) -> None:

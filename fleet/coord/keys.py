@@ -72,6 +72,12 @@ def solo_runs() -> str:
     return f"{PREFIX}:solo-runs"
 
 
+def solo_waits() -> str:
+    """Hash "job/index" -> owner whose process the chunk waits in, leased, for the other chunks to
+    end before it runs alone: a death then is no evidence either way (fleet.coord.retry)."""
+    return f"{PREFIX}:solo-waits"
+
+
 def suspects(job: str) -> str:
     """Hash index -> JSON of the quick deaths a chunk was in (shared or alone), the workers
     whose solo runs of it died, and the last one; cleared by a result or a long run."""

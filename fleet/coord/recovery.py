@@ -18,6 +18,7 @@ from fleet.coord import chunks, keys, suspects
 from fleet.coord.chunks import ChunkQueue
 from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes
 from fleet.coord.retry import Action, History, RetryPolicy, settle
+from fleet.coord.suspects import Run
 from fleet.errors import WorkerLost
 from fleet.settings import Settings
 from fleet.store import Store
@@ -36,7 +37,8 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
         if store.exists(result_key(job, index)):
             if chunks.forget_unleased(r, job, index) is not None:
                 delete_checkpoints(store, job, index)
-                suspects.take_lost(r, job, index)  # its process died after the commit: nothing to judge
+                chunks.drop_clock(r, job, index)  # its process died after the commit: nothing to judge
+                suspects.drop_lost(r, job, index)
             continue
         if not chunks.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
             continue
@@ -45,7 +47,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
             continue  # a new owner took it since the scan
         try:
             requeue_lost(r, store, queue, policy, job, index, ran_s)
-        except Exception as e:  # the chunk left the running set: put it back for the next round
+        except Exception as e:  # the chunk left the running set: put it back, with its evidence, for the next round
             chunks.rewatch(r, job, index)
             log.warning("chunk %s: recovery failed, retried next round: %s", member, e)
             continue
@@ -57,20 +59,27 @@ def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryP
                  ran_s: float) -> None:
     """What a lost worker's chunk comes to: the retry policy requeues or quarantines it.
     `ran_s` is the lease clock: how long the lost worker held the lease (since it started
-    alone, for a solo run). The death is recorded against its process's worker first."""
+    alone, for a solo run). The death is recorded against its process's worker first. The
+    evidence (the lease clock, who held the chunk and how) is dropped only once the decision
+    is carried out: if this raises, the next round judges the same death again."""
     member = keys.member(job, index)
-    owner, solo = suspects.take_lost(r, job, index)
+    lost = suspects.lost_marks(r, job, index)
+    owner = lost.owner
     if owner is not None:
         note_death(r, policy, owner)
-    history = History.load(r, job, index, ran_s=ran_s, solo=solo, owner=owner)
-    lost = WorkerLost(f"worker lost: lease of {member} expired with no result"
-                      + (f" (held by {owner}{', alone' if solo else ''})" if owner else ""))
-    decision = settle(r, store, policy, job, index, lost, history, history.worker or None)
+    history = History.load(r, job, index, ran_s=ran_s, solo=lost.run is Run.ALONE, owner=owner,
+                           waiting=lost.run is Run.WAITING)
+    how = {Run.ALONE: ", alone", Run.WAITING: ", waiting to run alone", Run.SHARED: ""}[lost.run]
+    error = WorkerLost(f"worker lost: lease of {member} expired with no result"
+                       + (f" (held by {owner}{how})" if owner else ""))
+    decision = settle(r, store, policy, job, index, error, history, history.worker or None)
     if decision.action is Action.QUARANTINE:
         log.error("chunk %s quarantined: %s", member, decision.why)
     else:  # a lost worker never spends an attempt
         queue.requeue(job, index)
         log.warning("chunk %s lease expired without result: requeued (%s)", member, decision.why)
+    chunks.drop_clock(r, job, index)
+    suspects.drop_lost(r, job, index, lost)
 
 
 def note_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:

@@ -8,7 +8,9 @@ It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
   ran, not each of them: a death within the crash window of taking a chunk's lease (the
   lease clock, fleet.coord.chunks; a fraction of the job's median chunk run time, capped by
   `crash_window_s`) makes it a suspect, which runs alone after `solo_after` such deaths;
-  only deaths in solo runs count, and two on two hosts (or `max_crashes` on one) quarantine it.
+  only deaths in solo runs count, and two on two hosts (or `max_crashes` on one) quarantine it;
+  a death while it waits to run alone (its worker's other chunks still running) counts for
+  nothing and clears nothing.
   A worker whose processes keep dying before finishing a batch is the suspect instead: its
   chunks are not suspected, and it is benched (`bench_after`);
 - nothing is quarantined before its lease was taken.
@@ -62,6 +64,9 @@ class History:
     lease_taken: bool = True
     #: the failed run ran alone in its process (fleet.worker.middleware.admission)
     solo: bool = False
+    #: the process died while the chunk waited, leased, for its other chunks to end to run
+    #: alone: it never ran, so its death is no evidence either way
+    waiting: bool = False
     #: the worker whose process ran it ("" when unknown)
     worker: str = ""
     #: that worker's deaths in a row before finishing a batch, before this one
@@ -75,14 +80,14 @@ class History:
 
     @classmethod
     def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True,
-             solo: bool = False, owner: str | None = None) -> History:
+             solo: bool = False, owner: str | None = None, waiting: bool = False) -> History:
         """`ran_s` is the lease clock (fleet.coord.chunks.held_s): how long the failed run held the lease
         (since it started alone, for a solo run); `owner` the process that ran it."""
         spent = chunks.counters(r, job, index)
         streak = suspects.streak_before_death(r, owner) if owner else None
         worker = worker_of(owner) if owner else ""
-        return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken, solo, worker, streak or 0,
-                   suspects.suspicion(r, job, index), suspects.median_duration(r, job),
+        return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken, solo, waiting, worker,
+                   streak or 0, suspects.suspicion(r, job, index), suspects.median_duration(r, job),
                    bool(worker) and suspects.healthy_others(r, worker))
 
 
@@ -153,6 +158,10 @@ class RetryPolicy:
         return suspicion.deaths >= self.solo_after or bool(suspicion.solo)
 
     def _crash(self, history: History) -> Decision:
+        if history.waiting:
+            return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
+                            "died while it waited for its worker's other chunks to end, to run alone: it never ran, "
+                            "so nothing is spent and its suspicion stands")
         window = self.window(history.median_s)
         if history.ran_s > window:
             return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
@@ -212,11 +221,13 @@ def settle(r: redis.Redis, store: Store, policy: RetryPolicy, job: str, index: i
            history: History, worker: str | None = None) -> Decision:
     """Decide a failed run, record what it spends, and write the quarantine record when that
     is the decision; the caller requeues (after its own backoff) otherwise. The worker and the
-    reaper both come through here, so a failure is settled the same way wherever it is seen."""
+    reaper both come through here, so a failure is settled the same way wherever it is seen.
+    The quarantine record is written before the spend: if it fails, nothing is counted, and the
+    reaper's next round (which keeps the evidence) decides the same death once more."""
     decision = policy.decide(cause, history)
-    record(r, job, index, decision, history.worker or worker or "")
     if decision.action is Action.QUARANTINE:
         Quarantine(index=index, error=f"{cause} ({decision.why})", error_type=type(cause).__name__,
                    attempts=decision.count, traceback="".join(traceback.format_exception(cause)),
                    worker=worker).write(store, job)
+    record(r, job, index, decision, history.worker or worker or "")
     return decision

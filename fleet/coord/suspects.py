@@ -1,6 +1,7 @@
 """Crash evidence beyond a chunk's own counters: which process held a chunk when it died,
-which runs ran alone, which chunks are suspected, which workers keep dying, and how long
-the job's chunks run (docs/architecture.md, "Failures").
+which runs ran alone (or waited to), which chunks are suspected, which workers keep dying,
+and how long the job's chunks run (docs/architecture.md, "Failures"). No other module
+names these keys (tests/test_architecture.py checks).
 
 One death is evidence against the worker and against the set of chunks it ran, never
 against each of them: they become suspects and run alone next, and only deaths in such
@@ -14,6 +15,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 import redis
 
@@ -55,27 +57,67 @@ def drop_holder(r: redis.Redis, job: str, index: int, owner: str) -> None:
     r.eval(_DEL_IF_OWNER, 1, keys.lease_holder(), keys.member(job, index), owner)
 
 
+def wait_solo(r: redis.Redis, job: str, index: int, owner: str) -> None:
+    """The run waits, leased, for its process's other chunks to end before it runs alone: a
+    death now is no evidence against it (it generated nothing) nor for it (it did not run)."""
+    r.hset(keys.solo_waits(), keys.member(job, index), owner)
+
+
 def start_solo(r: redis.Redis, job: str, index: int, owner: str) -> None:
     """The run starts alone (its lease clock restarted by its owner, chunks.Lease.restart_clock)."""
-    r.hset(keys.solo_runs(), keys.member(job, index), owner)
+    with r.pipeline(transaction=True) as p:
+        p.hset(keys.solo_runs(), keys.member(job, index), owner)
+        p.hdel(keys.solo_waits(), keys.member(job, index))
+        p.execute()
 
 
 def end_solo(r: redis.Redis, job: str, index: int, owner: str) -> None:
-    r.eval(_DEL_IF_OWNER, 1, keys.solo_runs(), keys.member(job, index), owner)
+    """Only our own marks, waiting or running: a new owner's must survive for the reaper."""
+    for key in (keys.solo_waits(), keys.solo_runs()):
+        r.eval(_DEL_IF_OWNER, 1, key, keys.member(job, index), owner)
 
 
-def take_lost(r: redis.Redis, job: str, index: int) -> tuple[str | None, bool]:
-    """For the reaper: the owner a lost chunk died with (None if unknown) and whether it ran
-    the chunk alone; both marks are removed."""
+class Run(Enum):
+    """How the lost process held the chunk."""
+
+    #: beside its other chunks (or unknown)
+    SHARED = "shared"
+    #: waiting for its other chunks to end, to run alone: not started
+    WAITING = "waiting"
+    ALONE = "alone"
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The marks a lost chunk's process left: who held it (None if unknown), and how."""
+
+    owner: str | None
+    run: Run = Run.SHARED
+
+
+def lost_marks(r: redis.Redis, job: str, index: int) -> Lost:
+    """For the reaper: who held a lost chunk, and how. The marks stay until `drop_lost`, once the
+    reaper has carried out its decision: a failed round leaves the evidence to the next one."""
     member = keys.member(job, index)
     with r.pipeline(transaction=True) as p:
         p.hget(keys.lease_holder(), member)
         p.hget(keys.solo_runs(), member)
-        p.hdel(keys.lease_holder(), member)
-        p.hdel(keys.solo_runs(), member)
-        holder, solo, _, _ = p.execute()
-    holder = holder.decode() if holder else None
-    return holder, holder is not None and solo is not None and solo.decode() == holder
+        p.hget(keys.solo_waits(), member)
+        holder, solo, waits = p.execute()
+    if not holder:
+        return Lost(None)
+    if solo == holder:
+        return Lost(holder.decode(), Run.ALONE)
+    return Lost(holder.decode(), Run.WAITING if waits == holder else Run.SHARED)
+
+
+def drop_lost(r: redis.Redis, job: str, index: int, lost: Lost | None = None) -> None:
+    """Remove the lost process's marks once its chunk is judged (a new holder's survive);
+    without `lost`, whatever marks the chunk has (its process died after the commit)."""
+    lost = lost or lost_marks(r, job, index)
+    if lost.owner is not None:
+        drop_holder(r, job, index, lost.owner)
+        end_solo(r, job, index, lost.owner)
 
 
 # -- suspected chunks ---------------------------------------------------------------------

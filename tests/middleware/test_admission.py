@@ -44,6 +44,8 @@ def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worke
     second.start()
     wait_for(lambda: worker.ctx.admission.alone is not None, 10, "chunk 1 claims the worker")
     assert r.hget(keys.solo_runs(), f"{JOB}/1") is None and r.get(keys.lease(JOB, 1)) is not None
+    # marked as waiting, not running, alone: a death now is no evidence either way
+    assert r.hget(keys.solo_waits(), f"{JOB}/1") == worker.ctx.owner.encode()
     # and meanwhile a third chunk is handed back to the queue at once, not run beside it
     began = time.monotonic()
     _, third = worker.run(2)
@@ -58,6 +60,7 @@ def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worke
     assert ran_alone(caplog, 1, "gpu0@a") and not ran_alone(caplog, 0, "gpu0@a")
     assert suspects.suspicion(r, JOB, 1).deaths == 0
     assert r.hget(keys.solo_runs(), f"{JOB}/1") is None and r.hget(keys.lease_holder(), f"{JOB}/1") is None
+    assert r.hget(keys.solo_waits(), f"{JOB}/1") is None
     assert worker.ctx.admission.alone is None and len(worker.ctx.admission) == 0
     assert suspects.median_duration(r, JOB) is not None
 
@@ -119,3 +122,29 @@ def test_a_process_is_healthy_once_it_finished_a_batch():
         admission.leave(run)
     # Then one or two commits are no proof of health (a crash-looping process may get that far); three are
     assert [admission.committed() for _ in range(4)] == [False, False, True, True]
+
+
+def test_a_suspect_handed_back_while_waiting_to_run_alone_leaves_no_marks(worker, r, store):
+    # Given a worker running chunk 0, and suspected chunk 1 leased and waiting for it to end
+    release, outcomes = threading.Event(), {}
+    suspect(r, 1, died_on="gpu0@b")
+
+    def run(index, task=None):
+        outcomes[index] = worker.run(index, task)
+
+    first = threading.Thread(target=run, args=(0, hold(worker.task, release.is_set)))
+    first.start()
+    wait_for(lambda: len(worker.ctx.admission) == 1, 10, "chunk 0 admitted")
+    second = threading.Thread(target=run, args=(1,))
+    second.start()
+    wait_for(lambda: r.hget(keys.solo_waits(), f"{JOB}/1") is not None, 10, "chunk 1 waits to run alone")
+    # When the worker shuts down during the wait
+    worker.ctx.stopping.set()
+    second.join(30)
+    release.set()
+    first.join(30)
+    # Then chunk 1 is handed back, never having run, and no mark says it waits or runs here
+    assert isinstance(outcomes[1][1], HandedBack) and "shutdown" in outcomes[1][1].reason
+    assert r.hget(keys.solo_waits(), f"{JOB}/1") is None and r.hget(keys.solo_runs(), f"{JOB}/1") is None
+    assert r.hget(keys.lease_holder(), f"{JOB}/1") is None
+    assert suspects.suspicion(r, JOB, 1).deaths == 2 and r.hget(keys.crashes(JOB), 1) is None

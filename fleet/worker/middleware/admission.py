@@ -33,6 +33,8 @@ HEALTH_MAX_AGE_S = 1.0
 class AdmissionState:
     entered: bool = False
     suspect: bool = False
+    #: the run claimed its process to run alone (waiting for the others to end, then running)
+    claimed: bool = False
     #: when the run started alone (None: it ran beside others)
     alone_since: float | None = None
 
@@ -86,7 +88,9 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
         alone = ctx.policy.runs_alone(suspicion) or bench_s is not None
         if not admission.enter(run, alone):
             return HandedBack("a chunk runs alone on this worker", hold_s=HOLD_S)
-        state.entered, state.suspect = True, bool(suspicion)
+        state.entered, state.suspect, state.claimed = True, bool(suspicion), alone
+        if alone:  # a death while it waits for the others is no evidence either way
+            suspects.wait_solo(ctx.redis, run.job, run.index, ctx.owner)
         suspects.note_holder(ctx.redis, run.job, run.index, ctx.owner)
         if alone:
             if not admission.wait_alone(run, ctx.stopping):
@@ -108,7 +112,7 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
         ctx = self.ctx
         ctx.admission.leave(run)
         alone = state.alone_since is not None
-        if alone:
+        if state.claimed:
             suspects.end_solo(ctx.redis, run.job, run.index, ctx.owner)
         if not run.assist:
             suspects.drop_holder(ctx.redis, run.job, run.index, ctx.owner)
