@@ -6,11 +6,15 @@ gives the sampling defaults; both engines read them the same way, through fleet.
 
 from __future__ import annotations
 
+import asyncio
 from abc import abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleet.engines.base import Engine, EngineSpec
-from fleet.model.prompting import load_tokenizer, model_facts, require_model, resolve_model_dir
+from fleet.errors import EngineError
+from fleet.model.prompting import Prompt, load_tokenizer, model_facts, render, require_model, resolve_model_dir
+from fleet.records import GenRequest
 from fleet.settings import Settings
 
 
@@ -31,6 +35,45 @@ class ModelEngine(Engine):
         """Tokenizer and sampling defaults; called at the start of `start()`."""
         self.tokenizer = load_tokenizer(self.model_path)
         self.defaults = model_facts(self.settings)["sampling"]
+
+
+class EmbeddedEngine(ModelEngine):
+    """An engine library embedded in the worker (sglang, vllm): built on the worker's one
+    engine loop, which every request must then use; its real batch read back after start."""
+
+    def __init__(self, settings: Settings, kwargs: dict[str, Any]):
+        super().__init__(settings)
+        self.kwargs = kwargs
+        self._engine: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: set once the engine is found broken: every later request gets it
+        self._dead: EngineError | None = None
+        #: what the engine really runs, read back after start (None until then)
+        self.effective_running: int | None = None
+        self.kv_tokens: int | None = None
+        #: one thread: the tokenizer is only ever used from it once the engine runs
+        self._render = ThreadPoolExecutor(1, thread_name_prefix="fleet-render")
+
+    def bind_loop(self) -> None:
+        """Called first in `start()`: the engine's receive path binds to this loop."""
+        self._loop = asyncio.get_running_loop()
+
+    async def render_prompt(self, request: GenRequest) -> Prompt:
+        """The request's prompt ids, rendered off the loop (templating is pure Python and the
+        loop carries the engine's own output path), once the engine is known to be usable."""
+        if self._dead is not None:
+            raise self._dead
+        if self._engine is None:
+            raise EngineError(f"{self.name} engine is not running (not started, or shut down)")
+        if asyncio.get_running_loop() is not self._loop:
+            raise EngineError(f"{self.name} engine called from a loop other than the one it started on")
+        return await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
+
+    def release(self) -> Any:
+        """Forget the engine and stop rendering; returns the engine for the caller to shut down."""
+        engine, self._engine = self._engine, None
+        self._render.shutdown(wait=False, cancel_futures=True)
+        return engine
 
 
 class ModelEngineSpec(EngineSpec):

@@ -12,15 +12,13 @@ and detokenising in SGLang's own process keeps that work off the worker's loop.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fleet.engines.model import ModelEngine
+from fleet.engines.model import EmbeddedEngine
 from fleet.engines.sglang.plan import (
     check_choices,
     is_hybrid,
@@ -39,7 +37,6 @@ from fleet.model.prompting import (
     context_length_of,
     ended_in_thinking,
     fill_sampling,
-    render,
     require_model,
     split_reasoning,
     vocab_size_of,
@@ -169,24 +166,15 @@ def finish_reason(meta: dict[str, Any]) -> str:
     raise RecordError(f"sglang finished the request with {kind!r}: {message or raw}")
 
 
-class SglangEngine(ModelEngine):
+class SglangEngine(EmbeddedEngine):
     name = "sglang"
 
     def __init__(self, settings: Settings):
-        super().__init__(settings)
-        self.kwargs = engine_kwargs(settings)
-        self._engine: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._dead: EngineError | None = None
-        #: what the engine really runs, read back after start (None until then)
-        self.effective_running: int | None = None
-        self.kv_tokens: int | None = None
+        super().__init__(settings, engine_kwargs(settings))
         #: prompt slots SGLang's tokenizer manager adds for EAGLE/NEXTN draft tokens
         self.reserved_tokens = reserved_tokens(self.settings.sglang)
         #: embedding rows: SGLang sends an id past them to the scheduler, which dies of it
         self.vocab: int | None = None
-        #: one thread: the tokenizer is only ever used from it once the engine runs
-        self._render = ThreadPoolExecutor(1, thread_name_prefix="fleet-render")
 
     @property
     def max_running(self) -> int:
@@ -195,7 +183,7 @@ class SglangEngine(ModelEngine):
 
     async def start(self) -> None:
         """Build the engine on this (the worker's) loop; blocks it while the weights load."""
-        self._loop = asyncio.get_running_loop()
+        self.bind_loop()
         self.load_model_files()
         self.vocab = vocab_size_of(self.model_path)
         try:
@@ -242,14 +230,7 @@ class SglangEngine(ModelEngine):
             log.info("sglang runs %d requests at once (KV tokens %s)", self.effective_running, self.kv_tokens)
 
     async def generate(self, request: GenRequest) -> GenResult:
-        if self._dead is not None:
-            raise self._dead
-        if self._engine is None:
-            raise EngineError("sglang engine is not running (not started, or shut down)")
-        if asyncio.get_running_loop() is not self._loop:
-            raise EngineError("sglang engine called from a loop other than the one it started on")
-        # Templating is pure Python: off the loop, which also carries SGLang's own output path.
-        prompt = await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
+        prompt = await self.render_prompt(request)
         check_vocab(request, prompt.ids, self.vocab)
         budget = None if self.context is None else self.context - self.reserved_tokens
         max_new = check_length(request, len(prompt.ids), budget)
@@ -290,7 +271,6 @@ class SglangEngine(ModelEngine):
 
     async def shutdown(self) -> None:
         """Stop SGLang; note that it kills every child process of this process."""
-        engine, self._engine = self._engine, None
-        self._render.shutdown(wait=False, cancel_futures=True)
+        engine = self.release()
         if engine is not None:
             engine.shutdown()

