@@ -25,7 +25,7 @@ from typing import Any
 from fleet.bench.jobstats import read_job, throughput
 from fleet.bench.procs import clean_env, json_from_stdout, run_fleet, write_prompts
 from fleet.bench.profile import Profile
-from fleet.bench.report import Figure, Section, at_least
+from fleet.bench.report import Figure, Section, at_least, best_of_each
 from fleet.errors import FleetError
 from fleet.store import open_store
 
@@ -106,9 +106,7 @@ def measure_hf(profile: Profile, workdir: Path) -> Section:
     for i in range(profile.hf_repeats):
         bare.append(run_bare(workdir, model, prompts, profile))
         fleet.append(run_fleet_hf(workdir, model, prompts, profile, n, i))
-    best_bare = max(bare, key=lambda r: r["tok_s"])
-    best_fleet = max(fleet, key=lambda r: r["tok_s"])
-    ratio = best_fleet["tok_s"] / best_bare["tok_s"]
+    best_bare, best_fleet, ratio = best_of_each(bare, fleet)
     figures = [
         at_least("fleet tok/s / bare generate tok/s", round(ratio, 4), HF_TARGET,
                  note=f"best of {profile.hf_repeats}; batch {profile.hf_batch}, {profile.hf_max_tokens} max tokens"),

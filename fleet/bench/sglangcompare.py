@@ -28,7 +28,7 @@ from typing import Any
 
 from fleet.bench.jobstats import read_job, throughput
 from fleet.bench.procs import json_from_stdout, run_fleet, write_prompts
-from fleet.bench.report import Figure, Section
+from fleet.bench.report import Figure, Section, best_of_each
 from fleet.errors import ConfigError, FleetError
 from fleet.store import open_store
 
@@ -110,9 +110,7 @@ def measure_sglang_vs_bare(workdir: Path, env: dict[str, str], prompts_n: int, m
     for i in range(repeats):
         bares.append(run_bare(workdir, prompts, max_tokens, env))
         fleets.append(run_fleet_side(workdir, prompts, prompts_n, max_tokens, chunk_size, env, i))
-    bare = max(bares, key=lambda r: r["tok_s"])
-    fleet = max(fleets, key=lambda r: r["tok_s"])
-    ratio = fleet["tok_s"] / bare["tok_s"]
+    bare, fleet, ratio = best_of_each(bares, fleets)
     note = (f"best of {repeats}; {prompts_n} prompts, {max_tokens} max tokens, chunks of {chunk_size}, "
             f"S={bare['max_running_requests']}")  # fmt: skip
     figures = [

@@ -27,7 +27,7 @@ from typing import Any
 
 from fleet.bench.jobstats import read_job, throughput
 from fleet.bench.procs import clean_env, run_fleet, write_prompts
-from fleet.bench.report import Figure, Section, at_least
+from fleet.bench.report import Figure, Section, at_least, best_of_each
 from fleet.errors import FleetError
 from fleet.store import open_store
 
@@ -123,9 +123,7 @@ def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, rep
     for _ in range(repeats):
         bares.append(run_bare(workdir, model, prompts, max_tokens))
         fleets.append(run_fleet_vllm(workdir, model, prompts, prompts_n, max_tokens, chunk))
-    bare = max(bares, key=lambda r: r["tok_s"])
-    fleet = max(fleets, key=lambda r: r["tok_s"])
-    ratio = fleet["tok_s"] / bare["tok_s"]
+    bare, fleet, ratio = best_of_each(bares, fleets)
     figures = [
         at_least("fleet tok/s / bare AsyncLLM tok/s", round(ratio, 4), VLLM_TARGET,
                  note=f"best of {repeats}; {prompts_n} prompts, {max_tokens} max tokens, chunks of {chunk}"),
