@@ -82,6 +82,14 @@ class EngineError(FleetError):
     fault = Fault.CRASH
 
 
+class EngineUnavailable(FleetError):
+    """The engine cannot be reached for now (a lost server connection, a blip) but nothing says it
+    is broken: an infrastructure fault, requeued with backoff; no attempt spent, no death counted,
+    the worker not restarted."""
+
+    fault = Fault.INFRA
+
+
 class WorkerLost(FleetError):
     """A chunk's lease expired with no result: its worker died (SIGKILL, OOM, host loss)."""
 

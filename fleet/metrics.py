@@ -41,6 +41,14 @@ ACCEPT_LENGTH_BUCKETS = (
 TOKENS = Counter(
     "fleet_tokens", "Tokens processed by this worker's engine", ["kind"]
 )  #: kind = "prompt" | "completion"
+TOKENS_MADE = Counter(
+    "fleet_tokens_made",
+    "Output tokens this worker's engine made, counted as they stream (a committed chunk's completion tokens "
+    "are also counted in fleet_tokens; the difference over a job is what was made twice)",
+)
+TOKENS_CONTINUED = Counter(
+    "fleet_tokens_continued", "Checkpointed output tokens this worker continued from instead of making them again"
+)
 RECORDS = Counter(
     "fleet_records", "Records finished by this worker", ["outcome"]
 )  #: outcome = "ok" | "error" (a record that failed alone)

@@ -90,6 +90,9 @@ class OutputRecord(BaseModel):
     retractions: int | None = None
     #: sha256 prefix of the prompt ids the engine saw: the tokens export checks its rebuild
     prompt_digest: str | None = None
+    #: output positions at which an interrupted sample was continued from its checkpointed ids
+    #: (docs/architecture.md, Continuation); None: generated in one go
+    continued_at: list[int] | None = None
     #: the input's passthrough fields (InputRecord.extra); exports put them back at top level
     extra: dict[str, Any] | None = None
     pos: int = Field(0, description="place in the input, for ordering; not exported")
@@ -129,6 +132,16 @@ class GenRequest:
     enable_thinking: bool = True
     #: put token ids in the output record
     return_output_ids: bool = False
+    #: output ids an earlier run made (from checkpoints): the engine continues after them, and
+    #: the result covers them too (docs/architecture.md, Continuation)
+    prefix_ids: list[int] = field(default_factory=list)
+    #: the engine's id for this request (abort by id); unique per run of the sample
+    request_id: str = ""
+
+    @property
+    def remaining_tokens(self) -> int:
+        """Output tokens still allowed after the prefix."""
+        return self.sampling.max_tokens - len(self.prefix_ids)
 
 
 @dataclass
@@ -144,6 +157,15 @@ class GenResult:
     #: the output ended inside its think block (no </think>): reasoning only, no answer
     in_thinking: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenDelta:
+    """What a request's stream yields: the output ids made since the last delta; the last
+    delta also carries the whole result (finish reason, usage, engine facts)."""
+
+    ids: list[int]
+    result: GenResult | None = None
 
 
 def prompt_digest(ids: list[int]) -> str:

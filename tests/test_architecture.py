@@ -142,7 +142,7 @@ def test_every_part_says_what_it_holds(package):
 
 #: a chunk's state in Redis (docs/architecture.md, "Redis keys" and "Recovery"): only its owner names these keys
 CHUNK_STATE_KEYS = ("queued", "running", "lease", "lease_started", "lease_beat", "attempts", "crashes", "retries",
-                    "requeue_guard", "assist", "jobs", "progress", "chunk_stats")
+                    "requeue_guard", "assist", "jobs", "progress", "chunk_stats", "made", "pace")
 CHUNK_STATE_OWNER = FLEET / "coord" / "chunks.py"
 #: the crash evidence beside it (docs/architecture.md, "Redis keys" and "Failures"): only its owner names these
 CRASH_EVIDENCE_KEYS = ("lease_holder", "solo_runs", "solo_waits", "suspects", "chunk_seconds", "worker_deaths",

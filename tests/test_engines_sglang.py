@@ -77,6 +77,8 @@ def test_default_kwargs_are_bf16_mtp_and_an_explicit_running_limit(tiny_model: P
         "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": 4,
         "log_level": "warning",
+        "incremental_streaming_output": True,
+        "stream_interval": 16,
     }
     assert "sglang" not in sys.modules
 
@@ -135,6 +137,8 @@ def test_optional_fields_appear_only_when_set(tiny_model: Path) -> None:
         "hicache_write_policy": "write_through",
         "enable_deterministic_inference": True,
         "log_level": "info",
+        "incremental_streaming_output": True,
+        "stream_interval": 16,
     }
     assert "hicache_size" not in engine_kwargs(sg_settings(tiny_model, hicache_size=64))
 
@@ -248,14 +252,15 @@ def test_meta_info_and_sampling_are_mapped(fake_sglang, tiny_model: Path, loop_t
     assert result.meta["retractions"] == 2  # meta_info num_retractions
 
 
-def test_length_finish_and_no_ids_unless_asked(fake_sglang, tiny_model: Path, loop_thread: LoopThread) -> None:
+def test_length_finish_and_top_k_off(fake_sglang, tiny_model: Path, loop_thread: LoopThread) -> None:
     engine = started(loop_thread, sg_settings(tiny_model, mtp=False))
     request = raw("l", max_tokens=3, top_k=0)
     request.return_output_ids = False
 
     result = loop_thread.run(engine.generate(request))
 
-    assert (result.finish_reason, result.completion_tokens, result.output_ids) == ("length", 3, None)
+    # the engine always hands back the ids (the worker checkpoints them); the record keeps them only when asked
+    assert (result.finish_reason, result.completion_tokens, len(result.output_ids)) == ("length", 3, 3)
     sent = fake_sglang.instances[0].requests[-1]["sampling_params"]
     assert sent["top_k"] == -1  # SGLang's "no top-k"
     assert "sampling_seed" not in sent  # seeds need enable_deterministic_inference

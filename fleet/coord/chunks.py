@@ -19,6 +19,7 @@ all without losing work: the store decides done and quarantined.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -334,6 +335,36 @@ def publish_unstarted(r: redis.Redis, job: str, index: int, samples: int | None)
 
 def unstarted(r: redis.Redis, job: str) -> dict[int, int]:
     return {int(i): int(n) for i, n in r.hgetall(keys.progress(job)).items()}
+
+
+def add_made(r: redis.Redis, job: str, index: int, tokens: int, pace: dict[str, int] | None) -> None:
+    """A running chunk made `tokens` more output tokens; `pace` is its owner run's own figures
+    ({made, started_ms, samples, sample_tokens}: tokens since it started, samples it finished and
+    their tokens); a helper's copy sets none."""
+    with r.pipeline(transaction=False) as p:
+        if tokens:
+            p.hincrby(keys.made(job), index, tokens)
+        if pace is not None:
+            p.hset(keys.pace(job), index, json.dumps(pace | {"at_ms": now_ms()}))
+        p.execute()
+
+
+def end_pace(r: redis.Redis, job: str, index: int) -> None:
+    r.hdel(keys.pace(job), index)
+
+
+def made(r: redis.Redis, job: str) -> dict[int, int]:
+    """Output tokens made per chunk over all its runs (committed chunks included)."""
+    return {int(i): int(n) for i, n in r.hgetall(keys.made(job)).items()}
+
+
+def made_by(r: redis.Redis, job: str, index: int) -> int:
+    return int(r.hget(keys.made(job), index) or 0)
+
+
+def paces(r: redis.Redis, job: str) -> dict[int, dict[str, int]]:
+    """The current runs' {made, started_ms, at_ms} by chunk."""
+    return {int(i): json.loads(v) for i, v in r.hgetall(keys.pace(job)).items()}
 
 
 def cache_stats(r: redis.Redis, job: str, index: int, stats: ChunkStats) -> None:

@@ -133,6 +133,18 @@ def progress(job: str) -> str:
     return f"{PREFIX}:{job}:progress"
 
 
+def made(job: str) -> str:
+    """Hash index -> output tokens engines made for the chunk over all its runs, counted as they
+    stream; less the committed result's tokens, what was made twice (lost between flushes, copies)."""
+    return f"{PREFIX}:{job}:made"
+
+
+def pace(job: str) -> str:
+    """Hash index -> JSON {made, started_ms, at_ms} of the chunk's current run: the tokens it made
+    since it started, for `fleet status`'s tok/s and ETA before anything is committed."""
+    return f"{PREFIX}:{job}:pace"
+
+
 def assist(job: str, index: int) -> str:
     """Lease of the one idle worker helping a straggler chunk at the end of a job."""
     return f"{PREFIX}:{job}:assist:{index}"

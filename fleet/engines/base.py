@@ -1,22 +1,34 @@
-"""The engine protocol: one request in, one sample out, on one long-lived asyncio loop.
+"""The engine protocol: one request in, its tokens streamed out as they are made, on one
+long-lived asyncio loop.
 
 A worker process owns one engine; K chunk slots submit requests to it concurrently and
-the engine batches them (continuous batching in SGLang and sim, micro-batches in hf).
+the engine batches them (continuous batching in SGLang, vLLM and sim, micro-batches in hf).
+Streaming is what makes the token, not the record, the unit of progress: the worker
+checkpoints each running request's ids and a later run continues from them
+(docs/architecture.md, Continuation).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from fleet.records import GenRequest, GenResult
+from fleet.errors import RecordError
+from fleet.records import GenDelta, GenRequest, GenResult
 
 if TYPE_CHECKING:
     from fleet.settings import Settings
 
 
 class Engine(ABC):
-    """Lifecycle: `await start()` once on the engine loop, `generate` many times, `shutdown`."""
+    """Lifecycle: `await start()` once on the engine loop, `stream` many times, `shutdown`.
+
+    The stream contract, for every engine: `stream(request)` yields `GenDelta`s whose ids,
+    joined, are the output after `request.prefix_ids`; the last delta carries the whole
+    result, whose `output_ids` (and text) cover prefix and new ids alike. `abort(request_id)`
+    ends one running request early (the worker stops reading its stream first).
+    """
 
     name: str = "engine"
 
@@ -29,8 +41,21 @@ class Engine(ABC):
         """Load the model; called once on the engine loop before any request."""
 
     @abstractmethod
+    def stream(self, request: GenRequest) -> AsyncIterator[GenDelta]:
+        """Generate one sample as deltas. Raise RecordError for this record alone, EngineError
+        if the engine is broken, EngineUnavailable if it cannot be reached for now."""
+
+    async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook
+        """End one running request inside the engine (its stream has been closed)."""
+
     async def generate(self, request: GenRequest) -> GenResult:
-        """Generate one sample. Raise RecordError for this record alone, EngineError if broken."""
+        """One sample, whole: the stream read to its end (benchmarks, bare comparisons)."""
+        result = None
+        async for delta in self.stream(request):
+            result = delta.result or result
+        if result is None:
+            raise RecordError(f"{self.name} engine ended record {request.record_id!r} without a result")
+        return result
 
     async def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release the model."""

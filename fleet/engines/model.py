@@ -13,8 +13,18 @@ from typing import Any
 
 from fleet.engines.base import Engine, EngineSpec
 from fleet.errors import EngineError
-from fleet.model.prompting import Prompt, load_tokenizer, model_facts, render, require_model, resolve_model_dir
-from fleet.records import GenRequest
+from fleet.model.prompting import (
+    Prompt,
+    ended_in_thinking,
+    load_tokenizer,
+    model_facts,
+    render,
+    require_model,
+    resolve_model_dir,
+    split_reasoning,
+    trim_at_stop,
+)
+from fleet.records import GenRequest, GenResult, prompt_digest
 from fleet.settings import Settings
 
 
@@ -35,6 +45,67 @@ class ModelEngine(Engine):
         """Tokenizer and sampling defaults; called at the start of `start()`."""
         self.tokenizer = load_tokenizer(self.model_path)
         self.defaults = model_facts(self.settings)["sampling"]
+
+    def whole(
+        self, request: GenRequest, prompt: Prompt, new_ids: list[int], reason: str, engine_text: str | None,
+        facts: dict[str, Any],
+    ) -> GenResult:
+        """The sample's result over its prefix ids and the new ones. A continued sample's text is
+        decoded here from all its ids at once, never joined from two texts: the seam may fall
+        inside a multi-byte character, `</think>` or a stop string (docs/architecture.md, Continuation)."""
+        ids = request.prefix_ids + new_ids
+        if request.prefix_ids or engine_text is None:
+            ids, text, stopped = self.decode_output(ids, reason, request.sampling.stop)
+            reason = "stop" if stopped else reason
+        else:
+            text = engine_text
+        reasoning, answer = split_reasoning(text, prompt.opened_think)
+        return GenResult(
+            text=answer,
+            reasoning=reasoning,
+            in_thinking=ended_in_thinking(text, prompt.opened_think),
+            completion_tokens=len(ids),
+            prompt_tokens=len(prompt.ids),
+            finish_reason=reason,
+            output_ids=ids,  # the worker keeps them only where the job asks (to_output)
+            meta=facts | {"prompt_digest": prompt_digest(prompt.ids)},
+        )
+
+    def decode_output(self, ids: list[int], reason: str, stops: tuple[str, ...] | None) -> tuple[list[int], str, bool]:
+        """(ids, text, stopped by a string) as the engines report them: the text without its end-of-
+        sequence token or special tokens, cut before the first stop string; the ids then end with
+        the token that completed that string."""
+        eos = set(self.defaults.get("eos_token_ids") or ())
+        body = ids[:-1] if reason == "stop" and ids and ids[-1] in eos else ids
+        text, hit = trim_at_stop(self.decode(body), stops)
+        if hit:
+            lo, hi = 1, len(body)  # the shortest prefix whose text holds a stop string
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if trim_at_stop(self.decode(body[:mid]), stops)[1]:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            ids = body[:lo]
+        return ids, text, hit
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def seam_window(self, request: GenRequest) -> int:
+        """New tokens during which a stop string may still span the seam of a continued sample:
+        the engine checks stop strings in its own output only, so fleet checks these."""
+        if not request.prefix_ids or not request.sampling.stop:
+            return 0
+        return max(len(s) for s in request.sampling.stop) + 4
+
+    def seam_stopped(self, request: GenRequest, new_ids: list[int]) -> bool:
+        """A stop string that begins in the prefix and ends in the new ids."""
+        window = self.seam_window(request)
+        tail = request.prefix_ids[-window:]
+        head = self.decode(tail)
+        whole = self.decode(tail + new_ids[:window])
+        return any(s in whole and s not in head for s in request.sampling.stop or ())
 
 
 class EmbeddedEngine(ModelEngine):

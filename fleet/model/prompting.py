@@ -159,8 +159,9 @@ def render(tokenizer: Any, request: GenRequest) -> Prompt:
 
 
 def check_length(request: GenRequest, prompt_len: int, context: int | None) -> int:
-    """Max new tokens that fit the context; RecordError when the prompt alone does not fit."""
-    max_new = request.sampling.max_tokens
+    """Max new tokens after the request's prefix ids that fit the context (0 or less: none
+    fit, the sample ends at "length"); RecordError when the prompt alone does not fit."""
+    max_new = request.remaining_tokens
     if context is None:
         return max_new
     if prompt_len >= context:
@@ -168,7 +169,7 @@ def check_length(request: GenRequest, prompt_len: int, context: int | None) -> i
             f"prompt of record {request.record_id!r} is {prompt_len} tokens after templating, "
             f"the context is {context}"
         )
-    return min(max_new, context - prompt_len)
+    return min(max_new, context - prompt_len - len(request.prefix_ids))
 
 
 def opens_think(tokenizer: Any, prompt_ids: list[int]) -> bool:

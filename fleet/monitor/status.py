@@ -26,6 +26,8 @@ from fleet.store.manifest import Manifest, require_manifest
 from fleet.store.results import ChunkStats, read_result
 
 RATE_WINDOW_S = 300.0
+#: seconds after which a running chunk's pace that was not renewed is its dead run's
+PACE_STALE_S = 30.0
 BENCH_AFTER: int = Settings.model_fields["bench_after"].default
 
 
@@ -51,7 +53,16 @@ class JobStatus:
     records_ended_in_thinking: int = 0
     #: times the engine retracted a running request for KV room (SGLang): the batch is too big
     retractions: int = 0
+    #: output tokens made for chunks not yet committed, counted as they stream (broker's count)
+    tokens_in_flight: int = 0
+    #: output tokens made more than once: lost between a run's last flush and its death, or
+    #: made by a helper's copy that lost (committed chunks' headers, and the broker's count)
+    tokens_made_twice: int = 0
+    #: checkpointed output tokens that samples were continued from instead of being made again
+    tokens_continued: int = 0
     elapsed_s: float = 0.0
+    #: output tok/s: the running chunks' pace while they report one (right seconds after a start),
+    #: else committed chunks' tokens over the recent window
     tok_s: float = 0.0
     eta_s: float | None = None
     workers: list[str] = field(default_factory=list)
@@ -92,6 +103,30 @@ def done_stats(store: Store, r: redis.Redis | None, job: str, done: set[int]) ->
     return out
 
 
+@dataclass
+class LiveFigures:
+    """What the running chunks' runs report as their tokens stream (fleet.coord.chunks pace)."""
+
+    rate: float
+    first_started: float
+    finished_samples: int
+    finished_tokens: int
+
+
+def live_figures(st: JobStatus, r: redis.Redis, job: str, done: set[int], now: float) -> LiveFigures | None:
+    """Tokens in flight (made for chunks not committed yet) into `st`; the running chunks' pace,
+    each its run's tokens over its run's time, summed: right seconds after a start, long before
+    the first chunk commits. Paces not renewed for PACE_STALE_S belong to runs that died."""
+    st.tokens_in_flight = sum(n for i, n in chunks.made(r, job).items() if i not in done)
+    fresh_ms = (now - PACE_STALE_S) * 1000
+    paces = [p for i, p in chunks.paces(r, job).items() if i not in done and p["at_ms"] > fresh_ms]
+    if not paces:
+        return None
+    rate = sum(p["made"] / max((p["at_ms"] - p["started_ms"]) / 1000, 1e-3) for p in paces)
+    return LiveFigures(rate, min(p["started_ms"] for p in paces) / 1000, sum(p.get("samples", 0) for p in paces),
+                       sum(p.get("sample_tokens", 0) for p in paces))
+
+
 def recent_rate(stats: list[ChunkStats], now: float, window_s: float = RATE_WINDOW_S,
                 finished: bool = False) -> float:
     """Output tok/s over the recent window ending now (over the whole run while it is
@@ -129,6 +164,10 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
             st.broker, r = False, None
     stats = done_stats(store, r, job, done)
     now = time.time()
+    live = None
+    if r is not None:
+        with contextlib.suppress(redis.RedisError):
+            live = live_figures(st, r, job, done, now)
     for s in stats:
         st.records_done += s.records
         st.samples_done += s.samples
@@ -139,29 +178,35 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.records_truncated_in_thinking += s.records_truncated_in_thinking
         st.records_ended_in_thinking += s.records_ended_in_thinking
         st.retractions += s.retractions
+        st.tokens_made_twice += s.tokens_made_twice
+        st.tokens_continued += s.tokens_continued
     st.workers = sorted({s.worker for s in stats if s.worker is not None})
     timed = [s for s in stats if s.timed()]
+    finished = len(done) == manifest.chunks
     if timed:
         first = min(s.started for s in timed if s.started is not None)
         last = max(s.finished for s in timed if s.finished is not None)
-        st.elapsed_s = round((last if len(done) == manifest.chunks else now) - first, 3)
-        finished = len(done) == manifest.chunks
+        st.elapsed_s = round((last if finished else now) - first, 3)
         st.tok_s = round(recent_rate(timed, now, finished=finished), 2)
         for worker in st.workers:
             mine = [s for s in timed if s.worker == worker]
             st.worker_tok_s[worker] = round(recent_rate(mine, now, finished=finished), 2)
         accept = [s.spec_accept_length for s in stats if s.spec_accept_length]
         st.spec_accept_length = round(sum(accept) / len(accept), 3) if accept else None
-        remaining = manifest.samples - st.samples_done
-        if st.tok_s > 0 and st.samples_done:
-            per_sample = st.completion_tokens / st.samples_done
-            st.eta_s = round(remaining * per_sample / st.tok_s, 1)
-        gpus = max(1, len(st.workers))
-        st.cost_usd = round(usd_per_gpu_hour * gpus * st.elapsed_s / 3600, 4)
-        if st.eta_s is not None:
-            st.projected_cost_usd = round(st.cost_usd + usd_per_gpu_hour * gpus * st.eta_s / 3600, 4)
-        if st.completion_tokens and usd_per_gpu_hour:
-            st.usd_per_m_tokens = round(st.cost_usd / st.completion_tokens * 1e6, 4)
+    if live is not None and not finished:
+        st.tok_s = round(live.rate, 2)
+        st.elapsed_s = max(st.elapsed_s, round(now - live.first_started, 3))
+    samples = st.samples_done + (live.finished_samples if live else 0)
+    if st.tok_s > 0 and samples:
+        per_sample = (st.completion_tokens + (live.finished_tokens if live else 0)) / samples
+        left = max(0.0, (manifest.samples - st.samples_done) * per_sample - st.tokens_in_flight)
+        st.eta_s = round(left / st.tok_s, 1)
+    gpus = max(1, len(st.workers))
+    st.cost_usd = round(usd_per_gpu_hour * gpus * st.elapsed_s / 3600, 4)
+    if st.eta_s is not None:
+        st.projected_cost_usd = round(st.cost_usd + usd_per_gpu_hour * gpus * st.eta_s / 3600, 4)
+    if st.completion_tokens and usd_per_gpu_hour:
+        st.usd_per_m_tokens = round(st.cost_usd / st.completion_tokens * 1e6, 4)
     with contextlib.suppress(StoreError):
         st.failed = [{k: f.get(k) for k in ("index", "error_type", "error", "attempts")}
                      for f in read_failures(store, job, failed)]

@@ -15,11 +15,39 @@ from typing import Any
 
 from fleet import metrics
 from fleet.records import InputRecord
+from fleet.store.checkpoints import IdsDigest, Partial, Segment
 from fleet.store.manifest import Manifest
 
 
 def sample_key(record_id: str, sample: int) -> str:
     return f"{record_id}\x00{sample}"
+
+
+@dataclass(eq=False)
+class LiveSample:
+    """A sample running in this run: its output ids so far (a continued sample's prefix
+    included), and how many of them the store already holds."""
+
+    id: str
+    sample: int
+    ids: list[int]
+    #: ids[:flushed] are in checkpoints; `digest` is theirs
+    flushed: int
+    digest: IdsDigest
+    #: where this sample's lineage was continued from checkpointed ids (this run's start last)
+    continued_at: list[int]
+
+    def segment(self) -> Segment | None:
+        """The ids made since the last flush, chained to what the store holds."""
+        if len(self.ids) <= self.flushed:
+            return None
+        return Segment(self.id, self.sample, self.flushed, self.digest.hexdigest(), self.ids[self.flushed :],
+                       list(self.continued_at))  # fmt: skip
+
+    def stored(self, segment: Segment) -> None:
+        """`segment` is in the store now: later segments follow it."""
+        self.digest.update(segment.ids)
+        self.flushed = segment.start + len(segment.ids)
 
 
 @dataclass(eq=False)
@@ -35,6 +63,15 @@ class ChunkRun:
     #: finished in this run and not yet checkpointed
     fresh: list[dict[str, Any]] = field(default_factory=list)
     resumed: int = 0
+    #: each unfinished sample's longest checkpointed prefix: this run continues from it
+    partials: dict[str, Partial] = field(default_factory=dict)
+    #: samples running now, by sample_key
+    live: dict[str, LiveSample] = field(default_factory=dict)
+    #: output tokens the engine made for this run, and checkpointed ones it continued from
+    tokens_made: int = 0
+    tokens_continued: int = 0
+    #: tokens made for this chunk by earlier runs (fleet.coord.chunks), for the result's header
+    made_before: int = 0
     #: an end-of-job helper run: no chunk lease, first committed result wins
     assist: bool = False
     #: when the delivery arrived (the result's `started` and `seconds`; the crash evidence
@@ -60,9 +97,35 @@ class ChunkRun:
 
     def add(self, out: dict[str, Any]) -> None:
         """Called on the engine loop as each sample finishes."""
+        key = sample_key(out["id"], out["sample"])
         with self.lock:
-            self.finished[sample_key(out["id"], out["sample"])] = out
+            self.finished[key] = out
             self.fresh.append(out)
+            self.live.pop(key, None)
+
+    def begin(self, record_id: str, sample: int) -> LiveSample:
+        """A sample enters the engine, continuing from its checkpointed prefix if it has one."""
+        key = sample_key(record_id, sample)
+        partial = self.partials.get(key)
+        ids = list(partial.ids) if partial else []
+        continued = [*partial.continued_at, len(ids)] if partial else []
+        live = LiveSample(record_id, sample, ids, len(ids), IdsDigest(ids), continued)
+        with self.lock:
+            self.live[key] = live
+            self.tokens_continued += len(ids)
+        return live
+
+    def extend(self, live: LiveSample, ids: list[int]) -> None:
+        """New output ids of a running sample, as its stream delivers them (engine loop)."""
+        with self.lock:
+            live.ids.extend(ids)
+            self.tokens_made += len(ids)
+        metrics.TOKENS_MADE.inc(len(ids))
+
+    def segments(self) -> list[tuple[LiveSample, Segment]]:
+        """What each running sample made since the last flush (not yet marked stored)."""
+        with self.lock:
+            return [(live, seg) for live in self.live.values() if (seg := live.segment()) is not None]
 
     def take_fresh(self) -> list[dict[str, Any]]:
         with self.lock:

@@ -72,6 +72,8 @@ class WorkerContext:
     identity_hash: str = ""
     #: set when running chunks must be handed back (grace period over, or the engine died)
     stopping: threading.Event = field(default_factory=threading.Event)
+    #: set on SIGTERM: every running chunk flushes its samples' ids at once (this host is going away)
+    draining: threading.Event = field(default_factory=threading.Event)
     #: stops the process for its supervisor to restart it (the engine is gone)
     restart: Callable[[str], None] = lambda why: None
     #: which chunks this process runs now, and whether one runs alone (process-wide, both stacks)

@@ -1,5 +1,8 @@
-"""Generate a chunk's missing samples on the engine loop, record by record.
+"""Generate a chunk's missing samples on the engine loop, record by record, reading each
+request's token stream as it is made.
 
+Each sample continues from its checkpointed prefix where one exists, and its new ids go
+into the run as they stream, for the next checkpoint (docs/architecture.md, Continuation).
 A record that fails alone becomes an error record and the chunk goes on; any other
 exception fails the whole run, so an incomplete chunk is never reported done.
 """
@@ -8,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
+from fleet import metrics
 from fleet.engines.base import Engine
 from fleet.errors import RecordError
 from fleet.records import GenRequest, GenResult, InputRecord, OutputRecord, Sampling, derive_seed
-from fleet.worker.chunk import ChunkRun, sample_key
+from fleet.worker.chunk import ChunkRun, LiveSample, sample_key
 
 _SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
@@ -59,7 +64,10 @@ def requests_for(run: ChunkRun) -> list[tuple[InputRecord, GenRequest]]:
     return out
 
 
-def to_output(run: ChunkRun, record: InputRecord, req: GenRequest, res: GenResult, model: str | None) -> dict:
+def to_output(
+    run: ChunkRun, record: InputRecord, req: GenRequest, res: GenResult, model: str | None,
+    continued_at: list[int] | None = None,
+) -> dict:
     meta = res.meta or {}
     return OutputRecord(
         id=record.id,
@@ -81,6 +89,7 @@ def to_output(run: ChunkRun, record: InputRecord, req: GenRequest, res: GenResul
         latency_s=meta.get("latency_s"),
         retractions=meta.get("retractions"),
         prompt_digest=meta.get("prompt_digest"),
+        continued_at=continued_at or None,
         extra=record.extra,
         pos=record.pos,
     ).model_dump(mode="json")
@@ -101,9 +110,28 @@ def longest_first(engine: Engine, pairs: list[tuple[InputRecord, GenRequest]]) -
     return [pairs[i] for i in order]
 
 
+async def read_stream(engine: Engine, req: GenRequest, run: ChunkRun, live: LiveSample) -> GenResult:
+    """Read one request's stream to its end, keeping every delta in the run as it comes; a
+    closed stream (the chunk cancelled) ends the request inside the engine."""
+    stream = engine.stream(req)
+    result = None
+    try:
+        async for delta in stream:
+            if delta.ids:
+                run.extend(live, delta.ids)
+            if delta.result is not None:
+                result = delta.result
+    finally:
+        await stream.aclose()
+    if result is None:
+        raise RecordError(f"{engine.name} engine ended record {req.record_id!r} without a result")
+    return result
+
+
 async def generate_chunk(run: ChunkRun, engine: Engine, gate: asyncio.Semaphore | None = None) -> None:
     model = engine.model_name()
     gate = gate or asyncio.Semaphore(engine.max_running)
+    nonce = uuid.uuid4().hex[:8]
 
     async def one(record: InputRecord, req: GenRequest) -> None:
         async with gate:
@@ -111,11 +139,16 @@ async def generate_chunk(run: ChunkRun, engine: Engine, gate: asyncio.Semaphore 
 
     async def admitted(record: InputRecord, req: GenRequest) -> None:
         began = time.monotonic()
+        live = run.begin(record.id, req.sample)
+        req.prefix_ids = list(live.ids)
+        req.request_id = f"{run.name}/{record.id}/{req.sample}/{nonce}"
+        if req.prefix_ids:
+            metrics.TOKENS_CONTINUED.inc(len(req.prefix_ids))
         run.inflight += 1
         try:
-            res = await engine.generate(req)
+            res = await read_stream(engine, req, run, live)
             res.meta.setdefault("latency_s", round(time.monotonic() - began, 4))
-            run.add(to_output(run, record, req, res, model))
+            run.add(to_output(run, record, req, res, model, live.continued_at))
         except RecordError as e:
             run.add(error_output(run, record, req, e, model))
         finally:

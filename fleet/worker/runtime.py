@@ -142,7 +142,12 @@ class Runtime:
             reaper.round()
 
     def begin_shutdown(self) -> None:
-        """SIGTERM: Celery stops consuming; after the grace period, hand running chunks back."""
+        """SIGTERM, a hand-over: Celery stops consuming; every running chunk flushes its samples'
+        ids at once (a SIGKILL that follows loses nothing), samples about to finish get `grace_s`,
+        then the chunks are handed back with what they made, for the next worker to continue."""
+        log.info("worker %s stopping: flushing running samples, handing chunks back in %.1fs", self.name,
+                 self.settings.grace_s)
+        self.ctx.draining.set()
         timer = threading.Timer(self.settings.grace_s, self.ctx.stopping.set)
         timer.daemon = True
         timer.start()

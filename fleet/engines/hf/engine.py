@@ -19,6 +19,7 @@ changes the matmul shapes), which can flip a near-tie. Greedy decoding has no ra
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -31,14 +32,11 @@ from fleet.model.prompting import (
     Prompt,
     check_length,
     context_length_of,
-    ended_in_thinking,
     fill_sampling,
     render,
     resolve_model_dir,
-    split_reasoning,
-    trim_at_stop,
 )
-from fleet.records import GenRequest, GenResult, Sampling, derive_seed, prompt_digest
+from fleet.records import GenDelta, GenRequest, GenResult, Sampling, derive_seed
 from fleet.settings import Settings
 
 #: Tokens of decoded tail, beyond the longest stop string, checked for a stop each step.
@@ -52,7 +50,7 @@ class RowSampler:
     do_sample=False and its argmax takes exactly the token chosen here.
     """
 
-    def __init__(self, samplings: list[Sampling], vocab: int, device: Any):
+    def __init__(self, samplings: list[Sampling], vocab: int, device: Any, prefixes: list[int] | None = None):
         import torch
 
         def column(name: str) -> Any:
@@ -72,6 +70,8 @@ class RowSampler:
             (self.repetition != 1).any() | (self.presence != 0).any() | (self.frequency != 0).any()
         )
         self.prompt_width: int | None = None  #: input width at the first step: the padded prompts
+        #: output ids each row already had before this run (a continued sample's prefix): penalised too
+        self.prefixes = torch.tensor(prefixes or [0] * len(samplings), device=device)
         self.greedy = self.temp <= 0
         self.generators = [
             torch.Generator(device=device).manual_seed(s.seed if s.seed is not None else 0)
@@ -87,22 +87,26 @@ class RowSampler:
         if input_ids is not None and self.penalised:
             if self.prompt_width is None:
                 self.prompt_width = input_ids.shape[1]
-            scores = self._penalise(scores, input_ids[:, self.prompt_width :])
+            first = self.prompt_width - int(self.prefixes.max())
+            scores = self._penalise(scores, input_ids[:, first:], self.prompt_width - self.prefixes - first)
         choice = scores.argmax(-1)
         if not bool(self.greedy.all()):
             choice = torch.where(self.greedy, choice, self._sample(scores))
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, choice[:, None], 0.0)
 
-    def _penalise(self, scores: Any, generated: Any) -> Any:
+    def _penalise(self, scores: Any, generated: Any, starts: Any) -> Any:
         """SGLang's penalties over the tokens generated so far (its penaltylib counts outputs):
         repetition divides a seen token's positive logit (multiplies a negative one);
-        frequency and presence subtract per occurrence and once."""
+        frequency and presence subtract per occurrence and once. Row i's output begins at
+        column starts[i] of `generated` (rows continued from a prefix begin earlier)."""
         import torch
 
         if generated.shape[1] == 0:
             return scores
-        counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        columns = torch.arange(generated.shape[1], device=generated.device)[None, :]
+        weights = (columns >= starts[:, None]).to(scores.dtype)
+        counts = torch.zeros_like(scores).scatter_add_(1, generated, weights)
         seen = counts > 0
         rep = self.repetition[:, None].expand_as(scores)
         penalised = torch.where(scores > 0, scores / rep, scores * rep)
@@ -132,10 +136,11 @@ class RowSampler:
 
 @dataclass
 class RowStopper:
-    """A stopping criterion per row: eos id, the row's max_tokens, the row's stop strings.
+    """A stopping criterion per row: eos id, the row's max_tokens, its stop strings, an abort;
+    every `interval` steps it hands each row's new ids to its stream (`emit`).
 
-    `finished[i]` records (generated length, "eos" | "stop" | "length") the first time row
-    i stops; `generate` pads the row afterwards, and those pad tokens are ignored.
+    `finished[i]` records (generated length, "eos" | "stop" | "length" | "abort") the first time
+    row i stops; `generate` pads the row afterwards, and those pad tokens are ignored.
     """
 
     prompt_width: int
@@ -143,7 +148,15 @@ class RowStopper:
     eos_ids: frozenset[int]
     stops: list[tuple[str, ...]]
     tokenizer: Any
+    #: per row: output ids before this run (a continued sample's prefix): stop strings may span them
+    prefixes: list[int] = field(default_factory=list)
+    #: per row: called with a list of new ids, from the generating thread
+    emit: list[Any] = field(default_factory=list)
+    #: per row: the stream was closed (aborted or cancelled): stop generating it
+    aborted: list[Any] = field(default_factory=list)
+    interval: int = 1
     finished: dict[int, tuple[int, str]] = field(default_factory=dict)
+    emitted: dict[int, int] = field(default_factory=dict)
     #: generate() pads finished rows only when a criterion has this attribute
     eos_token_id: list[int] = field(default_factory=list)
 
@@ -155,20 +168,33 @@ class RowStopper:
         for i, token in enumerate(last):
             if i in self.finished:
                 continue
-            if token in self.eos_ids:
+            if self.aborted and self.aborted[i]():
+                self.finished[i] = (n, "abort")
+            elif token in self.eos_ids:
                 self.finished[i] = (n, "eos")
             elif self._hit_stop(input_ids[i], i):
                 self.finished[i] = (n, "stop")
             elif n >= self.max_new[i]:
                 self.finished[i] = (n, "length")
+        if self.emit and (n % self.interval == 0):
+            self._emit(input_ids, n)
         done = [i in self.finished for i in range(len(last))]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+    def _emit(self, input_ids: Any, n: int) -> None:
+        for i, send in enumerate(self.emit):
+            upto = self.finished[i][0] if i in self.finished else n
+            sent = self.emitted.get(i, 0)
+            if upto > sent:
+                send(input_ids[i, self.prompt_width + sent : self.prompt_width + upto].tolist())
+                self.emitted[i] = upto
 
     def _hit_stop(self, row: Any, i: int) -> bool:
         if not self.stops[i]:
             return False
         width = max(len(s) for s in self.stops[i]) + STOP_TAIL_SLACK
-        new = row[self.prompt_width :][-width:].tolist()
+        prefix = self.prefixes[i] if self.prefixes else 0
+        new = row[self.prompt_width - prefix :][-width:].tolist()
         tail = self.tokenizer.decode(new, skip_special_tokens=True)
         return any(s in tail for s in self.stops[i])
 
@@ -179,8 +205,15 @@ class _Pending:
     prompt: Prompt
     max_new: int
     sampling: Sampling
-    future: asyncio.Future
+    #: what the generating thread hands the stream: lists of new ids, then a GenResult or an error
+    deltas: asyncio.Queue
     queued_at: float
+    #: the stream was closed (aborted, or its chunk cancelled): the batch stops generating it
+    closed: bool = False
+
+    def put(self, loop: asyncio.AbstractEventLoop, item: Any) -> None:
+        """From any thread."""
+        loop.call_soon_threadsafe(self.deltas.put_nowait, item)
 
 
 class HfEngine(ModelEngine):
@@ -196,6 +229,8 @@ class HfEngine(ModelEngine):
         self._batcher: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._broken: EngineError | None = None
+        #: running requests by request id, for abort
+        self._pending: dict[str, _Pending] = {}
 
     @property
     def max_running(self) -> int:
@@ -232,20 +267,43 @@ class HfEngine(ModelEngine):
         model.generation_config = GenerationConfig()
         return model
 
-    async def generate(self, request: GenRequest) -> GenResult:
+    async def stream(self, request: GenRequest) -> AsyncIterator[GenDelta]:
         if self._broken is not None:
             raise self._broken
         if self._queue is None:
             raise EngineError("hf engine used before start()")
         prompt = render(self.tokenizer, request)
         max_new = check_length(request, len(prompt.ids), self.context)
+        if max_new <= 0:  # its checkpointed ids already fill the context
+            yield GenDelta([], self.whole(request, prompt, [], "length", None, {}))
+            return
         sampling = fill_sampling(request.sampling, self.defaults)
         if sampling.seed is None:
             sampling = replace(sampling, seed=derive_seed(0, request.record_id, request.sample))
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, prompt, max_new, sampling, loop.create_future(), loop.time())
+        pending = _Pending(request, prompt, max_new, sampling, asyncio.Queue(), loop.time())
+        self._pending[request.request_id] = pending
         await self._queue.put(pending)
-        return await pending.future
+        streamed = 0
+        try:
+            while True:
+                item = await pending.deltas.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, GenResult):
+                    new = (item.output_ids or [])[len(request.prefix_ids) + streamed :]
+                    yield GenDelta(new, item)
+                    return
+                streamed += len(item)
+                yield GenDelta(item)
+        finally:
+            pending.closed = True
+            self._pending.pop(request.request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        pending = self._pending.get(request_id)
+        if pending is not None:
+            pending.closed = True
 
     async def shutdown(self) -> None:
         if self._batcher is not None:
@@ -269,13 +327,12 @@ class HfEngine(ModelEngine):
                 batch = await self._next_batch()
                 if not batch:
                     continue
-                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
+                results = await loop.run_in_executor(self._executor, self._run_batch, batch, loop)
                 self.batches += 1
                 now = loop.time()
                 for pending, result in zip(batch, results, strict=True):
-                    if not pending.future.done():
-                        result.meta["latency_s"] = now - pending.queued_at
-                        pending.future.set_result(result)
+                    result.meta["latency_s"] = now - pending.queued_at
+                    pending.deltas.put_nowait(result)
                 batch = []
         except asyncio.CancelledError:
             self._fail_all(batch, EngineError("hf engine shut down"))
@@ -298,33 +355,36 @@ class HfEngine(ModelEngine):
             await asyncio.sleep(cfg.batch_wait_s)
         while len(batch) < cfg.max_batch and not self._queue.empty():
             batch.append(self._queue.get_nowait())
-        return [p for p in batch if not p.future.done()]  # callers cancelled meanwhile
+        return [p for p in batch if not p.closed]  # streams closed meanwhile
 
     def _fail_all(self, batch: list[_Pending], error: EngineError) -> None:
         waiting = list(batch)
         while self._queue is not None and not self._queue.empty():
             waiting.append(self._queue.get_nowait())
         for pending in waiting:
-            if not pending.future.done():
-                pending.future.set_exception(error)
+            pending.deltas.put_nowait(error)
 
     # -- one batch, in the worker thread ----------------------------------------------------
 
-    def _run_batch(self, batch: list[_Pending]) -> list[GenResult]:
+    def _run_batch(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> list[GenResult]:
         import torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         pad = self.tokenizer.pad_token_id
         pad = pad if pad is not None else min(self.eos_ids)
-        width = max(len(p.prompt.ids) for p in batch)
-        rows = [[pad] * (width - len(p.prompt.ids)) + p.prompt.ids for p in batch]
-        mask = [[0] * (width - len(p.prompt.ids)) + [1] * len(p.prompt.ids) for p in batch]
+        inputs = [p.prompt.ids + p.request.prefix_ids for p in batch]
+        prefixes = [len(p.request.prefix_ids) for p in batch]
+        width = max(len(ids) for ids in inputs)
+        rows = [[pad] * (width - len(ids)) + ids for ids in inputs]
+        mask = [[0] * (width - len(ids)) + [1] * len(ids) for ids in inputs]
         eos = sorted(self.eos_ids)
         stopper = RowStopper(
-            width, [p.max_new for p in batch], self.eos_ids,
-            [p.sampling.stop or () for p in batch], self.tokenizer, eos_token_id=eos,
+            width, [p.max_new for p in batch], self.eos_ids, [p.sampling.stop or () for p in batch],
+            self.tokenizer, prefixes=prefixes, emit=[partial(p.put, loop) for p in batch],
+            aborted=[partial(getattr, p, "closed") for p in batch], interval=self.settings.hf.stream_interval,
+            eos_token_id=eos,
         )  # fmt: skip
-        sampler = RowSampler([p.sampling for p in batch], len(self.tokenizer), self.device)
+        sampler = RowSampler([p.sampling for p in batch], len(self.tokenizer), self.device, prefixes)
         config = GenerationConfig(
             do_sample=False,
             max_new_tokens=max(p.max_new for p in batch),
@@ -347,18 +407,5 @@ class HfEngine(ModelEngine):
         self, p: _Pending, generated: list[int], finished: tuple[int, str] | None, size: int
     ) -> GenResult:
         n, why = finished or (min(len(generated), p.max_new), "length")
-        ids = generated[:n]
-        body = ids[:-1] if why == "eos" else ids
-        text = self.tokenizer.decode(body, skip_special_tokens=True)
-        text, hit = trim_at_stop(text, p.sampling.stop)
-        reasoning, answer = split_reasoning(text, p.prompt.opened_think)
-        return GenResult(
-            text=answer,
-            reasoning=reasoning,
-            in_thinking=ended_in_thinking(text, p.prompt.opened_think),
-            completion_tokens=len(ids),
-            prompt_tokens=len(p.prompt.ids),
-            finish_reason="length" if why == "length" and not hit else "stop",
-            output_ids=ids if p.request.return_output_ids else None,
-            meta={"batch_size": size, "prompt_digest": prompt_digest(p.prompt.ids)},
-        )
+        reason = "length" if why == "length" else "stop"
+        return self.whole(p.request, p.prompt, generated[:n], reason, None, {"batch_size": size})

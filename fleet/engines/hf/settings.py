@@ -6,10 +6,12 @@ without a circle (tests/test_architecture.py).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from fleet.engines.settings import EngineSettings
 
 
-class HfSettings(BaseModel):
+class HfSettings(EngineSettings):
     """transformers on a CPU or GPU: batched generate with left padding."""
 
     device: str = Field("auto", description="'auto', 'cpu' or 'cuda'")

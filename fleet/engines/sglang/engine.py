@@ -12,8 +12,9 @@ and detokenising in SGLang's own process keeps that work off the worker's loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,17 +32,14 @@ from fleet.engines.sglang.plan import (
 from fleet.errors import EngineError, RecordError
 from fleet.model.gpus import gpu_memory_mib
 from fleet.model.prompting import (
-    Prompt,
     check_length,
     check_vocab,
     context_length_of,
-    ended_in_thinking,
     fill_sampling,
     require_model,
-    split_reasoning,
     vocab_size_of,
 )
-from fleet.records import GenRequest, GenResult, Sampling, prompt_digest
+from fleet.records import GenDelta, GenRequest, Sampling
 from fleet.settings import DEFAULT_SGLANG_RUNNING, Settings, SglangSettings
 
 log = logging.getLogger(__name__)
@@ -79,6 +77,10 @@ def engine_kwargs(settings: Settings, gpu: str | None = None) -> dict[str, Any]:
         # With speculation on and this unset, SGLang silently caps it at 48.
         "max_running_requests": s.max_running_requests or DEFAULT_SGLANG_RUNNING,
         "log_level": s.log_level,
+        # Streams carry only the new ids of each step (not the whole output again), every
+        # stream_interval tokens: the worker checkpoints them (docs/architecture.md, Continuation).
+        "incremental_streaming_output": True,
+        "stream_interval": s.stream_interval,
     }
     mfs = mem_fraction(settings, gpu_mib)
     if mfs is not None:  # explicit: unset, SGLang cuts it for the vision tower (memory_hook.py)
@@ -163,7 +165,9 @@ def finish_reason(meta: dict[str, Any]) -> str:
     if kind in FINISH_TYPES:
         return FINISH_TYPES[kind]
     message = raw.get("message") if isinstance(raw, dict) else None
-    raise RecordError(f"sglang finished the request with {kind!r}: {message or raw}")
+    status = raw.get("status_code") if isinstance(raw, dict) else None
+    code = f" ({status})" if status is not None else ""
+    raise RecordError(f"sglang finished the request with {kind!r}{code}: {message or raw}")
 
 
 class SglangEngine(EmbeddedEngine):
@@ -229,45 +233,61 @@ class SglangEngine(EmbeddedEngine):
         else:
             log.info("sglang runs %d requests at once (KV tokens %s)", self.effective_running, self.kv_tokens)
 
-    async def generate(self, request: GenRequest) -> GenResult:
+    async def stream(self, request: GenRequest) -> AsyncIterator[GenDelta]:
         prompt = await self.render_prompt(request)
         check_vocab(request, prompt.ids, self.vocab)
         budget = None if self.context is None else self.context - self.reserved_tokens
         max_new = check_length(request, len(prompt.ids), budget)
+        if max_new <= 0:  # its checkpointed ids already fill the context
+            yield GenDelta([], self.whole(request, prompt, [], "length", None, {}))
+            return
         sampling = fill_sampling(request.sampling, self.defaults)
         eos_ids = self.defaults["eos_token_ids"]
         params = sampling_params(sampling, max_new, eos_ids, self.settings.sglang.deterministic)
-        out = await self._call(request, prompt.ids, params)
-        return self._result(request, prompt, out)
+        new: list[int] = []
+        texts: list[str] = []
+        window = self.seam_window(request)
+        async for out in self._call(request, prompt.ids + request.prefix_ids, params):
+            ids = list(out.get("output_ids") or [])  # incremental_streaming_output: only the new ids
+            new += ids
+            texts.append(out.get("text") or "")
+            meta = out.get("meta_info") or {}
+            if window and len(new) - len(ids) < window and self.seam_stopped(request, new):
+                await self.abort(request.request_id)
+                yield GenDelta(ids, self.whole(request, prompt, new, "stop", None, {}))
+                return
+            if meta.get("finish_reason") is None:
+                if ids:
+                    yield GenDelta(ids)
+                continue
+            reason = finish_reason(meta)
+            facts = {ours: meta[theirs] for ours, theirs in META_FIELDS if meta.get(theirs) is not None}
+            yield GenDelta(ids, self.whole(request, prompt, new, reason, "".join(texts), facts))
+            return
+        raise RecordError(f"sglang ended record {request.record_id!r} without a finish reason")
 
-    async def _call(self, request: GenRequest, prompt_ids: list[int], params: dict) -> dict:
+    async def _call(self, request: GenRequest, ids: list[int], params: dict) -> AsyncIterator[dict]:
+        """SGLang's stream of one request, its errors sorted: a validation error or an abort
+        fails the record alone; anything else means the engine is gone."""
         try:
-            return await self._engine.async_generate(input_ids=prompt_ids, sampling_params=params)
+            stream = await self._engine.async_generate(
+                input_ids=ids, sampling_params=params, stream=True, rid=request.request_id or None
+            )
+            async for out in stream:
+                yield out
         except ValueError as e:  # request validation in SGLang's tokenizer manager
             raise RecordError(f"sglang rejected record {request.record_id!r}: {e}") from e
+        except (GeneratorExit, asyncio.CancelledError):
+            raise
         except Exception as e:
             if isinstance(getattr(e, "status_code", None), int):  # fastapi.HTTPException: an abort
                 raise RecordError(f"sglang aborted record {request.record_id!r} ({e.status_code}): {e}") from e
             self._dead = EngineError(f"sglang engine failed: {type(e).__name__}: {e}")
             raise self._dead from e
 
-    def _result(self, request: GenRequest, prompt: Prompt, out: dict) -> GenResult:
-        meta = out.get("meta_info") or {}
-        reason = finish_reason(meta)
-        output_ids = list(out.get("output_ids") or [])
-        text = out.get("text") or ""
-        reasoning, answer = split_reasoning(text, prompt.opened_think)
-        return GenResult(
-            text=answer,
-            reasoning=reasoning,
-            in_thinking=ended_in_thinking(text, prompt.opened_think),
-            completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
-            prompt_tokens=int(meta.get("prompt_tokens", len(prompt.ids))),
-            finish_reason=reason,
-            output_ids=output_ids if request.return_output_ids else None,
-            meta={ours: meta[theirs] for ours, theirs in META_FIELDS if meta.get(theirs) is not None}
-            | {"prompt_digest": prompt_digest(prompt.ids)},
-        )
+    async def abort(self, request_id: str) -> None:
+        if self._engine is not None and request_id:
+            self._engine.tokenizer_manager.abort_request(rid=request_id)
 
     async def shutdown(self) -> None:
         """Stop SGLang; note that it kills every child process of this process."""

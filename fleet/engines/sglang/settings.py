@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from fleet.engines.settings import EngineSettings
 
 #: S for sglang where neither the setting nor a known GPU sizes it.
 DEFAULT_SGLANG_RUNNING = 256
 
-class SglangSettings(BaseModel):
+class SglangSettings(EngineSettings):
     """Kwargs for the embedded `sglang.Engine` (docs/architecture.md, SGLang facts)."""
 
     dtype: str = Field("bfloat16", description="weights and activations dtype")

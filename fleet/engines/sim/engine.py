@@ -14,10 +14,11 @@ import os
 import random
 import signal
 import time
+from collections.abc import AsyncIterator
 
 from fleet.engines.base import Engine
 from fleet.errors import EngineError, RecordError
-from fleet.records import GenRequest, GenResult, derive_seed, prompt_digest
+from fleet.records import GenDelta, GenRequest, GenResult, derive_seed, prompt_digest
 from fleet.settings import SimSettings
 
 _WORDS = (
@@ -89,7 +90,9 @@ class SimEngine(Engine):
         seed = request.sampling.seed if request.sampling.seed is not None else derive_seed(0, request.record_id, 0)
         return min(sim_length(self.cfg, seed), request.sampling.max_tokens)
 
-    async def generate(self, request: GenRequest) -> GenResult:
+    async def stream(self, request: GenRequest) -> AsyncIterator[GenDelta]:
+        """Every token is a function of (seed, position), so a sample continued after its prefix
+        ids ends exactly as one generated in one go (the chaos tests compare exports with a clean run)."""
         if request.chunk in self.cfg.kill_chunks:
             os.kill(os.getpid(), signal.SIGKILL)  # a poison chunk: the process dies on it, no error raised
         if request.chunk in self.cfg.engine_error_chunks:
@@ -103,15 +106,32 @@ class SimEngine(Engine):
             seed = derive_seed(0, request.record_id, request.sample)
         natural = sim_length(self.cfg, seed)
         tokens = min(natural, request.sampling.max_tokens)
+        ids = sim_ids(seed, tokens, self.cfg.vocab_size)
+        done = len(request.prefix_ids)
+        if request.prefix_ids != ids[:done]:
+            # a prefix this engine never made (another seed or configuration): as a real engine
+            # would, it continues after it, here with its own tokens
+            ids = request.prefix_ids + ids[done:]
         assert self._slots is not None, "start() not called"
+        sent = done
         async with self._slots:
             self.running += 1
             began = time.monotonic()
             try:
-                await asyncio.sleep(self.cfg.prefill_s + tokens * self.cfg.step_s)
+                await asyncio.sleep(self.cfg.prefill_s)
+                while done < tokens:
+                    step = min(self.cfg.stream_interval, tokens - done)
+                    await asyncio.sleep(step * self.cfg.step_s)
+                    done += step
+                    if done < tokens:
+                        yield GenDelta(ids[sent:done])
+                        sent = done
             finally:
                 self.running -= 1
                 self.busy_slot_s += time.monotonic() - began
+        yield GenDelta(ids[sent:tokens], self._result(request, seed, natural, tokens, ids))
+
+    def _result(self, request: GenRequest, seed: int, natural: int, tokens: int, ids: list[int]) -> GenResult:
         text = sim_text(seed, tokens)
         reasoning, _, answer = text.removeprefix("<think>").partition("</think>")
         return GenResult(
@@ -120,6 +140,6 @@ class SimEngine(Engine):
             completion_tokens=tokens,
             prompt_tokens=prompt_size(request),
             finish_reason="length" if natural > tokens else "stop",
-            output_ids=sim_ids(seed, tokens, self.cfg.vocab_size) if request.return_output_ids else None,
+            output_ids=ids[:tokens],
             meta={"prompt_digest": prompt_digest(request.input_ids)} if request.input_ids else {},
         )

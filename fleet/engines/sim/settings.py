@@ -6,10 +6,12 @@ without a circle (tests/test_architecture.py).
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, BaseModel, Field
+from pydantic import AliasChoices, Field
+
+from fleet.engines.settings import EngineSettings
 
 
-class SimSettings(BaseModel):
+class SimSettings(EngineSettings):
     """A simulated GPU: continuous batching with a slot limit and a fixed step time."""
 
     max_running: int = Field(256, ge=1, description="concurrent requests (engine slots)")

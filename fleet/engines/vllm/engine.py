@@ -9,16 +9,18 @@ fleet.model.prompting); vLLM detokenises in its own output processor.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fleet.engines.model import EmbeddedEngine
 from fleet.engines.vllm.plan import engine_kwargs
 from fleet.errors import EngineError, RecordError
-from fleet.model.prompting import Prompt, check_length, ended_in_thinking, fill_sampling, split_reasoning
-from fleet.records import GenRequest, GenResult, Sampling, prompt_digest
+from fleet.model.prompting import check_length, fill_sampling
+from fleet.records import GenDelta, GenRequest, Sampling
 from fleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,9 +117,12 @@ class VllmEngine(EmbeddedEngine):
             log.info("vllm runs %d requests at once (KV tokens %s, context %d)",
                      self.effective_running, self.kv_tokens, self.context)
 
-    async def generate(self, request: GenRequest) -> GenResult:
+    async def stream(self, request: GenRequest) -> AsyncIterator[GenDelta]:
         prompt = await self.render_prompt(request)
         max_new = check_length(request, len(prompt.ids), self.context)
+        if max_new <= 0:  # its checkpointed ids already fill the context
+            yield GenDelta([], self.whole(request, prompt, [], "length", None, {}))
+            return
         sampling = fill_sampling(request.sampling, self.defaults)
         if self.greedy_only and sampling.temperature:
             raise RecordError(
@@ -125,61 +130,66 @@ class VllmEngine(EmbeddedEngine):
                 "speculates only for greedy requests: set temperature 0 or FLEET_VLLM__MTP=false"
             )
         params = sampling_params(sampling, max_new, self.defaults["eos_token_ids"])
-        out = await self._call(request, prompt.ids, params)
-        return self._result(request, prompt, out)
+        new: list[int] = []
+        texts: list[str] = []
+        window = self.seam_window(request)
+        async for out in self._call(request, prompt.ids + request.prefix_ids, params):
+            if not out.outputs:
+                continue
+            sample = out.outputs[0]
+            ids = list(sample.token_ids)  # RequestOutputKind.DELTA: only this step's ids
+            new += ids
+            texts.append(sample.text or "")
+            if window and len(new) - len(ids) < window and self.seam_stopped(request, new):
+                await self.abort(request.request_id)
+                yield GenDelta(ids, self.whole(request, prompt, new, "stop", None, {}))
+                return
+            if not out.finished:
+                if ids:
+                    yield GenDelta(ids)
+                continue
+            reason = FINISH_TYPES.get(sample.finish_reason or "")
+            if reason is None:
+                raise RecordError(f"vllm finished record {request.record_id!r} with {sample.finish_reason!r}")
+            facts: dict[str, Any] = {"cached_tokens": out.num_cached_tokens} if out.num_cached_tokens else {}
+            facts |= spec_meta(sample.spec_decode_metrics)
+            yield GenDelta(ids, self.whole(request, prompt, new, reason, "".join(texts), facts))
+            return
+        raise RecordError(f"vllm returned no output for record {request.record_id!r}")
 
-    async def _call(self, request: GenRequest, prompt_ids: list[int], params: dict[str, Any]) -> Any:
+    async def _call(self, request: GenRequest, prompt_ids: list[int], params: dict[str, Any]) -> AsyncIterator[Any]:
+        """vLLM's delta stream of one request, its errors sorted: validation fails the record
+        alone, a dead engine core means the engine is gone."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
         try:
-            sp = SamplingParams(**params, output_kind=RequestOutputKind.FINAL_ONLY)
+            sp = SamplingParams(**params, output_kind=RequestOutputKind.DELTA)
         except ValueError as e:  # SamplingParams validates its ranges
             raise RecordError(f"vllm rejected the sampling of record {request.record_id!r}: {e}") from e
-        rid = f"{request.record_id}/{request.chunk}/{request.sample}/{uuid.uuid4().hex[:8]}"
-        last = None
+        rid = request.request_id or f"{request.record_id}/{request.chunk}/{request.sample}/{uuid.uuid4().hex[:8]}"
         try:
             # A cancelled chunk cancels this coroutine: AsyncLLM.generate aborts the request.
             async for out in self._engine.generate(TokensPrompt(prompt_token_ids=prompt_ids), sp, rid):
-                last = out
+                yield out
         except EngineDeadError as e:
             self._dead = EngineError(f"vllm engine died: {e}")
             raise self._dead from e
         except ValueError as e:  # request validation (too long, bad ids)
             raise RecordError(f"vllm rejected record {request.record_id!r}: {e}") from e
+        except (GeneratorExit, asyncio.CancelledError):
+            raise
         except Exception as e:
             if self._engine.errored:
                 self._dead = EngineError(f"vllm engine failed: {type(e).__name__}: {e}")
                 raise self._dead from e
             raise RecordError(f"vllm failed record {request.record_id!r}: {type(e).__name__}: {e}") from e
-        if last is None or not last.outputs:
-            raise RecordError(f"vllm returned no output for record {request.record_id!r}")
-        return last
 
-    def _result(self, request: GenRequest, prompt: Prompt, out: Any) -> GenResult:
-        sample = out.outputs[0]
-        reason = FINISH_TYPES.get(sample.finish_reason or "")
-        if reason is None:
-            raise RecordError(f"vllm finished record {request.record_id!r} with {sample.finish_reason!r}")
-        output_ids = list(sample.token_ids)
-        text = sample.text or ""
-        reasoning, answer = split_reasoning(text, prompt.opened_think)
-        meta: dict[str, Any] = {"prompt_digest": prompt_digest(prompt.ids)}
-        if out.num_cached_tokens:
-            meta["cached_tokens"] = out.num_cached_tokens
-        meta |= spec_meta(sample.spec_decode_metrics)
-        return GenResult(
-            text=answer,
-            reasoning=reasoning,
-            completion_tokens=len(output_ids),
-            prompt_tokens=len(out.prompt_token_ids or prompt.ids),
-            finish_reason=reason,
-            output_ids=output_ids if request.return_output_ids else None,
-            in_thinking=ended_in_thinking(text, prompt.opened_think),
-            meta=meta,
-        )
+    async def abort(self, request_id: str) -> None:
+        if self._engine is not None and request_id:
+            await self._engine.abort(request_id)
 
     async def shutdown(self) -> None:
         """Stop the EngineCore process; nothing of vLLM outlives this call."""

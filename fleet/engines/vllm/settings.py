@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
+
+from fleet.engines.settings import EngineSettings
 
 #: S for vllm where the setting is unset: vLLM's own max_num_seqs default on a GPU.
 DEFAULT_VLLM_RUNNING = 256
 
 
-class VllmSettings(BaseModel):
+class VllmSettings(EngineSettings):
     """Engine args for the embedded `vllm.v1.engine.async_llm.AsyncLLM` (docs/architecture.md, vLLM facts)."""
 
     dtype: str = Field("auto", description="weights and activations dtype ('auto': the checkpoint's)")

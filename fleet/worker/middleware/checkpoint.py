@@ -1,5 +1,7 @@
-"""Checkpoints: finished records flushed every N seconds, so a rerun generates only what
-is missing; deleted only once the chunk's result exists."""
+"""Checkpoints: finished records and every running sample's new output ids, flushed every N
+seconds, at once when the worker is told to stop, and when the run ends without a result; a
+rerun generates only what is missing and continues each sample where its ids stop. Deleted
+only once the chunk's result exists."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import dataclass, field
 from fleet.coord import chunks
 from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ChunkCorrupt, ObjectMissing
-from fleet.store.checkpoints import decode_checkpoint, encode_checkpoint
+from fleet.store.checkpoints import Segment, encode_checkpoint, longest_prefixes, read_checkpoint
 from fleet.store.layout import checkpoint_key, checkpoint_prefix
 from fleet.worker.chunk import ChunkRun, sample_key
 from fleet.worker.middleware.base import Middleware, Order
@@ -25,6 +27,8 @@ class CheckpointState:
     last_look: float = 0.0
     #: sticky: a helper that finished first has released its key by the time we look
     assisted: bool = False
+    #: the worker was told to stop (SIGTERM) and this run flushed for it
+    drained: bool = False
 
 
 class CheckpointMiddleware(Middleware[CheckpointState]):
@@ -35,29 +39,40 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
 
     def before(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
         store = self.ctx.store
+        segments: list[Segment] = []
         for key in store.list(checkpoint_prefix(run.job, run.index)):
             try:
-                rows = decode_checkpoint(store.get(key), key, self.ctx.identity_hash)
+                found = read_checkpoint(store.get(key), key, self.ctx.identity_hash)
             except (ChunkCorrupt, ObjectMissing) as e:
                 log.warning("ignoring unreadable checkpoint %s: %s", key, e)
                 continue
-            if rows is None:
+            if found is None:
                 log.warning("ignoring checkpoint %s: made under another engine configuration", key)
                 continue
-            for row in rows:
+            for row in found.rows:
                 run.finished.setdefault(sample_key(row["id"], row["sample"]), row)
+            segments += found.segments
+        run.partials = {k: p for (i, n), p in longest_prefixes(segments).items()
+                        if (k := sample_key(i, n)) not in run.finished}  # fmt: skip
         run.resumed = len(run.finished)
-        if run.resumed:
-            log.info("chunk %s resumes with %d checkpointed samples", run.name, run.resumed)
+        if run.resumed or run.partials:
+            log.info("chunk %s resumes with %d checkpointed samples and %d partial ones (%d tokens)", run.name,
+                     run.resumed, len(run.partials), sum(len(p.ids) for p in run.partials.values()))
         return None
 
     def flush(self, run: ChunkRun, state: CheckpointState) -> None:
-        fresh = run.take_fresh()
+        """Finished rows and running samples' new ids in one object; a running sample's ids
+        count as stored only once the put succeeded, so a failed flush is sent again."""
+        fresh, segments = run.take_fresh(), run.segments()
         state.last_flush = time.monotonic()
-        if fresh:
+        if fresh or segments:
             # Nanoseconds name it: unique across flushes, runs and restarts of a same-named worker.
             key = checkpoint_key(run.job, run.index, time.time_ns(), run.worker)
-            self.ctx.store.put(key, encode_checkpoint(fresh, self.ctx.identity_hash))
+            data = encode_checkpoint(fresh, self.ctx.identity_hash, [seg for _, seg in segments])
+            self.ctx.store.put(key, data)
+            with run.lock:
+                for live, seg in segments:
+                    live.stored(seg)
 
     def progress(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
         now, settings = time.monotonic(), self.ctx.settings
@@ -68,7 +83,9 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
             state.last_look = now
             state.assisted = chunks.assisted(self.ctx.redis, run.job, run.index)
         age = now - state.last_flush
-        if age >= settings.checkpoint_interval_s or (state.assisted and age >= assist_flush_s):
+        draining = self.ctx.draining.is_set() and not state.drained
+        if draining or age >= settings.checkpoint_interval_s or (state.assisted and age >= assist_flush_s):
+            state.drained = state.drained or draining
             self.flush(run, state)
         return None
 

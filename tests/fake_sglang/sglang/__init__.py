@@ -24,6 +24,14 @@ Same surface, and the same sharp edges, as the real thing (paths inside the 0.5.
   top_k 0 and out-of-range penalties are ValueError; unknown ones TypeError;
 - a non-stream abort with an HTTP status >= 400 other than 400 raises
   `fastapi.HTTPException` (tokenizer_manager.py `_handle_abort_finish_reason`);
+- `async_generate(..., stream=True, rid=...)` returns an async generator; a request's
+  validation errors come from iterating it, not from the call (tokenizer_manager.py
+  `generate_request` is itself a generator). Without `incremental_streaming_output` each
+  output carries the *whole* output so far (a reference to one growing list) and intermediate
+  texts are rebuilt; with it, only the new ids and text of that step (`_handle_batch_output`).
+  An output comes every `stream_interval` tokens. `tokenizer_manager.abort_request(rid=...)`
+  ends a stream with an abort finish reason, and closing a stream aborts the request
+  (`_release_req_states_on_failure`);
 - an input id past config.json's vocab_size is not checked at all: the scheduler dies on the
   embedding lookup (IndexError) and SIGQUITs the host process, which dies with it
   (shown on the real engine by tests/test_sglang_real.py's probe script).
@@ -32,6 +40,9 @@ Kwargs starting with `fake_` steer it: `fake_step_s` (seconds per token), `fake_
 (natural output length), `fake_fail_start`, `fake_abort_over` (prompt length above which a
 request is aborted with HTTP 500), `fake_effective_running` (what the scheduler settles on),
 `fake_retractions` (times each request was retracted, meta_info `num_retractions`).
+Output ids are a function of the context's first four ids and the absolute position, so a
+request continued from prompt + the ids made so far goes on as the uninterrupted one would
+(as a greedy model does); the natural length counts from the end of the ids sent.
 `crash(message)` makes every request from then on raise. With FAKE_SGLANG_JOURNAL set, each
 engine start and each request appends a JSON line there, for tests that run real worker
 processes and cannot see `instances`.
@@ -58,7 +69,7 @@ SERVER_ARGS = frozenset({
     "mamba_radix_cache_strategy", "mem_fraction_static", "context_length", "chunked_prefill_size",
     "enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_write_policy",
     "enable_deterministic_inference", "log_level", "random_seed", "skip_tokenizer_init",
-    "disable_radix_cache", "mamba_full_memory_ratio",
+    "disable_radix_cache", "mamba_full_memory_ratio", "incremental_streaming_output", "stream_interval",
 })
 #: SamplingParams fields (sglang/srt/sampling/sampling_params.py) that fleet may send.
 SAMPLING_PARAMS = frozenset({
@@ -101,7 +112,13 @@ def verify_sampling(params: dict[str, Any]) -> None:
 
 
 class TokenizerManager:
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        if not abort_all and not rid:
+            return  # the real one logs a warning: an empty rid would match every request
+        self.aborted.add(rid)
+
     def __init__(self, context_len: int, reserved: int, engine: Engine):
+        self.aborted: set[str] = set()
         self.context_len = context_len
         self.num_reserved_tokens = reserved
         self._engine = engine
@@ -193,10 +210,21 @@ class Engine:
         prompt: Any = None,
         sampling_params: dict[str, Any] | None = None,
         input_ids: list[int] | None = None,
+        stream: bool = False,
+        rid: str | None = None,
         **kwargs: Any,
-    ) -> dict[str, Any]:
+    ) -> Any:
         if asyncio.get_running_loop() is not self.loop:
             raise RuntimeError("Task got Future attached to a different loop")
+        gen = self._generate(prompt, sampling_params, input_ids, stream, rid or f"fake-{self.calls}")
+        if stream:
+            return gen
+        async for out in gen:
+            return out
+
+    async def _generate(
+        self, prompt: Any, sampling_params: dict[str, Any] | None, input_ids: list[int] | None, stream: bool, rid: str
+    ) -> Any:
         params = dict(sampling_params or {})
         unknown = set(params) - SAMPLING_PARAMS
         if unknown:
@@ -214,19 +242,36 @@ class Engine:
             raise self.dead
         self.tokenizer_manager.scheduler_validate(input_ids)
         self.calls += 1
-        self.requests.append({"input_ids": list(input_ids), "sampling_params": params})
+        self.requests.append({"input_ids": list(input_ids), "sampling_params": params, "rid": rid})
         began = time.monotonic()
         max_new = min(params.get("max_new_tokens", 128), self.tokenizer_manager.max_req_len() - len(input_ids) - 1)
         n = min(self.natural_tokens, max_new)  # the scheduler runs to max_new, whatever was sent
         self.inside += 1
         journal({"event": "request", "pid": os.getpid(), "prompt": len(input_ids), "inside": self.inside,
                  "reserved": self.tokenizer_manager.num_reserved_tokens, "sampling_params": params})  # fmt: skip
+        incremental = bool(self.kwargs.get("incremental_streaming_output"))
+        interval = int(self.kwargs.get("stream_interval", 1))
+        ids = self._ids(input_ids, n, params)
+        made: list[int] = []
+        sent = 0
         try:
             async with self.slots:  # queued inside beyond the effective limit, as the scheduler does
                 self.running += 1
                 self.peak = max(self.peak, self.running)
                 try:
-                    await asyncio.sleep(n * self.step_s)
+                    while len(made) < n:
+                        step = min(interval, n - len(made))
+                        await asyncio.sleep(step * self.step_s)
+                        made.extend(ids[len(made) : len(made) + step])
+                        if rid in self.tokenizer_manager.aborted:
+                            yield self._abort(rid, made, sent, incremental)
+                            return
+                        if stream and len(made) < n:
+                            new = made[sent:]
+                            sent = len(made)
+                            # not incremental: the whole output so far, by reference, as the real one passes it
+                            yield {"text": "x" * len(new) if incremental else "x" * len(made),
+                                   "output_ids": new if incremental else made, "meta_info": {"finish_reason": None}}
                 finally:
                     self.running -= 1
         finally:
@@ -234,15 +279,36 @@ class Engine:
         if self.dead is not None:
             raise self.dead
         if self.abort_over is not None and len(input_ids) > self.abort_over:
+            if stream:
+                out = self._output(input_ids, {**params, "max_new_tokens": max_new}, n, 0.0, ids)
+                out["meta_info"]["finish_reason"] = {"type": "abort", "status_code": 500,
+                                                     "message": "Out of memory even after retracting all requests (fake abort)"}
+                yield out
+                return
             raise HTTPException(500, "Out of memory even after retracting all requests (fake abort)")
-        return self._output(input_ids, {**params, "max_new_tokens": max_new}, n, time.monotonic() - began)
+        out = self._output(input_ids, {**params, "max_new_tokens": max_new}, n, time.monotonic() - began, ids)
+        if stream and incremental:
+            out["output_ids"] = out["output_ids"][sent:]
+        yield out
 
-    def _output(self, input_ids: list[int], params: dict[str, Any], n: int, latency: float) -> dict[str, Any]:
+    def _ids(self, input_ids: list[int], n: int, params: dict[str, Any]) -> list[int]:
+        """A greedy model's output: each id a function of the context's start and its position."""
+        seed = sum(input_ids[:4]) * 7
+        return [(seed + len(input_ids) + i) % 1000 + 10 for i in range(n)]
+
+    def _abort(self, rid: str, made: list[int], sent: int, incremental: bool) -> dict[str, Any]:
+        return {"text": "", "output_ids": made[sent:] if incremental else list(made),
+                "meta_info": {"finish_reason": {"type": "abort", "message": f"Abort request {rid}"},
+                              "completion_tokens": len(made)}}
+
+    def _output(
+        self, input_ids: list[int], params: dict[str, Any], n: int, latency: float, ids: list[int]
+    ) -> dict[str, Any]:
         if n >= params.get("max_new_tokens", 128):
             finish: dict[str, Any] = {"type": "length", "length": n}
         else:
             finish = {"type": "stop", "matched": EOS}
-        ids = [(sum(input_ids) + i) % 1000 + 10 for i in range(n)]
+        ids = list(ids)
         if finish["type"] == "stop":
             ids[-1] = EOS
         return {
