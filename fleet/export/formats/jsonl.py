@@ -12,8 +12,9 @@ from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut
 from fleet.records import EXPORT_FIELDS
 from fleet.store.manifest import Manifest
 
-#: run facts that differ between two runs of the same job; `stable` exports leave them out
-VOLATILE_FIELDS = ("worker", "latency_s")
+#: run facts that differ between two runs of one job (`--stable` leaves them out); where a sample was
+#: continued depends on when its workers stopped, not on what it holds
+VOLATILE_FIELDS = ("worker", "latency_s", "continued_at")
 
 
 def export_fields(stable: bool) -> list[str]:

@@ -281,8 +281,8 @@ class Engine:
         if self.abort_over is not None and len(input_ids) > self.abort_over:
             if stream:
                 out = self._output(input_ids, {**params, "max_new_tokens": max_new}, n, 0.0, ids)
-                out["meta_info"]["finish_reason"] = {"type": "abort", "status_code": 500,
-                                                     "message": "Out of memory even after retracting all requests (fake abort)"}
+                message = "Out of memory even after retracting all requests (fake abort)"
+                out["meta_info"]["finish_reason"] = {"type": "abort", "status_code": 500, "message": message}
                 yield out
                 return
             raise HTTPException(500, "Out of memory even after retracting all requests (fake abort)")
