@@ -36,15 +36,15 @@ class JobConflict(ConfigError):
 
 
 class InputError(FleetError):
-    """The input file has bad lines; nothing was enqueued."""
+    """The input file has bad lines (or rows: `unit`, the input format's word); nothing was enqueued."""
 
-    def __init__(self, problems: list[str], total_bad: int | None = None):
-        self.problems = problems
+    def __init__(self, problems: list[str], total_bad: int | None = None, unit: str = "line"):
+        self.problems, self.unit = problems, unit
         self.total_bad = total_bad if total_bad is not None else len(problems)
         shown = "\n".join(f"  {p}" for p in problems)
         more = self.total_bad - len(problems)
         tail = f"\n  ... and {more} more" if more > 0 else ""
-        super().__init__(f"{self.total_bad} bad input line(s), nothing enqueued:\n{shown}{tail}")
+        super().__init__(f"{self.total_bad} bad input {unit}(s), nothing enqueued:\n{shown}{tail}")
 
 
 class StoreError(FleetError):

@@ -48,6 +48,7 @@ class InputRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     pos: int
+    #: where it was in the input, 1-based: its line (JSONL) or row (Parquet)
     line: int
     id: str
     messages: list[Message] | None = None

@@ -31,7 +31,7 @@ from fleet.cli.app import (
 )
 from fleet.cli.progress import live_progress
 
-InputArg = Annotated[str, typer.Argument(help="prompts: JSONL path or s3://bucket/key")]
+InputArg = Annotated[str, typer.Argument(help="prompts: JSONL or Parquet, a path or s3://bucket/key")]
 
 
 @app.command()
@@ -109,7 +109,7 @@ def validate(
 
 
 def survey_text(report) -> str:
-    verdict = "no bad lines" if report.ok else f"{report.bad_lines} bad line(s)"
+    verdict = f"no bad {report.unit}s" if report.ok else f"{report.bad_lines} bad {report.unit}(s)"
     out = [f"{report.input}: {report.records:,} records ({report.samples:,} samples), {verdict}",
            "forms: " + (", ".join(f"{k} {v:,}" for k, v in report.forms.items()) or "-")]  # fmt: skip
     t = report.prompt_tokens

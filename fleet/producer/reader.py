@@ -242,7 +242,13 @@ def parse_form(raw: bytes, line: int, pos: int, vocab: int | None = None) -> tup
 
     The one parser of validation, reading and `fleet validate`, so they can never disagree.
     """
-    data, where = _shape(_decode(raw, line), line, pos, vocab)
+    return parse_object(_decode(raw, line), line, pos, vocab)
+
+
+def parse_object(obj: dict[str, Any], line: int, pos: int, vocab: int | None = None) -> tuple[InputRecord, str]:
+    """One record's fields (a decoded line, a Parquet row) as `parse_form` returns them: every
+    input format checks its records here (fleet/producer/formats/)."""
+    data, where = _shape(obj, line, pos, vocab)
     try:
         # strict: a JSONL author who writes "0.7" for a temperature has made a mistake.
         record = InputRecord.model_validate(data, strict=True)
@@ -282,10 +288,13 @@ def validate(
     pass); `vocab`, where the model's vocabulary size is known, bounds pre-tokenized input
     ids; `forms` counts the good records by the form they came in.
     """
+    from fleet.producer.formats import input_format  # the formats parse with this module
+
+    source = input_format(path)
     problems: list[str] = []
     bad = records = 0
     seen = SeenIds()
-    for line, parsed_form in _parsed(path, vocab):
+    for line, parsed_form in source.parsed(vocab):
         problem = None
         if isinstance(parsed_form, BadLine):
             problem = str(parsed_form)
@@ -298,13 +307,13 @@ def validate(
                 on_record(parsed)
             first = seen.add(parsed.id, line)
             if first is not None:
-                problem = f"duplicate id {parsed.id!r} (first on line {first})"
+                problem = f"duplicate id {parsed.id!r} (first on {source.where(first)})"
         if problem is not None:
             bad += 1
             if max_report is None or len(problems) < max_report:
-                problems.append(f"line {line}: {problem}")
+                problems.append(f"{source.where(line)}: {problem}")
     if bad:
-        raise InputError(problems, bad)
+        raise InputError(problems, bad, source.unit)
     if records == 0:
         raise InputError([f"{path}: no records (the input is empty or only blank lines)"])
     return records
@@ -312,7 +321,10 @@ def validate(
 
 def read_records(path: Path) -> Iterator[InputRecord]:
     """The input's records in order, normalised; `validate` first, this raises on a bad line."""
-    for line, parsed in _parsed(path):
+    from fleet.producer.formats import input_format
+
+    source = input_format(path)
+    for line, parsed in source.parsed():
         if isinstance(parsed, BadLine):
-            raise InputError([f"line {line}: {parsed}"])
+            raise InputError([f"{source.where(line)}: {parsed}"], unit=source.unit)
         yield parsed[0]

@@ -1,8 +1,10 @@
-"""Where the input comes from: a local file as is, or an S3 object downloaded for two passes."""
+"""Where the input comes from: a local file as is, or an S3 object downloaded for two passes
+(any format: JSONL, Parquet)."""
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +49,9 @@ def _download(url: str, max_attempts: int, tmp_dir: Path | None) -> Iterator[Pat
         raise ConfigError(f"input {url!r} names no object (s3://bucket/key)")
     config = Config(retries={"mode": "adaptive", "max_attempts": max_attempts})
     client = boto3.session.Session().client("s3", config=config)
-    fd, name = tempfile.mkstemp(prefix="fleet-input-", suffix=".jsonl", dir=tmp_dir)
+    # The key's extension stays on the copy: it picks the input's format (fleet/producer/formats/).
+    suffix = Path(key).suffix if re.fullmatch(r"\.\w{1,16}", Path(key).suffix) else ""
+    fd, name = tempfile.mkstemp(prefix="fleet-input-", suffix=suffix, dir=tmp_dir)
     try:
         try:
             with os.fdopen(fd, "wb") as f:

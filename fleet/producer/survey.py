@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.errors import InputError, RecordError
+from fleet.producer.formats import input_format
 from fleet.producer.reader import validate
 from fleet.producer.source import local_input
 from fleet.records import GenRequest, InputRecord, Sampling
@@ -30,7 +31,9 @@ class InputSurvey:
     #: good records by the form they came in (messages, prompt, input_ids, conversations, openai batch)
     forms: dict[str, int] = field(default_factory=dict)
     bad_lines: int = 0
-    #: every bad line, "line N: what is wrong"
+    #: what the input's positions are called: "line" (JSONL), "row" (Parquet)
+    unit: str = "line"
+    #: every bad line, "line N: what is wrong" ("row N" in Parquet)
     problems: list[str] = field(default_factory=list)
     #: the model whose tokenizer counted the prompt tokens, when one was given
     model: str | None = None
@@ -55,6 +58,7 @@ class PromptLengths:
         self.lengths = array("I")
         self.rejected: list[str] = []
         self.unknown = 0
+        self.unit = "line"
 
     def add(self, record: InputRecord) -> None:
         if record.input_ids is not None:
@@ -72,7 +76,7 @@ class PromptLengths:
         try:
             self.lengths.append(len(render_ids(self.tokenizer, request)))
         except RecordError as e:
-            self.rejected.append(f"line {record.line}: {e}")
+            self.rejected.append(f"{self.unit} {record.line}: {e}")
 
     def figures(self) -> dict[str, float] | None:
         if self.unknown or not self.lengths:
@@ -107,10 +111,11 @@ def survey(settings: Settings, input_url: str) -> InputSurvey:
         lengths.add(record)
 
     with local_input(input_url) as path:
+        report.unit = lengths.unit = input_format(path).unit
         try:
             report.records = validate(path, max_report=None, on_record=seen, vocab=vocab, forms=forms)
         except InputError as e:
-            report.problems, report.bad_lines = e.problems, e.total_bad
+            report.problems, report.bad_lines, report.unit = e.problems, e.total_bad, e.unit
             report.records = sum(forms.values())
     report.forms = dict(forms.most_common())
     report.prompt_tokens = lengths.figures()
