@@ -1,13 +1,9 @@
 """The layout shows the architecture: few top-level modules, and parts that never import in a circle.
 
 A part is a package under fleet/ (coord, store, model, engines, ...) or a top-level module.
-Every import counts, including those inside functions and under TYPE_CHECKING.
-
-One kind of edge cannot close a circle and is not counted: an import of a schema module, one
-that (with the packages that hold it) imports from fleet nothing, or only schema modules of its
-own part. What it loads never leaves its part, so nothing leads back to the importer. This is
-how fleet.settings composes each engine's settings model from fleet/engines/<name>/settings.py
-while the engines read fleet.settings.
+Every import counts, including those inside functions and under TYPE_CHECKING, with no
+exception: each engine's settings section lives in the settings part (fleet/settings/), which
+the engines read and which never reads them.
 """
 
 from __future__ import annotations
@@ -51,55 +47,14 @@ def imported_modules(path: Path) -> set[str]:
     return out
 
 
-def module_imports() -> dict[str, set[str]]:
-    """Every fleet module and the fleet modules it imports (names that are attributes dropped)."""
-    paths = {module_name(p): p for p in FLEET.rglob("*.py")}
-    return {
-        name: {t for t in imported_modules(path) if t in paths and t != name}
-        for name, path in paths.items()
-    }
-
-
-def schema_modules(imports: dict[str, set[str]]) -> set[str]:
-    """Leaves (importing nothing from fleet), then, repeatedly, modules whose every fleet import
-    and every enclosing package's is already one and in the same part; never a module in a circle."""
-    def loads(name: str) -> set[str]:
-        # importing fleet.a.b.c runs fleet/a/__init__.py and fleet/a/b/__init__.py first
-        parts = name.split(".")
-        packages = {".".join(parts[:i]) for i in range(2, len(parts))}
-        return imports[name] | {t for p in packages if p in imports for t in imports[p] | {p}}
-
-    schema: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name in imports.keys() - schema:
-            loaded = loads(name)
-            if loaded <= schema and {part_of(t) for t in loaded} <= {part_of(name)}:
-                schema.add(name)
-                changed = True
-    return schema
-
-
-def test_schema_modules_are_found():
-    schema = schema_modules(module_imports())
-    assert {"fleet.engines.registry", "fleet.engines.sglang.settings", "fleet.engines.vllm.settings"} <= schema
-    assert not {"fleet.settings", "fleet.engines.specs", "fleet.engines.sglang.engine"} & schema
-
-
 def part_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    imports = module_imports()
-    schema = schema_modules(imports)
     for path in FLEET.rglob("*.py"):
         src = part_of(module_name(path))
         if src is None:
             continue
         graph.setdefault(src, set())
         for target in imported_modules(path):
-            # `from fleet.a.b import Name` names the module fleet.a.b
-            if (target if target in imports else target.rsplit(".", 1)[0]) in schema:
-                continue
             dst = part_of(target)
             # `from fleet import x` names the part x (a module or a package), never fleet itself
             if dst is None or dst == src or dst == "__version__":

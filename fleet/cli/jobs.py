@@ -189,7 +189,9 @@ def status_table(st) -> Table:
                     f"{st.record_errors} record errors)"),
         ("truncated", f"{st.records_truncated} at max tokens ({st.records_truncated_in_thinking} inside the thinking)"),
         ("no answer", f"{st.records_ended_in_thinking} ended inside the thinking"),
-        ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out"),
+        ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out, {st.tokens_in_flight:,} in flight"),
+        ("continuation", f"{st.tokens_continued:,} tokens continued from checkpoints, "
+                         f"{st.tokens_made_twice:,} made twice (lost between flushes, helpers' copies)"),
         ("rate", f"{st.tok_s:,.1f} output tok/s, ETA {eta}"),
         ("cost", f"${st.cost_usd:,.2f} spent" + (f", ${st.projected_cost_usd:,.2f} projected"
                                                   if st.projected_cost_usd is not None else "")),

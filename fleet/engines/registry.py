@@ -1,9 +1,7 @@
-"""The engines fleet knows: one line each, from its name to its package.
-
-A schema module: it imports only the engines' leaf settings models, so fleet.settings
-composes one section per engine from this table without a circle. What fleet asks of an
-engine (build, identity, capacity, doctor, engine-args) is its `spec` module, imported by
-name when used (fleet.engines.specs), because that module reads fleet.settings itself.
+"""The engines fleet knows: one line each, from its name to its settings section (in the
+settings part, fleet.settings.ENGINE_SECTIONS) and its package. What fleet asks of an engine
+(build, identity, capacity, doctor, engine-args) is its `spec` module, imported by name when
+used (fleet.engines.specs).
 """
 
 from __future__ import annotations
@@ -12,10 +10,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from fleet.engines.hf.settings import HfSettings
-from fleet.engines.sglang.settings import SglangSettings
-from fleet.engines.sim.settings import SimSettings
-from fleet.engines.vllm.settings import VllmSettings
+from fleet.settings import ENGINE_SECTIONS
 
 
 @dataclass(frozen=True)
@@ -27,8 +22,5 @@ class Registered:
 
 
 ENGINES: dict[str, Registered] = {
-    "sim": Registered(SimSettings, "fleet.engines.sim.spec"),
-    "hf": Registered(HfSettings, "fleet.engines.hf.spec"),
-    "sglang": Registered(SglangSettings, "fleet.engines.sglang.spec"),
-    "vllm": Registered(VllmSettings, "fleet.engines.vllm.spec"),
+    name: Registered(section, f"fleet.engines.{name}.spec") for name, section in ENGINE_SECTIONS.items()
 }

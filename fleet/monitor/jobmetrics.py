@@ -32,6 +32,8 @@ FAMILIES = {
     "fleet_job_eta_seconds": "Estimated seconds until every chunk has a result",
     "fleet_job_cost_usd": "USD spent on GPUs so far (settings.usd_per_gpu_hour)",
     "fleet_job_usd_per_million_tokens": "USD per million output tokens so far",
+    "fleet_job_output_tokens": "Output tokens of the job: committed, in flight (made for chunks not yet committed, "
+    "as they stream), continued (checkpointed tokens samples went on from), made twice (lost between flushes)",
     "fleet_dying_worker_deaths": "Deaths of a worker's processes in a row before finishing a batch (benched at "
     "bench_after)",
 }
@@ -80,6 +82,9 @@ class JobCollector(Collector):
             fam["fleet_job_records"].add_metric([st.job, "total"], st.records_total)
             fam["fleet_job_records"].add_metric([st.job, "done"], st.records_done)
             fam["fleet_job_output_tokens_per_second"].add_metric([st.job], st.tok_s)
+            for kind, n in (("committed", st.completion_tokens), ("in_flight", st.tokens_in_flight),
+                            ("continued", st.tokens_continued), ("made_twice", st.tokens_made_twice)):
+                fam["fleet_job_output_tokens"].add_metric([st.job, kind], n)
             fam["fleet_job_cost_usd"].add_metric([st.job], st.cost_usd)
             if st.eta_s is not None:
                 fam["fleet_job_eta_seconds"].add_metric([st.job], st.eta_s)
@@ -92,4 +97,4 @@ class JobCollector(Collector):
     @staticmethod
     def _labels(name: str) -> list[str]:
         return {"fleet_job_chunks": ["job", "state"], "fleet_job_records": ["job", "kind"],
-                "fleet_dying_worker_deaths": ["worker"]}.get(name, ["job"])
+                "fleet_job_output_tokens": ["job", "kind"], "fleet_dying_worker_deaths": ["worker"]}.get(name, ["job"])

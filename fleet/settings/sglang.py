@@ -1,7 +1,7 @@
 """The sglang engine's settings (FLEET_SGLANG__*).
 
-A leaf schema module: it imports nothing from fleet, so fleet.settings can compose it
-without a circle (tests/test_architecture.py).
+One section of the settings part, beside the others: fleet.settings composes it, and the
+sglang engine (fleet.engines.sglang) reads it, so the settings never import the engines.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from fleet.engines.settings import EngineSettings
+from fleet.settings.engine import EngineSettings
 
 #: S for sglang where neither the setting nor a known GPU sizes it.
 DEFAULT_SGLANG_RUNNING = 256

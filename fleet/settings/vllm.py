@@ -1,7 +1,7 @@
 """The vllm engine's settings (FLEET_VLLM__*).
 
-A leaf schema module: it imports nothing from fleet, so fleet.settings can compose it
-without a circle (tests/test_architecture.py).
+One section of the settings part, beside the others: fleet.settings composes it, and the
+vllm engine (fleet.engines.vllm) reads it, so the settings never import the engines.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from fleet.engines.settings import EngineSettings
+from fleet.settings.engine import EngineSettings
 
 #: S for vllm where the setting is unset: vLLM's own max_num_seqs default on a GPU.
 DEFAULT_VLLM_RUNNING = 256

@@ -1,7 +1,7 @@
 """What every engine's settings section answers (FLEET_<ENGINE>__*), whatever the engine.
 
-A leaf schema module: it imports nothing from fleet, so each engine's settings module can
-build on it and fleet.settings compose them without a circle (tests/test_architecture.py).
+Each engine's section (fleet/settings/<engine>.py) builds on it; fleet.settings composes
+them, and the engines read them: the settings part never imports the engines.
 """
 
 from __future__ import annotations

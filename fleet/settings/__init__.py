@@ -24,16 +24,16 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from fleet.engines.hf.settings import HfSettings
-from fleet.engines.registry import ENGINES
-from fleet.engines.sglang.settings import DEFAULT_SGLANG_RUNNING, SglangSettings
-from fleet.engines.sim.settings import SimSettings
-from fleet.engines.vllm.settings import VllmSettings
+from fleet.settings.engine import EngineSettings
+from fleet.settings.hf import HfSettings
+from fleet.settings.sglang import DEFAULT_SGLANG_RUNNING, SglangSettings
+from fleet.settings.sim import SimSettings
+from fleet.settings.vllm import VllmSettings
 
 #: re-exported: callers name the engine sections from here
 __all__ = [
-    "DEFAULT_SGLANG_RUNNING", "EngineName", "HfSettings", "SamplingSettings", "Settings", "SglangSettings",
-    "SimSettings", "VllmSettings", "load_settings",
+    "DEFAULT_SGLANG_RUNNING", "ENGINE_SECTIONS", "EngineName", "EngineSettings", "HfSettings", "SamplingSettings",
+    "Settings", "SglangSettings", "SimSettings", "VllmSettings", "load_settings",
 ]
 
 DEFAULT_DATA_DIR = Path("fleet-data")
@@ -47,8 +47,16 @@ DEFAULT_CHECKPOINT_INTERVAL_S = 30.0
 #: (and `fleet bench projection` at the reference shape) gives 0.81 busy at 8 and 0.97-0.99
 #: at 16, so the default is 16.
 IN_FLIGHT_FACTOR = 16
-#: "sim", "hf", "sglang", "vllm": the names in fleet.engines.registry
-EngineName = Literal[tuple(ENGINES)]  # type: ignore[valid-type]
+#: Every engine's settings section by its name (FLEET_<NAME>__*): one line per engine here, one in
+#: fleet.engines.registry (its spec). The sections live in this part, so settings never import engines.
+ENGINE_SECTIONS: dict[str, type[EngineSettings]] = {
+    "sim": SimSettings,
+    "hf": HfSettings,
+    "sglang": SglangSettings,
+    "vllm": VllmSettings,
+}
+#: "sim", "hf", "sglang", "vllm"
+EngineName = Literal[tuple(ENGINE_SECTIONS)]  # type: ignore[valid-type]
 
 
 class SamplingSettings(BaseModel):
@@ -155,7 +163,7 @@ class _Settings(BaseSettings):
     metrics_port: int | None = Field(None, description="Prometheus port per worker (+ worker number)")
 
     sampling: SamplingSettings = Field(default_factory=SamplingSettings, description="job-wide sampling")
-    # One section per engine (sim, hf, sglang, vllm) is added below, from fleet.engines.registry.
+    # One section per engine (sim, hf, sglang, vllm) is added below, from ENGINE_SECTIONS.
 
     @classmethod
     def settings_customise_sources(
@@ -218,8 +226,8 @@ Settings = create_model(
     __base__=_Settings,
     __module__=__name__,
     **{
-        name: (entry.settings, Field(default_factory=entry.settings, description=f"the {name} engine's settings"))
-        for name, entry in ENGINES.items()
+        name: (section, Field(default_factory=section, description=f"the {name} engine's settings"))
+        for name, section in ENGINE_SECTIONS.items()
     },
 )  # type: ignore[call-overload]
 

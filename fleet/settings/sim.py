@@ -1,14 +1,14 @@
 """The sim engine's settings (FLEET_SIM__*).
 
-A leaf schema module: it imports nothing from fleet, so fleet.settings can compose it
-without a circle (tests/test_architecture.py).
+One section of the settings part, beside the others: fleet.settings composes it, and the
+sim engine (fleet.engines.sim) reads it, so the settings never import the engines.
 """
 
 from __future__ import annotations
 
 from pydantic import AliasChoices, Field
 
-from fleet.engines.settings import EngineSettings
+from fleet.settings.engine import EngineSettings
 
 
 class SimSettings(EngineSettings):

@@ -1,14 +1,14 @@
 """The hf engine's settings (FLEET_HF__*).
 
-A leaf schema module: it imports nothing from fleet, so fleet.settings can compose it
-without a circle (tests/test_architecture.py).
+One section of the settings part, beside the others: fleet.settings composes it, and the
+hf engine (fleet.engines.hf) reads it, so the settings never import the engines.
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 
-from fleet.engines.settings import EngineSettings
+from fleet.settings.engine import EngineSettings
 
 
 class HfSettings(EngineSettings):
