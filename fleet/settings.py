@@ -26,14 +26,15 @@ from pydantic_settings import (
 
 from fleet.engines.hf.settings import HfSettings
 from fleet.engines.registry import ENGINES
+from fleet.engines.repetition import RepetitionSettings
 from fleet.engines.sglang.settings import DEFAULT_SGLANG_RUNNING, SglangSettings
 from fleet.engines.sim.settings import SimSettings
 from fleet.engines.vllm.settings import VllmSettings
 
 #: re-exported: callers name the engine sections from here
 __all__ = [
-    "DEFAULT_SGLANG_RUNNING", "EngineName", "HfSettings", "SamplingSettings", "Settings", "SglangSettings",
-    "SimSettings", "VllmSettings", "load_settings",
+    "DEFAULT_SGLANG_RUNNING", "EngineName", "HfSettings", "RepetitionSettings", "SamplingSettings", "Settings",
+    "SglangSettings", "SimSettings", "VllmSettings", "load_settings",
 ]
 
 DEFAULT_DATA_DIR = Path("fleet-data")
@@ -144,6 +145,11 @@ class _Settings(BaseSettings):
     metrics_port: int | None = Field(None, description="Prometheus port per worker (+ worker number)")
 
     sampling: SamplingSettings = Field(default_factory=SamplingSettings, description="job-wide sampling")
+    repetition: RepetitionSettings = Field(
+        default_factory=RepetitionSettings,
+        description="the repetition stop: a request whose output ends in an exact cycle of a short block is aborted "
+        "(finish reason `repetition`); part of the job's configuration",
+    )
     # One section per engine (sim, hf, sglang, vllm) is added below, from fleet.engines.registry.
 
     @classmethod
