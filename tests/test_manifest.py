@@ -147,6 +147,25 @@ def test_check_compatible_with_real_job_configs():
     check_compatible(existing, c)
 
 
+def test_check_compatible_refuses_other_repetition_stops():
+    # Given a job enqueued with the default repetition stop
+    from fleet.engines.specs import job_config
+
+    existing = manifest_for(job_config(Settings(engine="sim")))
+    # When it is enqueued again with other thresholds, or with the stop off
+    with pytest.raises(JobConflict) as thresholds:
+        check_compatible(existing, job_config(Settings(engine="sim", repetition={"min_tokens": 1024})))
+    with pytest.raises(JobConflict) as off:
+        check_compatible(existing, job_config(Settings(engine="sim", repetition={"enabled": False})))
+    # Then both are another configuration, named by the setting that differs
+    assert "repetition.min_tokens: 512 -> 1024" in str(thresholds.value)
+    assert "repetition.enabled: True -> None" in str(off.value)
+    # while the same stop joins, and off joins a job made before the stop existed
+    check_compatible(existing, job_config(Settings(engine="sim", repetition={"min_tokens": 512})))
+    before = {k: v for k, v in existing.config.items() if k != "repetition"}
+    check_compatible(manifest_for(before), job_config(Settings(engine="sim", repetition={"enabled": False})))
+
+
 def test_manifest_round_trip_through_a_store(tmp_path):
     # Given a manifest written to a store
     store = LocalStore(tmp_path)

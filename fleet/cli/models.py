@@ -18,14 +18,21 @@ def tiny_model(
     hybrid: Annotated[
         bool, typer.Option("--hybrid", help="linear-attention layers, MoE and an MTP layer (for vllm), bf16")
     ] = False,
+    loop: Annotated[
+        bool, typer.Option("--loop", help="greedy rows fall into an exact 3-token cycle (tests the repetition stop)")
+    ] = False,
 ) -> None:
     """Build a tiny random-weight Qwen3 model (or, --hybrid, a Qwen3.5-shaped hybrid) with no network."""
+    if hybrid and loop:
+        fail("--loop builds the dense model: drop --hybrid")
     if hybrid:
-        from fleet.model.tinyhybrid import build_tiny_hybrid_model as build
-    else:
-        from fleet.model.tinymodel import build_tiny_model as build
+        from fleet.model.tinyhybrid import build_tiny_hybrid_model
 
-    path = build(out_dir, seed=seed)
+        path = build_tiny_hybrid_model(out_dir, seed=seed)
+    else:
+        from fleet.model.tinymodel import build_tiny_model
+
+        path = build_tiny_model(out_dir, seed=seed, loop=loop)
     typer.echo(str(path))
 
 

@@ -43,6 +43,10 @@ def job_config(settings: Settings) -> dict[str, Any]:
         "enable_thinking": settings.enable_thinking,
         "return_output_ids": settings.return_output_ids,
     }
+    # Off, the stop leaves no key: a job enqueued before it existed joins under the same hash.
+    repetition = settings.repetition.job_config()
+    if repetition is not None:
+        base["repetition"] = repetition
     return base | spec_for(settings).job_model(settings)
 
 

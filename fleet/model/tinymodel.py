@@ -18,6 +18,10 @@ word tokens and `<|im_end|>` while answering, and `<|im_end|>` very rarely while
 With the model's own sampling, rows close their thinking after a few to a few hundred
 tokens and then answer in a few dozen words; some end inside the thinking and some run
 past a few hundred tokens, as a real thinking model's rows do.
+
+`--loop` adds the failure the repetition stop is for (`loop_greedily`): under greedy
+decoding the rows fall into an exact 3-token cycle within a few tokens and think in it until
+max_tokens; under the sampled defaults the cycle is one choice among twenty and breaks.
 """
 
 from __future__ import annotations
@@ -45,6 +49,14 @@ INIT_RANGE = 0.2
 #: are sampled now and then; answering, word tokens gain ANSWER_BOOST over the rest.
 CLOSE_THINKING, END_THINKING = 4.3, 3.7
 END_ANSWERING, ANSWER_BOOST = 11.5, 8.0
+#: `--loop`: the cycle's tokens (thinking tokens: no lowercase word), and the logits (usual
+#: scale as above) of its entry token everywhere, of a cycle token's successor and of the
+#: LOOP_CHOICES - 1 decoys beside it. Entry just over the usual top logit (7.1 at the median
+#: while thinking) wins greedy decoding within a token or two; after a cycle token the
+#: successor beats the decoys by 1, so greedy always follows it, while sampling (top 20)
+#: follows it about one time in eight.
+LOOP_TOKENS = ("\u0120True", "\u0120False", ".")
+LOOP_ENTRY, LOOP_NEXT, LOOP_CHOICES = 7.5, 14.0, 20
 #: Answer tokens: a space and a lowercase word, so answers read as words, reasoning as noise.
 ANSWER_TOKEN = re.compile(r"\u0120[a-z]{2,}")
 
@@ -145,8 +157,9 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     )
 
 
-def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
-    """Write a tiny Qwen3ForCausalLM with tokenizer, template and generation config; no network."""
+def build_tiny_model(out_dir: Path, seed: int = 0, loop: bool = False) -> Path:
+    """Write a tiny Qwen3ForCausalLM with tokenizer, template and generation config; no network.
+    `loop`: greedy rows fall into an exact 3-token cycle (`loop_greedily`)."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -176,6 +189,8 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(config).to(torch.float32).eval()
     steer(model, tokenizer)
+    if loop:
+        loop_greedily(model, tokenizer)
     model.generation_config = GenerationConfig(
         do_sample=True,
         temperature=1.0,
@@ -224,6 +239,40 @@ def steer(model: Any, tokenizer: Any) -> None:
             head[token, s] = (answering - thinking) / 2 / scale
         head[banned, :] = 0
         head[banned, b] = -30.0 / scale
+
+
+def loop_greedily(model: Any, tokenizer: Any) -> None:
+    """Make greedy decoding loop on LOOP_TOKENS while sampling does not (constants above).
+
+    One more residual channel per cycle token, written by nothing inside the decoder (as
+    `steer`'s), holds +A on that token's embedding and 0 on every other. The head rows of the
+    cycle tokens and of the decoys lose their random weights: the entry token gets LOOP_ENTRY
+    from steer's bias channel, and each cycle token's channel gives its successor LOOP_NEXT
+    and the decoys LOOP_NEXT - 1, so its next token is the successor under greedy decoding.
+    """
+    import torch
+
+    hidden = model.config.hidden_size
+    bias = hidden - 1
+    cycle = tokenizer.convert_tokens_to_ids(list(LOOP_TOKENS))
+    channels = [hidden - 2 - len(cycle) + i for i in range(len(cycle))]  # beside steer's two
+    skip = {*cycle, *tokenizer.convert_tokens_to_ids([*SPECIAL_TOKENS, *THINK_TOKENS]), *unprintable(tokenizer)}
+    skip |= {i for t, i in tokenizer.get_vocab().items() if ANSWER_TOKEN.fullmatch(t)}  # a decoy keeps it thinking
+    decoys = [i for i in range(len(tokenizer)) if i not in skip][: LOOP_CHOICES - 1]
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    with torch.no_grad():
+        for module in model.model.layers.modules():
+            if isinstance(module, torch.nn.Linear) and module.out_features == hidden:
+                module.weight[channels, :] = 0
+        embed[:, channels] = 0
+        embed[cycle, channels] = INIT_RANGE
+        scale = _channel_scale(model, tokenizer, bias)
+        head[[*cycle, *decoys], :] = 0
+        head[cycle[0], bias] = LOOP_ENTRY / scale
+        for i, channel in enumerate(channels):
+            successor = cycle[(i + 1) % len(cycle)]
+            head[successor, channel] = (LOOP_NEXT - (LOOP_ENTRY if successor == cycle[0] else 0)) / scale
+            head[decoys, channel] = (LOOP_NEXT - 1) / scale
 
 
 def unprintable(tokenizer: Any) -> list[int]:

@@ -26,14 +26,15 @@ from pydantic_settings import (
 
 from fleet.settings.engine import EngineSettings
 from fleet.settings.hf import HfSettings
+from fleet.settings.repetition import RepetitionSettings
 from fleet.settings.sglang import DEFAULT_SGLANG_RUNNING, SglangSettings
 from fleet.settings.sim import SimSettings
 from fleet.settings.vllm import VllmSettings
 
 #: re-exported: callers name the engine sections from here
 __all__ = [
-    "DEFAULT_SGLANG_RUNNING", "ENGINE_SECTIONS", "EngineName", "EngineSettings", "HfSettings", "SamplingSettings",
-    "Settings", "SglangSettings", "SimSettings", "VllmSettings", "load_settings",
+    "DEFAULT_SGLANG_RUNNING", "ENGINE_SECTIONS", "EngineName", "EngineSettings", "HfSettings", "RepetitionSettings",
+    "SamplingSettings", "Settings", "SglangSettings", "SimSettings", "VllmSettings", "load_settings",
 ]
 
 DEFAULT_DATA_DIR = Path("fleet-data")
@@ -163,6 +164,11 @@ class _Settings(BaseSettings):
     metrics_port: int | None = Field(None, description="Prometheus port per worker (+ worker number)")
 
     sampling: SamplingSettings = Field(default_factory=SamplingSettings, description="job-wide sampling")
+    repetition: RepetitionSettings = Field(
+        default_factory=RepetitionSettings,
+        description="the repetition stop: a request whose output ends in an exact cycle of a short block is aborted "
+        "(finish reason `repetition`); part of the job's configuration",
+    )
     # One section per engine (sim, hf, sglang, vllm) is added below, from ENGINE_SECTIONS.
 
     @classmethod
