@@ -49,6 +49,9 @@ TOKENS_MADE = Counter(
 TOKENS_CONTINUED = Counter(
     "fleet_tokens_continued", "Checkpointed output tokens this worker continued from instead of making them again"
 )
+REPETITION_STOPS = Counter(
+    "fleet_repetition_stops", "Samples the repetition stop ended in an exact loop (finish reason repetition)"
+)
 RECORDS = Counter(
     "fleet_records", "Records finished by this worker", ["outcome"]
 )  #: outcome = "ok" | "error" (a record that failed alone)

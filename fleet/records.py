@@ -9,7 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
-FinishReason = Literal["stop", "length", "error"]
+#: stop (end of sequence or a stop string), length (max tokens or the context), error (the record
+#: failed alone), repetition (the repetition stop ended a loop: fleet.engines.repetition)
+FinishReason = Literal["stop", "length", "error", "repetition"]
 
 
 class Message(BaseModel):
@@ -94,6 +96,8 @@ class OutputRecord(BaseModel):
     #: output positions at which an interrupted sample was continued from its checkpointed ids
     #: (docs/architecture.md, Continuation); None: generated in one go
     continued_at: list[int] | None = None
+    #: the repeated block's length in tokens, when the repetition stop ended the sample
+    repetition_period: int | None = None
     #: the input's passthrough fields (InputRecord.extra); exports put them back at top level
     extra: dict[str, Any] | None = None
     pos: int = Field(0, description="place in the input, for ordering; not exported")

@@ -9,6 +9,7 @@ print how close those came (`pytest -s`).
 
 from __future__ import annotations
 
+import json
 import random
 import sysconfig
 from collections.abc import Iterator, Sequence
@@ -261,3 +262,38 @@ def test_the_stop_never_fires_on_real_code_and_prose(tiny_model: Path):
     # and about two million tokens came no closer to it than three quarters
     assert checked > 1_500_000
     assert worst[0].tokens <= MIN_TOKENS * 3 // 4, worst
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_a_job_on_the_loop_model_stops_greedy_loops_and_never_sampled_rows(loop_model: Path, tmp_path: Path,
+                                                                           clean_env):
+    # Given a job on the loop model: 4 greedy records and 4 sampled ones, 2,048 tokens allowed
+    from tests.conftest import run_fleet
+
+    prompts = tmp_path / "p.jsonl"
+    lines = [{"id": f"g{i}", "messages": [{"role": "user", "content": f"Loop {i}?"}], "sampling": {"temperature": 0}}
+             for i in range(4)]
+    lines += [{"id": f"s{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(4)]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_HF__THREADS": "1"}
+    # When it runs through real workers
+    done = run_fleet("run", str(prompts), "--job", "loops", "--engine", "hf", "--model", str(loop_model),
+                     "--max-tokens", "2048", "--chunk-size", "4", "--workers", "1", env=env, cwd=tmp_path, timeout=540)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "out.jsonl"
+    assert run_fleet("export", "--job", "loops", "--out", str(out), env=env, cwd=tmp_path).returncode == 0
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    status = json.loads(run_fleet("status", "--job", "loops", "--json", env=env, cwd=tmp_path).stdout)
+    # Then every greedy row ended within a few hundred tokens, marked as a loop of period 3
+    for i in range(4):
+        g = rows[f"g{i}"]
+        assert (g["finish_reason"], g["repetition_period"]) == ("repetition", 3), g
+        assert g["completion_tokens"] <= MIN_TOKENS + 64 and len(g["output_ids"]) == g["completion_tokens"]
+    # And no sampled row was marked; the job counts the loops, and --only-finished leaves them out
+    assert all(rows[f"s{i}"]["finish_reason"] != "repetition" for i in range(4))
+    assert status["records_repetition"] == 4
+    kept = tmp_path / "kept.jsonl"
+    assert run_fleet("export", "--job", "loops", "--out", str(kept), "--only-finished", env=env,
+                     cwd=tmp_path).returncode == 0
+    assert not {r["id"] for r in map(json.loads, kept.read_text().splitlines())} & {f"g{i}" for i in range(4)}

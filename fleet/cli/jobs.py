@@ -188,7 +188,8 @@ def status_table(st) -> Table:
         ("records", f"{st.records_done}/{st.records_total} ({st.samples_done}/{st.samples_total} samples, "
                     f"{st.record_errors} record errors)"),
         ("truncated", f"{st.records_truncated} at max tokens ({st.records_truncated_in_thinking} inside the thinking)"),
-        ("no answer", f"{st.records_ended_in_thinking} ended inside the thinking"),
+        ("no answer", f"{st.records_ended_in_thinking} ended inside the thinking, "
+                      f"{st.records_repetition} stopped in a loop (repetition)"),
         ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out, {st.tokens_in_flight:,} in flight"),
         ("continuation", f"{st.tokens_continued:,} tokens continued from checkpoints, "
                          f"{st.tokens_made_twice:,} made twice (lost between flushes, helpers' copies)"),

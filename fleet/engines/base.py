@@ -48,6 +48,11 @@ class Engine(ABC):
     async def abort(self, request_id: str) -> None:  # noqa: B027 - optional hook
         """End one running request inside the engine (its stream has been closed)."""
 
+    @abstractmethod
+    async def cut(self, request: GenRequest, new_ids: list[int], reason: str) -> GenResult:
+        """The result of a request the worker ended itself after `new_ids` (the repetition stop):
+        what it made, whole (prefix included), with `reason` as its finish reason."""
+
     async def generate(self, request: GenRequest) -> GenResult:
         """One sample, whole: the stream read to its end (benchmarks, bare comparisons)."""
         result = None

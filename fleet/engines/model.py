@@ -71,6 +71,10 @@ class ModelEngine(Engine):
             meta=facts | {"prompt_digest": prompt_digest(prompt.ids)},
         )
 
+    async def cut(self, request: GenRequest, new_ids: list[int], reason: str) -> GenResult:
+        prompt = await asyncio.get_running_loop().run_in_executor(None, render, self.tokenizer, request)
+        return self.whole(request, prompt, new_ids, reason, None, {})
+
     def decode_output(self, ids: list[int], reason: str, stops: tuple[str, ...] | None) -> tuple[list[int], str, bool]:
         """(ids, text, stopped by a string) as the engines report them: the text without its end-of-
         sequence token or special tokens, cut before the first stop string; the ids then end with

@@ -27,7 +27,7 @@ CACHE_S = 30.0
 #: metric name -> help, every family this collector yields (the dashboard test reads it)
 FAMILIES = {
     "fleet_job_chunks": "Chunks of the job by state (done, failed, running, queued, total)",
-    "fleet_job_records": "Records of the job (total, done)",
+    "fleet_job_records": "Records of the job (total, done, repetition: samples the repetition stop ended)",
     "fleet_job_output_tokens_per_second": "Job output tokens per second over the recent window",
     "fleet_job_eta_seconds": "Estimated seconds until every chunk has a result",
     "fleet_job_cost_usd": "USD spent on GPUs so far (settings.usd_per_gpu_hour)",
@@ -81,6 +81,7 @@ class JobCollector(Collector):
                 fam["fleet_job_chunks"].add_metric([st.job, state], n)
             fam["fleet_job_records"].add_metric([st.job, "total"], st.records_total)
             fam["fleet_job_records"].add_metric([st.job, "done"], st.records_done)
+            fam["fleet_job_records"].add_metric([st.job, "repetition"], st.records_repetition)
             fam["fleet_job_output_tokens_per_second"].add_metric([st.job], st.tok_s)
             for kind, n in (("committed", st.completion_tokens), ("in_flight", st.tokens_in_flight),
                             ("continued", st.tokens_continued), ("made_twice", st.tokens_made_twice)):

@@ -53,6 +53,8 @@ class JobStatus:
     records_ended_in_thinking: int = 0
     #: times the engine retracted a running request for KV room (SGLang): the batch is too big
     retractions: int = 0
+    #: samples the repetition stop ended in an exact loop: no answer, left out by --only-finished
+    records_repetition: int = 0
     #: output tokens made for chunks not yet committed, counted as they stream (broker's count)
     tokens_in_flight: int = 0
     #: output tokens made more than once: lost between a run's last flush and its death, or
@@ -178,6 +180,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.records_truncated_in_thinking += s.records_truncated_in_thinking
         st.records_ended_in_thinking += s.records_ended_in_thinking
         st.retractions += s.retractions
+        st.records_repetition += s.records_repetition
         st.tokens_made_twice += s.tokens_made_twice
         st.tokens_continued += s.tokens_continued
     st.workers = sorted({s.worker for s in stats if s.worker is not None})

@@ -16,6 +16,7 @@ from typing import Any
 
 from fleet import metrics
 from fleet.engines.base import Engine
+from fleet.engines.repetition import Cycle, RepetitionSettings, watch_for
 from fleet.errors import RecordError
 from fleet.records import GenRequest, GenResult, InputRecord, OutputRecord, Sampling, derive_seed
 from fleet.worker.chunk import ChunkRun, LiveSample, sample_key
@@ -110,26 +111,42 @@ def longest_first(engine: Engine, pairs: list[tuple[InputRecord, GenRequest]]) -
     return [pairs[i] for i in order]
 
 
-async def read_stream(engine: Engine, req: GenRequest, run: ChunkRun, live: LiveSample) -> GenResult:
+async def read_stream(
+    engine: Engine, req: GenRequest, run: ChunkRun, live: LiveSample, repetition: RepetitionSettings
+) -> tuple[GenResult, Cycle | None]:
     """Read one request's stream to its end, keeping every delta in the run as it comes; a
-    closed stream (the chunk cancelled) ends the request inside the engine."""
+    closed stream (the chunk cancelled) ends the request inside the engine. The repetition
+    stop watches the whole output (a continued sample's prefix first) and ends a loop early:
+    the record keeps what it made, with finish reason `repetition`."""
+    watch = watch_for(repetition)
+    if watch is not None and req.prefix_ids:
+        cycle = watch.feed(req.prefix_ids)
+        if cycle is not None:  # the loop was already there when the last run stopped
+            return await engine.cut(req, [], "repetition"), cycle
     stream = engine.stream(req)
-    result = None
+    result, new = None, 0
     try:
         async for delta in stream:
             if delta.ids:
                 run.extend(live, delta.ids)
+                new += len(delta.ids)
+                cycle = watch.feed(delta.ids) if watch is not None else None
+                if cycle is not None and delta.result is None:
+                    await engine.abort(req.request_id)
+                    metrics.REPETITION_STOPS.inc()
+                    return await engine.cut(req, live.ids[len(req.prefix_ids) :], "repetition"), cycle
             if delta.result is not None:
                 result = delta.result
     finally:
         await stream.aclose()
     if result is None:
         raise RecordError(f"{engine.name} engine ended record {req.record_id!r} without a result")
-    return result
+    return result, None
 
 
 async def generate_chunk(run: ChunkRun, engine: Engine, gate: asyncio.Semaphore | None = None) -> None:
     model = engine.model_name()
+    repetition = RepetitionSettings.of_job(run.manifest.config if run.manifest else {})
     gate = gate or asyncio.Semaphore(engine.max_running)
     nonce = uuid.uuid4().hex[:8]
 
@@ -146,9 +163,11 @@ async def generate_chunk(run: ChunkRun, engine: Engine, gate: asyncio.Semaphore 
             metrics.TOKENS_CONTINUED.inc(len(req.prefix_ids))
         run.inflight += 1
         try:
-            res = await read_stream(engine, req, run, live)
+            res, cycle = await read_stream(engine, req, run, live, repetition)
             res.meta.setdefault("latency_s", round(time.monotonic() - began, 4))
-            run.add(to_output(run, record, req, res, model, live.continued_at))
+            out = to_output(run, record, req, res, model, live.continued_at)
+            out["repetition_period"] = cycle.period if cycle else None
+            run.add(out)
         except RecordError as e:
             run.add(error_output(run, record, req, e, model))
         finally:

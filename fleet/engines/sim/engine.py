@@ -131,6 +131,14 @@ class SimEngine(Engine):
                 self.busy_slot_s += time.monotonic() - began
         yield GenDelta(ids[sent:tokens], self._result(request, seed, natural, tokens, ids))
 
+    async def cut(self, request: GenRequest, new_ids: list[int], reason: str) -> GenResult:
+        seed = request.sampling.seed if request.sampling.seed is not None else derive_seed(0, request.record_id,
+                                                                                            request.sample)
+        ids = request.prefix_ids + new_ids
+        result = self._result(request, seed, len(ids), len(ids), ids)
+        result.finish_reason = reason
+        return result
+
     def _result(self, request: GenRequest, seed: int, natural: int, tokens: int, ids: list[int]) -> GenResult:
         text = sim_text(seed, tokens)
         reasoning, _, answer = text.removeprefix("<think>").partition("</think>")

@@ -25,7 +25,7 @@ PARQUET_SCHEMA = pa.schema([
     ("worker", pa.string()), ("model", pa.string()), ("cached_tokens", pa.int32()),
     ("spec_accept_length", pa.float64()), ("spec_verify_ct", pa.int32()), ("latency_s", pa.float64()),
     ("retractions", pa.int32()), ("prompt_digest", pa.string()),
-    ("continued_at", pa.list_(pa.int32())),
+    ("continued_at", pa.list_(pa.int32())), ("repetition_period", pa.int32()),
 ])  # fmt: skip
 assert PARQUET_SCHEMA.names == EXPORT_FIELDS
 EXTRA_COLUMN = pa.field("extra", pa.string())
