@@ -6,8 +6,9 @@ a successor beside it. So the launcher makes itself a child subreaper (orphans o
 are reparented to it, not to init, and it reaps them), starts each worker in a session of its
 own and tags its environment (`TREE_ENV`); every process the worker starts inherits the tag
 (multiprocessing's spawn, setsid and double forks keep the environment), which finds them wherever
-they were reparented, even when they left the worker's session. Linux /proc only: elsewhere
-nothing is found and only the launcher's PR_SET_PDEATHSIG fallback holds.
+they were reparented, even when they left the worker's session. A worker that must end its own
+engine (a hung one) calls `kill_tree(descendants(os.getpid()))`. Linux /proc only: elsewhere
+nothing is found, and a dead worker's engine may outlive it.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 #: set by the launcher in each worker's environment, one value per worker process it starts
 TREE_ENV = "FLEET_WORKER_TREE"
-#: seconds a SIGTERMed process gets to exit before SIGKILL
+#: seconds a SIGTERMed process gets to exit before SIGKILL: vLLM's own process manager's default
+#: (vllm.v1.utils.shutdown); an orphaned EngineCore, its client gone, does not exit within it
 GRACE_S = 5.0
+#: seconds a process that ignores SIGTERM gets to exit once the others are killed
+DEAF_WAIT_S = 1.0
 #: seconds to wait for SIGKILLed processes (a process in uninterruptible sleep may take long)
 KILL_WAIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
@@ -176,12 +180,29 @@ def kill_tree(pids: Iterable[int], grace_s: float = GRACE_S) -> list[int]:
     send(signal.SIGTERM, live())
     left = _wait(live, grace_s)
     if left:
-        log.warning("processes %s ignored SIGTERM for %.1fs: killing", left, grace_s)
-        send(signal.SIGKILL, left)
-        left = _wait(live, KILL_WAIT_S)
-        if left:
-            log.error("processes %s still run %.0fs after SIGKILL", left, KILL_WAIT_S)
+        # Those that ignore SIGTERM go last: one may be waiting for the others to exit, as
+        # multiprocessing's resource tracker does before it unlinks the shared memory they leaked
+        # (vLLM's queues between its processes); it gets DEAF_WAIT_S once they are gone.
+        if stuck := [pid for pid in left if not ignores_sigterm(pid)]:
+            log.warning("processes %s did not exit %.1fs after SIGTERM: killing", stuck, grace_s)
+            send(signal.SIGKILL, stuck)
+        if left := _wait(live, DEAF_WAIT_S):
+            log.warning("processes %s ignore SIGTERM: killing", left)
+            send(signal.SIGKILL, left)
+            if left := _wait(live, KILL_WAIT_S):
+                log.error("processes %s still run %.0fs after SIGKILL", left, KILL_WAIT_S)
     return sorted(targets)
+
+
+def ignores_sigterm(pid: int) -> bool:
+    """From the SigIgn mask of /proc/<pid>/status."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _wait(live: Callable[[], list[int]], timeout_s: float) -> list[int]:
