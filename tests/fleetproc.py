@@ -76,6 +76,62 @@ class Workers:
         return "\n".join(f.read_text(errors="replace") for f in sorted(self.log_dir.glob("*.log")))
 
 
+def cmdline(pid: int) -> str:
+    """A process's command line, words joined by spaces ('' once it is gone or a zombie)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def processes_below(root: int, command: str) -> list[int]:
+    """Running descendants of root whose command line contains command."""
+    from fleet.worker.proctree import descendants
+
+    return [pid for pid in descendants(root) if command in cmdline(pid)]
+
+
+def worker_pids(launcher: int) -> list[int]:
+    """The worker processes a `fleet worker` launcher runs now (not the orphans it adopted). Celery
+    retitles a worker `[celeryd: <name>:MainProcess]` where setproctitle is installed (vLLM's venv)."""
+    from fleet.worker.proctree import children
+
+    return [pid for pid in children(launcher) if "fleet.worker.main" in (cmd := cmdline(pid)) or "[celeryd: " in cmd]
+
+
+def worker_with(workers: Workers, host: str, command: str, ready: str = "ready.",
+                timeout: float = 90) -> tuple[subprocess.Popen[bytes], int, int]:
+    """A launcher of one worker, started; once a worker logs `ready`: the launcher, the worker's pid,
+    and the one process below the worker whose command line contains command."""
+    launcher = workers.start(host)
+    wait_for(lambda: workers.logs().count(ready) >= 1, timeout, f"the worker of {host} ready")
+    [worker] = worker_pids(launcher.pid)
+    [pid] = processes_below(worker, command)
+    return launcher, worker, pid
+
+
+def gone_before_successor(launcher: int, worker: int, pid: int, timeout: float = 60) -> float:
+    """Seconds from now (just after worker's death) until pid, a process it left, exited (a zombie
+    has freed its memory; its parent reaps it); fails if the launcher starts a successor worker while
+    pid still runs."""
+    from fleet.worker.proctree import stat
+
+    def ended() -> bool:
+        st = stat(pid)
+        return st is None or not st.running
+
+    began, gone = time.monotonic(), None
+    while time.monotonic() - began < timeout:
+        if gone is None and ended():
+            gone = time.monotonic() - began
+        if [p for p in worker_pids(launcher) if p != worker]:
+            assert ended(), f"a successor worker started beside pid {pid} of the dead worker"
+            assert gone is not None
+            return gone
+        time.sleep(0.005)
+    raise AssertionError(f"timed out after {timeout}s waiting for pid {pid} to go and a successor to start")
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> float:
     began = time.monotonic()
     while time.monotonic() - began < timeout:

@@ -9,6 +9,8 @@ for token with a bare `vllm.LLM` given the same prompt ids (tests/vllm_bare.py).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +25,15 @@ from fleet.engines.vllm.spec import SPEC
 from fleet.records import GenRequest, Sampling
 from fleet.settings import Settings
 from tests.conftest import run_fleet
-from tests.fleetproc import read_jsonl, wait_for
+from tests.fleetproc import (
+    Workers,
+    gone_before_successor,
+    processes_below,
+    read_jsonl,
+    wait_for,
+    worker_pids,
+    worker_with,
+)
 from tests.modelkit import LoopThread, chat, tiny_model_fixture  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -241,6 +251,36 @@ def test_real_vllm_fleet_run_on_the_hybrid_model_speculates_and_equals_bare_vllm
         assert 0 < r["spec_verify_ct"] <= r["completion_tokens"]
     status = run_fleet("status", "--job", "v", "--json", env={"FLEET_DATA_DIR": str(tmp_path / "data")})
     assert json.loads(status.stdout)["done"] is True
+
+
+@pytest.mark.e2e
+def test_real_vllm_engine_core_never_outlives_its_sigkilled_worker(
+    real_vllm, tmp_path, tiny_model, redis_server, clean_env
+):
+    from fleet.worker.proctree import stat
+
+    # Given `fleet worker --engine vllm` with its engine up (vLLM's EngineCore arms no parent-death signal)
+    env = {"FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
+           "FLEET_STORE_URL": str(tmp_path / "s"), "FLEET_VLLM__DTYPE": "float32",
+           "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES), "FLEET_VLLM__MAX_NUM_SEQS": "8"}
+    workers = Workers(env, tmp_path / "logs")
+    try:
+        launcher, worker, core = worker_with(workers, "v", "EngineCore", ready="vllm engine ready", timeout=600)
+        # When the worker process is SIGKILLed (the OOM killer's way)
+        os.kill(worker, signal.SIGKILL)
+        # Then its EngineCore is gone within seconds, before its successor starts, reaped by the launcher
+        gone = gone_before_successor(launcher.pid, worker, core)
+        assert stat(core) is None
+        print(f"\nEngineCore gone {gone:.2f}s after its worker's SIGKILL, before the successor started")
+        # and once the successor's engine is up, its EngineCore is the only one under the launcher
+        wait_for(lambda: workers.logs().count("vllm engine ready") >= 2, 600, "the successor's engine ready")
+        [successor] = worker_pids(launcher.pid)
+        cores = processes_below(launcher.pid, "EngineCore")
+        assert len(cores) == 1 and cores == processes_below(successor, "EngineCore") and gone < 10
+    finally:
+        workers.stop(timeout=120)
+    assert launcher.returncode == 0 and (stat(cores[0]) is None or not stat(cores[0]).running)
+    assert "killed by SIGKILL" in workers.logs()
 
 
 async def unfinished(engine) -> int:

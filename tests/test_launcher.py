@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,8 +17,17 @@ import requests
 from fleet.coord.localredis import free_port
 from fleet.store import open_store
 from fleet.store.layout import results_prefix
+from fleet.worker import proctree
 from tests.conftest import run_fleet
-from tests.fleetproc import Workers, wait_for, write_prompts
+from tests.fleetproc import (
+    Workers,
+    gone_before_successor,
+    processes_below,
+    wait_for,
+    worker_pids,
+    worker_with,
+    write_prompts,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -163,3 +174,82 @@ def test_a_killed_launcher_takes_its_workers(tmp_path, redis_server, clean_env):
         print(f"\nworkers gone {gone:.2f}s after their launcher's SIGKILL")
     finally:
         workers.stop()
+
+
+def test_kill_tree_ends_a_descendant_in_its_own_session_that_ignores_sigterm(tmp_path):
+    # Given a process whose child left its session and ignores SIGTERM (a group kill misses it)
+    ready = tmp_path / "ready"
+    deaf = (f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f"pathlib.Path({str(ready)!r}).touch(); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen("
+                               f"[sys.executable, '-c', {deaf!r}], start_new_session=True); time.sleep(600)"])
+    try:
+        wait_for(ready.exists, 30, "the grandchild to ignore SIGTERM")
+        tree = proctree.descendants(parent.pid)
+        assert len(tree) == 1 and proctree.stat(tree[0]).session != proctree.stat(parent.pid).session
+        # When the tree is killed with a short grace
+        began = time.monotonic()
+        ended = proctree.kill_tree([parent.pid, *tree], grace_s=0.5)
+        took = time.monotonic() - began
+        # Then both ended: the parent at SIGTERM, the deaf one at SIGKILL after the grace and the
+        # time it gets to exit once the others are gone
+        assert ended == sorted([parent.pid, *tree])
+        assert parent.wait(timeout=5) == -signal.SIGTERM
+        st = proctree.stat(tree[0])
+        assert st is None or not st.running
+        assert 0.5 + proctree.DEAF_WAIT_S <= took < 5
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def leaky_workers(tmp_path: Path, redis_url: str) -> Workers:
+    """Workers whose engine starts a process (`sleep 3600`) in a session of its own and never ends it."""
+    env = {"FLEET_ENGINE": "sim", "FLEET_SIM__LEAK_PROCESS": "true", "FLEET_BROKER_URL": redis_url,
+           "FLEET_STORE_URL": str(tmp_path / "s")}
+    return Workers(env, tmp_path / "logs")
+
+
+def test_a_sigkilled_workers_processes_are_gone_before_its_successor_starts(tmp_path, redis_server, clean_env):
+    # Given a worker whose engine started a process in a session of its own and never ends it
+    workers = leaky_workers(tmp_path, redis_server.url)
+    try:
+        launcher, worker, helper = worker_with(workers, "leaky", "sleep 3600")
+        assert proctree.stat(helper).session != proctree.stat(worker).session
+        # When the worker process (not the launcher) is SIGKILLed
+        os.kill(worker, signal.SIGKILL)
+        # Then it is gone before its successor starts, reaped by the launcher that adopted it
+        gone = gone_before_successor(launcher.pid, worker, helper)
+        assert proctree.stat(helper) is None
+        print(f"\nhelper gone {gone:.2f}s after its worker's SIGKILL, before the successor started")
+        # and the successor becomes ready, its own helper the only one under the launcher
+        wait_for(lambda: workers.logs().count("ready.") >= 2, 90, "the successor ready")
+        [successor] = worker_pids(launcher.pid)
+        [helper2] = processes_below(launcher.pid, "sleep 3600")
+        assert helper2 in processes_below(successor, "sleep 3600")
+    finally:
+        workers.stop()
+    # Then when `fleet worker` stops, no process of its workers is left
+    assert launcher.returncode == 0 and proctree.stat(helper2) is None
+    logs = workers.logs()
+    assert "killed by SIGKILL" in logs and "left 1 process(es)" in logs
+
+
+def test_what_workers_of_a_killed_launcher_left_is_ended_by_the_next_launcher(tmp_path, redis_server, clean_env):
+    # Given a launcher killed outright: its worker dies with it, the process its engine started does not
+    workers = leaky_workers(tmp_path, redis_server.url)
+    try:
+        first, worker, helper = worker_with(workers, "first", "sleep 3600")
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+        wait_for(lambda: not alive(worker), 10, "the worker to die with its launcher")
+        assert alive(helper)
+        # When the next launcher starts on the host
+        second = workers.start("second")
+        # Then the orphan is gone before its first worker starts
+        gone = gone_before_successor(second.pid, -1, helper, timeout=30)
+        print(f"\norphan of a killed launcher gone {gone:.2f}s after the next launcher started")
+    finally:
+        workers.stop()
+    assert "left by workers of a launcher that is gone" in workers.logs()

@@ -36,6 +36,10 @@ class SimSettings(EngineSettings):
     kill_chunks: list[int] = Field(
         default_factory=list, description="chunk indexes whose run SIGKILLs the worker process (fault tests)"
     )
+    leak_process: bool = Field(
+        False, description="the engine starts a helper process in a session of its own and never ends it, as "
+        "an engine whose processes outlive a killed worker (fault tests)",
+    )
 
     def requests_at_once(self) -> int:
         """S, the requests the engine runs at once."""

@@ -1,9 +1,11 @@
 """Start and supervise worker processes: one per GPU (pinned) or N for CPU engines.
 
 An engine crash kills its worker process (SGLang sends SIGQUIT to its host), so the
-launcher restarts dead workers with backoff and logs why they died. SIGTERM to the
-launcher stops every worker gracefully; a launcher killed outright takes its workers
-with it (fleet.worker.parent).
+launcher restarts dead workers with backoff and logs why they died. Before it starts a
+successor it ends every process the dead worker left (vLLM's EngineCore survives its
+worker's SIGKILL and would keep the GPU's memory: fleet.worker.proctree). SIGTERM to the
+launcher stops every worker gracefully and leaves none of their processes; a launcher
+killed outright takes its workers with it (fleet.worker.parent).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from fleet.engines.specs import spec_for
 from fleet.model.gpus import pin_env
 from fleet.settings import Settings
+from fleet.worker import proctree
 from fleet.worker.parent import LAUNCHER_PID_ENV
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,8 @@ class _Child:
     started: float = 0.0
     restarts: int = 0
     next_start: float = 0.0
+    #: TREE_ENV of the process last started: what it starts carries it
+    tag: str = ""
 
 
 class Supervisor:
@@ -84,29 +89,42 @@ class Supervisor:
         self.concurrency = concurrency or settings.resolved_slots()
         self.restart = restart
         self.stopping = False
+        self.spawned = 0
 
     def _spawn(self, child: _Child) -> None:
+        self.spawned += 1
+        child.tag = proctree.make_tag(os.getpid(), self.spawned)
         env = {**os.environ, **self.settings.to_env(), **child.spec.env, "PYTHONUNBUFFERED": "1",
-               LAUNCHER_PID_ENV: str(os.getpid())}
+               LAUNCHER_PID_ENV: str(os.getpid()), proctree.TREE_ENV: child.tag}
         argv = [sys.executable, "-m", "fleet.worker.main", "--name", child.spec.name,
                 "--concurrency", str(self.concurrency)]
         out = None
         if self.log_dir:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = open(self.log_dir / f"{child.spec.name.split('@')[0]}.log", "ab")  # noqa: SIM115
-        child.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+        # A session of its own: what the worker starts is found by session too, and a terminal's
+        # Ctrl-C reaches the launcher alone, which stops the workers in order.
+        child.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
+                                      start_new_session=True)
         if out:
             out.close()
         child.started = time.monotonic()
         log.info("started worker %s (pid %d, %d slots)", child.spec.name, child.proc.pid, self.concurrency)
 
     def start(self) -> None:
+        if not proctree.become_subreaper():
+            log.warning("no PR_SET_CHILD_SUBREAPER: orphans of a dead worker are found, not adopted")
+        if left := proctree.orphaned_trees():
+            proctree.kill_tree(left)
+            log.warning("ended %d process(es) %s left by workers of a launcher that is gone", len(left), left)
         for child in self.children:
             self._spawn(child)
 
     def poll(self) -> None:
         """Restart dead workers with exponential backoff; call this periodically."""
         now = time.monotonic()
+        # Orphans that exit by themselves (SGLang's, on their PR_SET_PDEATHSIG) come back to us as zombies.
+        proctree.reap_orphans(keep=self._pids())
         for child in self.children:
             if child.proc is None:
                 if now >= child.next_start and not self.stopping:
@@ -116,6 +134,7 @@ class Supervisor:
             if code is None or self.stopping:
                 continue
             ran = now - child.started
+            self._end_tree(child)  # before its successor can start: it would meet them on the GPU
             if ran > HEALTHY_AFTER_S:
                 child.restarts = 0
             delay = min(BACKOFF_MAX_S, 2.0 ** child.restarts) if child.restarts else 0.5
@@ -124,6 +143,9 @@ class Supervisor:
             child.restarts += 1
             child.proc = None
             child.next_start = now + delay if self.restart else float("inf")
+
+    def _pids(self) -> list[int]:
+        return [c.proc.pid for c in self.children if c.proc is not None]
 
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
@@ -141,6 +163,25 @@ class Supervisor:
                 log.warning("worker pid %d ignored SIGTERM: killing", proc.pid)
                 proc.kill()
                 proc.wait()
+        for child in self.children:
+            self._end_tree(child)
+
+    def _end_tree(self, child: _Child) -> None:
+        """End every process the child's worker left: what carries its tag or stayed in its
+        session, wherever it was reparented. Looks again after each kill: a process may fork
+        while the tree is ended."""
+        if not child.tag or child.proc is None:
+            return
+        began, ended = time.monotonic(), []
+        for _ in range(3):
+            left = proctree.tree_of(child.tag, session=child.proc.pid)
+            if not left:
+                break
+            ended += proctree.kill_tree(left)
+        proctree.reap_orphans(keep=self._pids())
+        if ended:
+            log.warning("worker %s left %d process(es) %s: ended in %.2fs", child.spec.name, len(ended),
+                        sorted(set(ended)), time.monotonic() - began)
 
     def run_forever(self) -> None:
         """Supervise until SIGTERM/SIGINT, then stop the workers gracefully."""

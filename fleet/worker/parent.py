@@ -1,5 +1,5 @@
 """A worker dies with its launcher, so a restarted launcher never finds the GPU still held
-by an orphan worker and its engine.
+by an orphan worker (what the worker started, it ends itself: fleet.worker.proctree).
 
 Linux: PR_SET_PDEATHSIG delivers SIGKILL to the worker the moment its launcher dies, by
 whatever means (SIGKILL, OOM kill). Elsewhere a thread watches the parent pid instead.
@@ -10,12 +10,12 @@ Supervisor spawns from its main thread only.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
 import signal
 import threading
+
+from fleet.worker.proctree import prctl
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
@@ -34,11 +34,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def _pdeathsig() -> bool:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 def _watch(parent_pid: int) -> None:

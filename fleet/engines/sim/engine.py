@@ -13,6 +13,7 @@ import math
 import os
 import random
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator
 
@@ -80,6 +81,9 @@ class SimEngine(Engine):
 
     async def start(self) -> None:
         self._slots = asyncio.Semaphore(self.cfg.max_running)
+        if self.cfg.leak_process:
+            # Out of the worker's session and never waited for: only its launcher can end it.
+            subprocess.Popen(["sleep", "3600"], start_new_session=True)
 
     def model_name(self) -> str:
         return f"sim-m{self.cfg.mean_output_tokens:g}-s{self.cfg.sigma:g}"
