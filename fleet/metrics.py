@@ -73,6 +73,9 @@ ACCEPT_LENGTH_CHUNKS = Histogram(
     buckets=ACCEPT_LENGTH_BUCKETS,
 )
 ERRORS = Counter("fleet_errors", "Errors by class", ["error_class"])
+ENGINE_STALLED = Gauge(
+    "fleet_engine_stalled", "1 once this worker's engine made no token for stall_s while requests ran (it restarts)"
+)
 RETRACTIONS = Counter(
     "fleet_engine_retractions",
     "Running requests the engine retracted for KV room (SGLang): its batch outgrew the KV pool",

@@ -101,7 +101,8 @@ CHUNK_STATE_KEYS = ("queued", "running", "lease", "lease_started", "lease_beat",
 CHUNK_STATE_OWNER = FLEET / "coord" / "chunks.py"
 #: the crash evidence beside it (docs/architecture.md, "Redis keys" and "Failures"): only its owner names these
 CRASH_EVIDENCE_KEYS = ("lease_holder", "solo_runs", "solo_waits", "suspects", "chunk_seconds", "worker_deaths",
-                       "worker_streak", "worker_last_death", "worker_last_commit", "process_dead", "process_committed")
+                       "worker_streak", "worker_last_death", "worker_last_commit", "worker_stalls", "process_dead",
+                       "process_committed")
 CRASH_EVIDENCE_OWNER = FLEET / "coord" / "suspects.py"
 
 

@@ -210,6 +210,10 @@ def status_table(st) -> Table:
         t.add_row(escape(f"dying {d['worker']}"),
                   f"{d['deaths']} deaths, {d['deaths_in_a_row']} in a row before finishing a batch"
                   + (": benched, backing off" if d["benched"] else ""))
+    for w in st.stalled_workers:
+        t.add_row(escape(f"stalled {w['worker']}"),
+                  f"engine made no token for {w['stalled_s']:.0f}s with requests running ({w['stalls']} stall(s) "
+                  "since it last committed): chunks handed back, restarted")
     for m in st.mismatched_workers:
         differs = escape("; ".join(m["differences"]))  # rich markup would eat "[...]" in values
         t.add_row(escape(f"mismatched {m['worker']}"), f"other engine settings, runs nothing: {differs}")

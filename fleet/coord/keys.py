@@ -106,6 +106,12 @@ def worker_last_death() -> str:
     return f"{PREFIX}:worker-last-death"
 
 
+def worker_stalls() -> str:
+    """Hash worker name -> JSON {stalls, stalled_s, at_ms}: its engine stopped making tokens for
+    stall_s while requests ran (fleet.worker.watchdog); cleared when a process of it commits."""
+    return f"{PREFIX}:worker-stalls"
+
+
 def worker_last_commit() -> str:
     """Hash worker name -> ms epoch a process of it last committed, once it had finished a
     batch: whether the fleet has a healthy worker besides a dying one."""

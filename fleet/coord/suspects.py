@@ -16,6 +16,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import redis
 
@@ -245,6 +246,7 @@ def note_commit(r: redis.Redis, owner: str) -> None:
         p.set(keys.process_committed(owner), 1, ex=PROCESS_MARK_TTL_S)
         p.hdel(keys.worker_streak(), worker_of(owner))
         p.hset(keys.worker_last_commit(), worker_of(owner), now_ms())
+        p.hdel(keys.worker_stalls(), worker_of(owner))
         p.execute()
 
 
@@ -270,3 +272,30 @@ def dying_workers(r: redis.Redis) -> list[WorkerHealth]:
     streaks = {k.decode(): int(v) for k, v in r.hgetall(keys.worker_streak()).items() if int(v) > 0}
     out = [worker_health(r, w) for w in streaks]
     return sorted(out, key=lambda h: (-h.streak, h.worker))
+
+
+# -- workers whose engines stall -----------------------------------------------------------
+
+
+def note_stall(r: redis.Redis, owner: str, stalled_s: float) -> int:
+    """A process's engine made no token for `stalled_s` while requests ran: evidence against the
+    worker as a death is (the process restarts; a worker that keeps stalling is benched), never
+    against its chunks. Returns the worker's stalls since it last committed."""
+    worker = worker_of(owner)
+    raw = r.hget(keys.worker_stalls(), worker)
+    stalls = (json.loads(raw)["stalls"] if raw else 0) + 1
+    r.hset(keys.worker_stalls(), worker, json.dumps({"stalls": stalls, "stalled_s": round(stalled_s, 1),
+                                                     "at_ms": now_ms()}))
+    note_process_death(r, owner)
+    return stalls
+
+
+def stalled_workers(r: redis.Redis) -> list[dict[str, Any]]:
+    """Workers whose engine stalled since they last committed (`fleet status`): {worker, stalls,
+    stalled_s (how long it had made no token when declared hung), at}."""
+    out = []
+    for worker, raw in r.hgetall(keys.worker_stalls()).items():
+        data = json.loads(raw)
+        out.append({"worker": worker.decode(), "stalls": data["stalls"], "stalled_s": data["stalled_s"],
+                    "at": data["at_ms"] / 1000})
+    return sorted(out, key=lambda d: d["worker"])

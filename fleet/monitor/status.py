@@ -18,7 +18,7 @@ from fleet.coord import chunks
 from fleet.coord.chunks import queued_indexes, running_indexes
 from fleet.coord.chunkstate import done_indexes, failed_indexes, read_failures
 from fleet.coord.mismatch import mismatched_workers
-from fleet.coord.suspects import dying_workers, healthy_others
+from fleet.coord.suspects import dying_workers, healthy_others, stalled_workers
 from fleet.errors import StoreError
 from fleet.settings import Settings
 from fleet.store import Store
@@ -81,6 +81,9 @@ class JobStatus:
     #: workers whose processes died before finishing a batch, in a row (broker-wide):
     #: {worker, deaths, deaths_in_a_row, last_death_at, benched}
     dying_workers: list[dict[str, Any]] = field(default_factory=list)
+    #: workers whose engine made no token for stall_s while requests ran, since they last committed:
+    #: {worker, stalls, stalled_s, at}
+    stalled_workers: list[dict[str, Any]] = field(default_factory=list)
     broker: bool = True
     done: bool = False
 
@@ -162,6 +165,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
                                  "last_death_at": h.at,
                                  "benched": h.streak >= bench_after and healthy_others(r, h.worker)}
                                 for h in dying_workers(r)]
+            st.stalled_workers = stalled_workers(r)
         except redis.RedisError:
             st.broker, r = False, None
     stats = done_stats(store, r, job, done)

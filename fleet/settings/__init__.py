@@ -44,6 +44,9 @@ DEFAULT_VISIBILITY_TIMEOUT_S = 12 * 3600
 #: RunPod and Vast.ai give an interruptible instance seconds between SIGTERM and SIGKILL
 DEFAULT_GRACE_S = 3.0
 DEFAULT_CHECKPOINT_INTERVAL_S = 30.0
+#: No token for this long while requests run is a hung engine: twice SGLang's own watchdog_timeout
+#: (300 s), far beyond a prefill of the reference job's prompts (seconds on a B200)
+DEFAULT_STALL_S = 600.0
 #: K x C / S, the requests a worker keeps in flight per engine slot. The occupancy table
 #: (and `fleet bench projection` at the reference shape) gives 0.81 busy at 8 and 0.97-0.99
 #: at 16, so the default is 16.
@@ -143,6 +146,12 @@ class _Settings(BaseSettings):
     grace_s: float = Field(
         DEFAULT_GRACE_S, ge=0, description="on SIGTERM, seconds in which samples about to finish may finish; "
         "then running chunks are handed back with every sample's ids checkpointed (nothing made is lost)"
+    )
+    stall_s: float = Field(
+        DEFAULT_STALL_S, gt=0,
+        description="seconds an engine may make no token while requests run before the worker declares it hung: "
+        "its chunks are handed back (no attempt spent, their ids kept), its process tree killed and restarted. "
+        "Longer than the slowest prefill a job's prompts need and than SGLang's own watchdog (300 s)",
     )
     checkpoint_interval_s: float = Field(
         DEFAULT_CHECKPOINT_INTERVAL_S, gt=0,

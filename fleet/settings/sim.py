@@ -36,6 +36,10 @@ class SimSettings(EngineSettings):
     kill_chunks: list[int] = Field(
         default_factory=list, description="chunk indexes whose run SIGKILLs the worker process (fault tests)"
     )
+    stall_after_s: float | None = Field(
+        None, ge=0, description="seconds after start when the engine stops making tokens without dying, its "
+        "requests left waiting forever, as a hung GPU engine (fault tests of the watchdog)",
+    )
     leak_process: bool = Field(
         False, description="the engine starts a helper process in a session of its own and never ends it, as "
         "an engine whose processes outlive a killed worker (fault tests)",

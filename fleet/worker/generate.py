@@ -20,6 +20,7 @@ from fleet.engines.repetition import Cycle, RepetitionSettings, watch_for
 from fleet.errors import RecordError
 from fleet.records import GenRequest, GenResult, InputRecord, OutputRecord, Sampling, derive_seed
 from fleet.worker.chunk import ChunkRun, LiveSample, sample_key
+from fleet.worker.watchdog import EngineClock
 
 _SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
@@ -112,7 +113,8 @@ def longest_first(engine: Engine, pairs: list[tuple[InputRecord, GenRequest]]) -
 
 
 async def read_stream(
-    engine: Engine, req: GenRequest, run: ChunkRun, live: LiveSample, repetition: RepetitionSettings
+    engine: Engine, req: GenRequest, run: ChunkRun, live: LiveSample, repetition: RepetitionSettings,
+    clock: EngineClock | None = None,
 ) -> tuple[GenResult, Cycle | None]:
     """Read one request's stream to its end, keeping every delta in the run as it comes; a
     closed stream (the chunk cancelled) ends the request inside the engine. The repetition
@@ -130,6 +132,8 @@ async def read_stream(
             if delta.ids:
                 run.extend(live, delta.ids)
                 new += len(delta.ids)
+                if clock is not None:
+                    clock.tick()
                 cycle = watch.feed(delta.ids) if watch is not None else None
                 if cycle is not None and delta.result is None:
                     await engine.abort(req.request_id)
@@ -144,11 +148,14 @@ async def read_stream(
     return result, None
 
 
-async def generate_chunk(run: ChunkRun, engine: Engine, gate: asyncio.Semaphore | None = None) -> None:
+async def generate_chunk(
+    run: ChunkRun, engine: Engine, gate: asyncio.Semaphore | None = None, clock: EngineClock | None = None
+) -> None:
     model = engine.model_name()
     repetition = RepetitionSettings.of_job(run.manifest.config if run.manifest else {})
     gate = gate or asyncio.Semaphore(engine.max_running)
     nonce = uuid.uuid4().hex[:8]
+    watched = clock or EngineClock()
 
     async def one(record: InputRecord, req: GenRequest) -> None:
         async with gate:
@@ -162,8 +169,9 @@ async def generate_chunk(run: ChunkRun, engine: Engine, gate: asyncio.Semaphore 
         if req.prefix_ids:
             metrics.TOKENS_CONTINUED.inc(len(req.prefix_ids))
         run.inflight += 1
+        watched.enter()
         try:
-            res, cycle = await read_stream(engine, req, run, live, repetition)
+            res, cycle = await read_stream(engine, req, run, live, repetition, watched)
             res.meta.setdefault("latency_s", round(time.monotonic() - began, 4))
             out = to_output(run, record, req, res, model, live.continued_at)
             out["repetition_period"] = cycle.period if cycle else None
@@ -172,6 +180,7 @@ async def generate_chunk(run: ChunkRun, engine: Engine, gate: asyncio.Semaphore 
             run.add(error_output(run, record, req, e, model))
         finally:
             run.inflight -= 1
+            watched.leave()
 
     tasks = [asyncio.ensure_future(one(rec, req)) for rec, req in longest_first(engine, requests_for(run))]
     try:

@@ -32,9 +32,16 @@ from fleet.worker.enginehost import EngineHost
 from fleet.worker.executor import Executor
 from fleet.worker.middleware import assist_stack, owner_stack
 from fleet.worker.outcome import Committed, Failed, HandedBack, Outcome, Skipped, Superseded
+from fleet.worker.proctree import descendants, kill_tree
 from fleet.worker.task import ChunkTask
+from fleet.worker.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
+
+#: seconds a stalled worker has to hand its chunks back and exit before it exits outright
+STALL_EXIT_S = 30.0
+#: its exit status then (EX_SOFTWARE): the launcher restarts it like any death
+STALL_EXIT_CODE = 70
 
 
 class Runtime:
@@ -60,12 +67,14 @@ class Runtime:
         self._assisting = threading.Event()
         self._assisted: set[tuple[str, int]] = set()
         self._stop = threading.Event()
+        self.watchdog = Watchdog(self.host.clock, settings.stall_s, self.stalled)
 
     def start(self) -> None:
         began = time.monotonic()
         self.host.start()
         log.info("worker %s: %s engine ready in %.1fs", self.name, self.engine.name, time.monotonic() - began)
         self.ctx.heartbeat.start()
+        self.watchdog.start()  # only now: loading weights or capturing graphs is never a stall
         threading.Thread(target=self._reaper, name="fleet-reaper", daemon=True).start()
         if self.settings.assist:
             threading.Thread(target=self._assist_loop, name="fleet-assist", daemon=True).start()
@@ -152,6 +161,28 @@ class Runtime:
         timer.daemon = True
         timer.start()
 
+    def stalled(self, seconds: float) -> None:
+        """The engine made no token for `seconds` while requests ran: it is hung. Hand every chunk
+        back at once (the stop gate; no attempt spent, their ids flushed by the checkpoint
+        middleware), count it against this worker, kill whatever the engine started, restart."""
+        log.critical("worker %s: engine made no token for %.0fs with %d requests running: declaring it hung, "
+                     "handing its chunks back and restarting", self.name, seconds, self.host.clock.running)
+        metrics.ENGINE_STALLED.set(1)
+        self.ctx.draining.set()
+        self.ctx.stopping.set()
+        try:
+            stalls = suspects.note_stall(self.ctx.redis, self.ctx.owner, seconds)
+            log.critical("worker %s: %d stall(s) since it last committed", self.name, stalls)
+        except Exception as e:
+            log.warning("could not record the stall: %s", e)
+        # A hung engine's processes (vLLM's EngineCore, SGLang's scheduler) may ignore everything
+        # but SIGKILL; whatever runs in this process ends with it (the restart below).
+        threading.Thread(target=kill_tree, args=(descendants(os.getpid()),), daemon=True).start()
+        # The hand-back takes a poll (0.5 s) and a flush; a process that cannot exit after that
+        # (a thread stuck inside the engine) is ended outright, and its launcher starts a fresh one.
+        threading.Timer(STALL_EXIT_S, os._exit, args=(STALL_EXIT_CODE,)).start()
+        self.restart("engine stalled")
+
     def restart(self, why: str) -> None:
         """The engine is gone: stop this process so its supervisor starts a fresh one."""
         log.critical("%s: shutting down worker %s for restart", why, self.name)
@@ -160,6 +191,7 @@ class Runtime:
 
     def stop(self) -> None:
         self._stop.set()
+        self.watchdog.stop()
         self.ctx.heartbeat.stop()
         try:
             self.host.stop()

@@ -36,7 +36,7 @@ class ChunkTask:
 
     def generate(self, run: ChunkRun, poll: Callable[[], Outcome | None]) -> Outcome | None:
         """Wait for the engine, polling the middleware; stop at once when one says so."""
-        future = self.host.submit(generate_chunk(run, self.host.engine, self.host.gate))
+        future = self.host.submit(generate_chunk(run, self.host.engine, self.host.gate, self.host.clock))
         while True:
             # wait(), not result(timeout=): on Python 3.11 an engine's own asyncio.TimeoutError
             # is concurrent.futures.TimeoutError, and would read as "not done yet" forever.

@@ -74,6 +74,7 @@ class SimEngine(Engine):
         self.running = 0
         #: slot-seconds of simulated work done, for occupancy benchmarks
         self.busy_slot_s = 0.0
+        self._started = time.monotonic()
 
     @property
     def max_running(self) -> int:
@@ -81,6 +82,7 @@ class SimEngine(Engine):
 
     async def start(self) -> None:
         self._slots = asyncio.Semaphore(self.cfg.max_running)
+        self._started = time.monotonic()
         if self.cfg.leak_process:
             # Out of the worker's session and never waited for: only its launcher can end it.
             subprocess.Popen(["sleep", "3600"], start_new_session=True)
@@ -126,6 +128,7 @@ class SimEngine(Engine):
                 while done < tokens:
                     step = min(self.cfg.stream_interval, tokens - done)
                     await asyncio.sleep(step * self.cfg.step_s)
+                    await self._hang_if_stalled()
                     done += step
                     if done < tokens:
                         yield GenDelta(ids[sent:done])
@@ -134,6 +137,13 @@ class SimEngine(Engine):
                 self.running -= 1
                 self.busy_slot_s += time.monotonic() - began
         yield GenDelta(ids[sent:tokens], self._result(request, seed, natural, tokens, ids))
+
+    async def _hang_if_stalled(self) -> None:
+        """`stall_after_s`: the engine stops without dying; its requests wait forever (the loop,
+        the heartbeat and the process stay alive, as with a stuck collective on a GPU)."""
+        after = self.cfg.stall_after_s
+        if after is not None and time.monotonic() - self._started >= after:
+            await asyncio.Event().wait()
 
     async def cut(self, request: GenRequest, new_ids: list[int], reason: str) -> GenResult:
         seed = request.sampling.seed if request.sampling.seed is not None else derive_seed(0, request.record_id,

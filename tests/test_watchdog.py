@@ -1,0 +1,84 @@
+"""An engine that stops making tokens without dying is found in `stall_s`: its chunks go back at
+once with their ids, the worker is named as stalled and restarts (fleet.worker.watchdog).
+
+Real worker processes and redis-server; the sim engine's `stall_after_s` hangs every request of
+one host's engine while its process, loop and heartbeat stay alive, as a stuck GPU engine does."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from fleet.coord import keys
+from fleet.store import open_store
+from fleet.store.layout import results_prefix
+from fleet.worker.watchdog import EngineClock
+from tests.conftest import run_fleet
+from tests.fleetproc import Workers, clean_reference, wait_for
+
+SIM = {
+    "FLEET_ENGINE": "sim",
+    "FLEET_SIM__STEP_S": "0.01",
+    "FLEET_SIM__MEAN_OUTPUT_TOKENS": "200",
+    "FLEET_SIM__SIGMA": "0.3",
+    "FLEET_SIM__MAX_RUNNING": "16",
+    "FLEET_CHUNK_SIZE": "4",
+    "FLEET_SLOTS": "2",
+    "FLEET_LEASE_TTL_S": "3",
+    "FLEET_REAPER_INTERVAL_S": "1",
+    "FLEET_CHECKPOINT_INTERVAL_S": "1",
+    "FLEET_GRACE_S": "0.5",
+    "FLEET_ASSIST": "false",
+    "FLEET_STALL_S": "3",
+}
+
+
+def test_the_clock_counts_only_time_with_requests_and_no_token():
+    clock = EngineClock()
+    assert clock.stalled_for(clock.last + 100) == 0  # idle is no stall
+    clock.enter()
+    began = clock.last
+    assert clock.stalled_for(began + 5) == pytest.approx(5)
+    clock.tick()
+    assert clock.stalled_for(clock.last + 1) == pytest.approx(1)
+    clock.leave()
+    assert clock.stalled_for(clock.last + 100) == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_hung_engine_hands_its_chunks_back_and_the_job_finishes_on_the_other_worker(
+        tmp_path, redis_server, clean_env):
+    # Given a job, its clean run's export, and two hosts: hostA's engine hangs 2 s after it starts
+    (tmp_path / "ref").mkdir()
+    prompts, ref = clean_reference(tmp_path / "ref", SIM, "hang", 32)
+    store_url = str(tmp_path / "store")
+    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url}
+    assert run_fleet("enqueue", str(prompts), "--job", "hang", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    store, r = open_store(store_url), redis.Redis(port=redis_server.port)
+    workers.start("hostA", extra_env={"FLEET_SIM__STALL_AFTER_S": "2"})
+    began = time.monotonic()
+    try:
+        wait_for(lambda: r.hexists(keys.worker_stalls(), "cpu0@hostA"), 60, "hostA declared stalled")
+        stalled_at = time.monotonic() - began
+        st = json.loads(run_fleet("status", "--job", "hang", "--json", env=env).stdout)
+        # When a healthy host joins
+        workers.start("hostB")
+        wait_for(lambda: len(list(store.list(results_prefix("hang")))) == 8, 120, "all results")
+    finally:
+        workers.stop()
+    logs = workers.logs()
+    # Then hostA was named stalled within stall_s (+ its check period) of hanging, its chunks went
+    # back without an attempt spent, and the export equals the clean run's
+    print(f"\nstall declared {stalled_at:.1f}s after hostA started (hangs at 2 s, stall_s 3 s)")
+    assert [w["worker"] for w in st["stalled_workers"]] == ["cpu0@hostA"]
+    assert st["stalled_workers"][0]["stalled_s"] >= 3
+    assert "declaring it hung" in logs
+    assert sum(int(v) for v in r.hvals(keys.attempts("hang"))) == 0
+    out = tmp_path / "out.jsonl"
+    assert run_fleet("export", "--job", "hang", "--out", str(out), "--stable", env=env).returncode == 0
+    assert out.read_bytes() == ref
