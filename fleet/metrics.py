@@ -76,6 +76,13 @@ ERRORS = Counter("fleet_errors", "Errors by class", ["error_class"])
 ENGINE_STALLED = Gauge(
     "fleet_engine_stalled", "1 once this worker's engine made no token for stall_s while requests ran (it restarts)"
 )
+STORE_UNREACHABLE_SINCE = Gauge(
+    "fleet_store_unreachable_since_seconds",
+    "Unix time since which the store refuses this worker's writes (0: it answers); results wait in its spool",
+)
+SPOOLED_RESULTS = Gauge(
+    "fleet_spooled_results", "Chunk results this worker keeps on its disk because the store refused them"
+)
 RETRACTIONS = Counter(
     "fleet_engine_retractions",
     "Running requests the engine retracted for KV room (SGLang): its batch outgrew the KV pool",

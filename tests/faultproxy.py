@@ -16,20 +16,25 @@ SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, fail_rate: float = 0.1, drop_rate: float = 0.05, seed: int = 1):
+    def __init__(self, upstream: str, fail_rate: float = 0.1, drop_rate: float = 0.05, seed: int = 1,
+                 port: int | None = None):
         up = urlparse(upstream)
         self.host, self.up_port = up.hostname, up.port
         self.fail_rate, self.drop_rate = fail_rate, drop_rate
         self.rng = random.Random(seed)
+        #: stopped: connections kept alive by clients are dropped too, not only new ones refused
+        self.down = False
         self.lock = threading.Lock()
         self.counts = {"forwarded": 0, "failed": 0, "dropped": 0}
-        self.port = free_port()
+        self.port = port or free_port()  # a proxy stopped and started again on its port: an outage that ends
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def _fate(self) -> str:
+        if self.down:
+            return "dropped"
         with self.lock:
             x = self.rng.random()
             fate = "failed" if x < self.fail_rate else "dropped" if x < self.fail_rate + self.drop_rate else "forwarded"
@@ -85,5 +90,6 @@ class FaultProxy:
         return self
 
     def stop(self) -> None:
+        self.down = True
         self.server.shutdown()
         self.server.server_close()

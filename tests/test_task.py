@@ -15,7 +15,7 @@ from fleet.worker.task import ChunkTask
 class FailingHost:
     """An engine host whose generation has already failed with `error`."""
 
-    engine, gate = None, None
+    engine, gate, clock = None, None, None
 
     def __init__(self, error: BaseException):
         self.error = error

@@ -210,6 +210,9 @@ def status_table(st) -> Table:
         t.add_row(escape(f"dying {d['worker']}"),
                   f"{d['deaths']} deaths, {d['deaths_in_a_row']} in a row before finishing a batch"
                   + (": benched, backing off" if d["benched"] else ""))
+    for o in st.store_outages:
+        t.add_row(escape(f"store refuses {o['worker']}"),
+                  f"for {o['unreachable_s']:.0f}s; {o['results_waiting']} result(s) wait in its spool")
     for w in st.stalled_workers:
         t.add_row(escape(f"stalled {w['worker']}"),
                   f"engine made no token for {w['stalled_s']:.0f}s with requests running ({w['stalls']} stall(s) "

@@ -106,6 +106,12 @@ def worker_last_death() -> str:
     return f"{PREFIX}:worker-last-death"
 
 
+def store_outages() -> str:
+    """Hash worker name -> JSON {since_ms, waiting}: the store has refused this worker since then,
+    and this many results wait in its spool (fleet.worker.spool); gone once it answers again."""
+    return f"{PREFIX}:store-outages"
+
+
 def worker_stalls() -> str:
     """Hash worker name -> JSON {stalls, stalled_s, at_ms}: its engine stopped making tokens for
     stall_s while requests ran (fleet.worker.watchdog); cleared when a process of it commits."""

@@ -18,6 +18,7 @@ from fleet.coord import chunks
 from fleet.coord.chunks import queued_indexes, running_indexes
 from fleet.coord.chunkstate import done_indexes, failed_indexes, read_failures
 from fleet.coord.mismatch import mismatched_workers
+from fleet.coord.storeoutages import store_outages
 from fleet.coord.suspects import dying_workers, healthy_others, stalled_workers
 from fleet.errors import StoreError
 from fleet.settings import Settings
@@ -84,6 +85,8 @@ class JobStatus:
     #: workers whose engine made no token for stall_s while requests ran, since they last committed:
     #: {worker, stalls, stalled_s, at}
     stalled_workers: list[dict[str, Any]] = field(default_factory=list)
+    #: workers the store refuses now: {worker, unreachable_s, results_waiting (in their spool)}
+    store_outages: list[dict[str, Any]] = field(default_factory=list)
     broker: bool = True
     done: bool = False
 
@@ -166,6 +169,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
                                  "benched": h.streak >= bench_after and healthy_others(r, h.worker)}
                                 for h in dying_workers(r)]
             st.stalled_workers = stalled_workers(r)
+            st.store_outages = store_outages(r)
         except redis.RedisError:
             st.broker, r = False, None
     stats = done_stats(store, r, job, done)

@@ -47,6 +47,9 @@ DEFAULT_CHECKPOINT_INTERVAL_S = 30.0
 #: No token for this long while requests run is a hung engine: twice SGLang's own watchdog_timeout
 #: (300 s), far beyond a prefill of the reference job's prompts (seconds on a B200)
 DEFAULT_STALL_S = 600.0
+#: A result of the reference job's 256-record chunk is ~2-3 MB (zstd JSON with output ids): 4 GB
+#: holds over a thousand, hours of a 6-GPU host's output
+DEFAULT_SPOOL_MB = 4096
 #: K x C / S, the requests a worker keeps in flight per engine slot. The occupancy table
 #: (and `fleet bench projection` at the reference shape) gives 0.81 busy at 8 and 0.97-0.99
 #: at 16, so the default is 16.
@@ -158,6 +161,13 @@ class _Settings(BaseSettings):
         description="seconds between a running chunk's checkpoints: a SIGKILL costs at most this much of each "
         "running sample; each costs one store write per running chunk (K per worker), so halving it doubles "
         "the PUTs (30 s, K=16, 6 GPUs: ~3 PUTs/s, ~$1.3/day at S3's $0.005 per 1,000)",
+    )
+
+    spool_max_mb: int = Field(
+        DEFAULT_SPOOL_MB, ge=0,
+        description="MB of results and checkpoints a worker keeps on its own disk (data_dir/spool) while the store "
+        "refuses them, committed when it answers or by the worker's next process; a result that does not fit "
+        "costs its chunk's generation again. 0: no spool",
     )
 
     assist: bool = Field(True, description="idle workers help straggler chunks once the queue is empty")

@@ -127,6 +127,11 @@ class ChunkRun:
         with self.lock:
             return [(live, seg) for live in self.live.values() if (seg := live.segment()) is not None]
 
+    def keep_fresh(self, rows: list[dict[str, Any]]) -> None:
+        """Rows a failed flush took: they go out with the next one."""
+        with self.lock:
+            self.fresh[:0] = rows
+
     def take_fresh(self) -> list[dict[str, Any]]:
         with self.lock:
             fresh, self.fresh = self.fresh, []

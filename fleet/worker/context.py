@@ -21,6 +21,7 @@ from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, load_manifest
 from fleet.worker.admission import Admission
+from fleet.worker.spool import Spool
 
 #: seconds a worker trusts its copy of a job's manifest before reading it again
 MANIFEST_MAX_AGE_S = 30.0
@@ -78,3 +79,5 @@ class WorkerContext:
     restart: Callable[[str], None] = lambda why: None
     #: which chunks this process runs now, and whether one runs alone (process-wide, both stacks)
     admission: Admission = field(default_factory=Admission)
+    #: what the store refused to take yet, kept on this worker's disk (None: no spool)
+    spool: Spool | None = None

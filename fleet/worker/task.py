@@ -4,11 +4,12 @@ checkpoints (fleet.worker.middleware) and reports how it ended as an Outcome."""
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from fleet.errors import FleetError
+from fleet.errors import FleetError, StoreError
 from fleet.store import Store
 from fleet.store.layout import read_chunk, result_key
 from fleet.store.results import ChunkStats, encode_result, sample_counts
@@ -16,8 +17,12 @@ from fleet.worker.chunk import ChunkRun
 from fleet.worker.enginehost import EngineHost
 from fleet.worker.generate import generate_chunk
 from fleet.worker.outcome import Committed, Outcome, Superseded
+from fleet.worker.spool import Kind, Spool
 
 POLL_S = 0.5
+#: seconds between tries to commit a spooled result while the store refuses it (doubling)
+COMMIT_RETRY_S, COMMIT_RETRY_MAX_S = 1.0, 30.0
+log = logging.getLogger(__name__)
 
 
 def mean_of(rows: list[dict[str, Any]], field: str) -> float | None:
@@ -26,13 +31,13 @@ def mean_of(rows: list[dict[str, Any]], field: str) -> float | None:
 
 
 class ChunkTask:
-    def __init__(self, store: Store, host: EngineHost):
-        self.store, self.host = store, host
+    def __init__(self, store: Store, host: EngineHost, spool: Spool | None = None):
+        self.store, self.host, self.spool = store, host, spool
 
     def __call__(self, run: ChunkRun, poll: Callable[[], Outcome | None]) -> Outcome:
         run.records = read_chunk(self.store, run.job, run.index)
         stop = self.generate(run, poll)
-        return stop if stop is not None else self.commit(run)
+        return stop if stop is not None else self.commit(run, poll)
 
     def generate(self, run: ChunkRun, poll: Callable[[], Outcome | None]) -> Outcome | None:
         """Wait for the engine, polling the middleware; stop at once when one says so."""
@@ -49,13 +54,55 @@ class ChunkTask:
                 future.cancel()
                 return stop
 
-    def commit(self, run: ChunkRun) -> Outcome:
+    def commit(self, run: ChunkRun, poll: Callable[[], Outcome | None] = lambda: None) -> Outcome:
         rows = list(run.finished.values())
         expected = run.expected()
         if len(rows) != expected:
             raise FleetError(f"chunk {run.name} has {len(rows)} of {expected} samples; not committing")
         stats = self.stats(run, rows)
-        if self.store.put_if_absent(result_key(run.job, run.index), encode_result(stats, rows)):
+        key, data = result_key(run.job, run.index), encode_result(stats, rows)
+        try:
+            written = self.store.put_if_absent(key, data)
+        except StoreError as e:
+            if self.spool is None:
+                raise
+            self.spool.put(Kind.RESULT, key, data)  # SpoolFull: the run fails as an infra fault
+            self.spool.refused()
+            log.warning("chunk %s: the store refuses its result (%s): spooled; retrying, lease kept", run.name, e)
+            return self.wait_for_store(run, stats, key, data, poll)
+        if self.spool is not None:
+            self.spool.answered()
+        return self.outcome(run, stats, written)
+
+    def wait_for_store(self, run: ChunkRun, stats: ChunkStats, key: str, data: bytes,
+                       poll: Callable[[], Outcome | None]) -> Outcome:
+        """Retry the spooled result with back-off, holding the lease (the heartbeat renews it), until
+        the store takes it or the middleware stops the run: then it stays spooled, and this
+        worker's next process commits it at its start (or drops it, if another copy won)."""
+        assert self.spool is not None
+        wait = COMMIT_RETRY_S
+        while True:
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                stop = poll()
+                if stop is not None:
+                    log.warning("chunk %s stops with its result spooled: %s", run.name, stop)
+                    return stop
+                time.sleep(POLL_S)
+            try:
+                written = self.store.put_if_absent(key, data)
+            except StoreError:
+                self.spool.refused()
+                wait = min(wait * 2, COMMIT_RETRY_MAX_S)
+                continue
+            self.spool.drop(Kind.RESULT, key)
+            self.spool.answered()
+            log.info("chunk %s: spooled result committed once the store answered", run.name)
+            return self.outcome(run, stats, written)
+
+    @staticmethod
+    def outcome(run: ChunkRun, stats: ChunkStats, written: bool) -> Outcome:
+        if written:
             return Committed(stats)
         return Superseded(f"chunk {run.name} already committed by another worker: dropped this copy")
 

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 from fleet.coord import chunks
 from fleet.coord.chunkstate import delete_checkpoints
-from fleet.errors import ChunkCorrupt, ObjectMissing
+from fleet.errors import ChunkCorrupt, ObjectMissing, StoreError
 from fleet.store.checkpoints import Segment, encode_checkpoint, longest_prefixes, read_checkpoint
 from fleet.store.layout import checkpoint_key, checkpoint_prefix
 from fleet.worker.chunk import ChunkRun, sample_key
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Outcome, result_exists
+from fleet.worker.spool import Kind
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +61,30 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
                      run.resumed, len(run.partials), sum(len(p.ids) for p in run.partials.values()))
         return None
 
-    def flush(self, run: ChunkRun, state: CheckpointState) -> None:
-        """Finished rows and running samples' new ids in one object; a running sample's ids
-        count as stored only once the put succeeded, so a failed flush is sent again."""
+    def flush(self, run: ChunkRun, state: CheckpointState, last: bool = False) -> None:
+        """Finished rows and running samples' new ids in one object. What the store refuses is
+        sent again at the next flush; the last flush of a run that ends without a result goes to
+        the spool instead (fleet.worker.spool), which this worker commits once the store answers."""
         fresh, segments = run.take_fresh(), run.segments()
         state.last_flush = time.monotonic()
-        if fresh or segments:
-            # Nanoseconds name it: unique across flushes, runs and restarts of a same-named worker.
-            key = checkpoint_key(run.job, run.index, time.time_ns(), run.worker)
-            data = encode_checkpoint(fresh, self.ctx.identity_hash, [seg for _, seg in segments])
+        if not (fresh or segments):
+            return
+        # Nanoseconds name it: unique across flushes, runs and restarts of a same-named worker.
+        key = checkpoint_key(run.job, run.index, time.time_ns(), run.worker)
+        data = encode_checkpoint(fresh, self.ctx.identity_hash, [seg for _, seg in segments])
+        spool = self.ctx.spool
+        try:
             self.ctx.store.put(key, data)
-            with run.lock:
-                for live, seg in segments:
-                    live.stored(seg)
+        except StoreError:
+            if not (last and spool is not None):
+                run.keep_fresh(fresh)
+                raise
+            spool.put(Kind.CHECKPOINT, key, data)
+            spool.refused()
+            log.warning("chunk %s: the store refuses its checkpoint: spooled for this worker to commit", run.name)
+        with run.lock:
+            for live, seg in segments:
+                live.stored(seg)
 
     def progress(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
         now, settings = time.monotonic(), self.ctx.settings
@@ -93,4 +105,4 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         if result_exists(outcome):
             delete_checkpoints(self.ctx.store, run.job, run.index)
         else:  # failed, handed back, or cancelled: keep what this run generated
-            self.flush(run, state)
+            self.flush(run, state, last=True)
