@@ -14,6 +14,7 @@ from pathlib import Path
 import redis
 
 from fleet.coord.localredis import LocalRedis
+from fleet.store import Store, open_store
 
 FAST_SIM = {
     "FLEET_ENGINE": "sim",
@@ -74,6 +75,19 @@ class Workers:
 
     def logs(self) -> str:
         return "\n".join(f.read_text(errors="replace") for f in sorted(self.log_dir.glob("*.log")))
+
+
+def job_on_two_hosts(env: dict[str, str], prompts: Path, job: str, server: LocalRedis,
+                     log_dir: Path) -> tuple[Store, redis.Redis, Workers]:
+    """Enqueue the job, then start a worker launcher on host-a and one on host-b."""
+    from tests.conftest import run_fleet
+
+    assert run_fleet("enqueue", str(prompts), "--job", job, env=env).returncode == 0
+    store, r = open_store(env["FLEET_STORE_URL"]), redis.Redis(port=server.port)
+    workers = Workers(env, log_dir)
+    workers.start("host-a")
+    workers.start("host-b")
+    return store, r, workers
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> float:

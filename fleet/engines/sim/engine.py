@@ -9,11 +9,13 @@ so a rerun produces byte-identical records.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import random
 import signal
 import time
+from pathlib import Path
 
 from fleet.engines.base import Engine
 from fleet.errors import EngineError, RecordError
@@ -89,6 +91,13 @@ class SimEngine(Engine):
         seed = request.sampling.seed if request.sampling.seed is not None else derive_seed(0, request.record_id, 0)
         return min(sim_length(self.cfg, seed), request.sampling.max_tokens)
 
+    def _trace(self, request: GenRequest, tokens: int) -> None:
+        """One line per finished sample, appended to this process's own file."""
+        line = json.dumps({"pid": os.getpid(), "chunk": request.chunk, "id": request.record_id,
+                           "sample": request.sample, "tokens": tokens})
+        with open(Path(self.cfg.trace_dir or ".") / f"{os.getpid()}.jsonl", "a") as f:
+            f.write(line + "\n")
+
     async def generate(self, request: GenRequest) -> GenResult:
         if request.chunk in self.cfg.kill_chunks:
             os.kill(os.getpid(), signal.SIGKILL)  # a poison chunk: the process dies on it, no error raised
@@ -112,6 +121,8 @@ class SimEngine(Engine):
             finally:
                 self.running -= 1
                 self.busy_slot_s += time.monotonic() - began
+        if self.cfg.trace_dir:
+            self._trace(request, tokens)
         text = sim_text(seed, tokens)
         reasoning, _, answer = text.removeprefix("<think>").partition("</think>")
         return GenResult(

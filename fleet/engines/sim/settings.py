@@ -34,6 +34,10 @@ class SimSettings(BaseModel):
     kill_chunks: list[int] = Field(
         default_factory=list, description="chunk indexes whose run SIGKILLs the worker process (fault tests)"
     )
+    trace_dir: str | None = Field(
+        None, description="directory where each process appends a line per finished sample to <pid>.jsonl "
+        "(fault tests: which samples were made twice, and by which process)"
+    )
 
     def requests_at_once(self) -> int:
         """S, the requests the engine runs at once."""
