@@ -23,13 +23,14 @@ from tests.conftest import run_fleet
 from tests.fleetproc import clean_reference, job_on_two_hosts, read_jsonl, wait_for
 
 pytestmark = [pytest.mark.e2e]
-RECORDS, CHUNK = 120, 10  # 12 chunks of ~12-16 s each: they outlast the freeze
+RECORDS, CHUNK = 120, 10  # 12 chunks of ~15-20 s each: they outlast the freeze
 TTL_S = 3
-# Three lease TTLs: it stands for the operator's 60-65 s freeze under the default 60 s TTL.
-FREEZE_S = 3 * TTL_S
+# Four lease TTLs, and past the Redis client's 10 s socket timeout: it stands for the operator's
+# 60-65 s freeze under the default 60 s TTL.
+FREEZE_S = 4 * TTL_S
 SIM = {
     "FLEET_ENGINE": "sim",
-    "FLEET_SIM__STEP_S": "0.25",
+    "FLEET_SIM__STEP_S": "0.3",
     "FLEET_SIM__MEAN_OUTPUT_TOKENS": "40",
     "FLEET_SIM__SIGMA": "0.3",
     "FLEET_SIM__MAX_RUNNING": "64",
@@ -79,7 +80,7 @@ def test_a_broker_pause_longer_than_the_lease_ttl_is_no_death(tmp_path, redis_se
         wait_for(lambda: len(lease_holders(r)) >= 2, 60, "leases held on both hosts")
         time.sleep(1)
         held = lease_holders(r)
-        # When Redis freezes (no answer to anyone) for three lease TTLs, then goes on
+        # When Redis freezes (no answer to anyone) for four lease TTLs, then goes on
         assert redis_server.proc is not None
         os.kill(redis_server.proc.pid, signal.SIGSTOP)
         try:

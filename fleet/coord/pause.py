@@ -68,6 +68,8 @@ class PauseJudge:
         first, last = min(e.ran_out for e in expired), max(e.ran_out for e in expired)
         if last - first > 2 * self.beat_s + 1.0:
             return  # one after another: deaths
+        if self.outages.covering(last, before_s=0.0, after_s=0.0, min_s=self.ttl_s / 2):
+            return  # known already (an earlier round, or this process was cut off itself)
         log.warning("every lease (%d chunks of %d processes) ran out at once: a broker or network pause, not "
                     "deaths", len(expired), len(holders))
         self.outages.add(min(e.last_beat for e in expired), last)
