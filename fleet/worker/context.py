@@ -63,11 +63,10 @@ class OwnedRuns:
         self._runs: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
-    def claim(self, job: str, index: int, serial: int) -> int | None:
-        """Claim the chunk for run `serial`; None if claimed, else the serial of the run that has it."""
+    def claim(self, job: str, index: int, serial: int) -> bool:
+        """Claim the chunk for run `serial`; False while another run of this process has it."""
         with self._lock:
-            held = self._runs.setdefault((job, index), serial)
-            return None if held == serial else held
+            return self._runs.setdefault((job, index), serial) == serial
 
     def release(self, job: str, index: int, serial: int) -> None:
         with self._lock:

@@ -40,7 +40,7 @@ class LeaseMiddleware(Middleware[LeaseState]):
         ctx = self.ctx
         if not self.assist:
             chunks.taken(ctx.redis, run.job, run.index)  # the message is off the queue
-            if ctx.owned.claim(run.job, run.index, run.serial) is not None:
+            if not ctx.owned.claim(run.job, run.index, run.serial):
                 return Skipped(f"chunk {run.name} runs in this process already")
             state.owned = True
         lease = Lease(ctx.redis, run.job, run.index, run_owner(ctx.owner, run.serial), ctx.settings.lease_ttl_s,
