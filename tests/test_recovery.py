@@ -510,3 +510,16 @@ def test_a_lease_lost_outside_any_pause_is_still_a_death(r, store, app, settings
     assert requeue_expired(r, store, app, settings) == ["j/3"]
     # Then the death counts against its worker, as before
     assert suspects.worker_health(r, "gpu0@a").deaths == 1 and len(queued_messages(r)) == 1
+
+
+def test_two_processes_losing_their_leases_one_after_another_are_two_deaths(r, store, app, settings):
+    # Given two processes whose leases run out seconds apart, the first after the second took its lease
+    leased_by(r, "j", 1, "gpu0@a:1")
+    wait_for(lambda: not r.exists(keys.lease("j", 1)), 2, "first lease expiry")
+    time.sleep(2 * settings.heartbeat_s + 1.5)
+    leased_by(r, "j", 2, "gpu0@b:1")
+    wait_for(lambda: not r.exists(keys.lease("j", 2)), 2, "second lease expiry")
+    # When a reaper that saw no pause finds both gone
+    assert sorted(requeue_expired(r, store, app, settings)) == ["j/1", "j/2"]
+    # Then they are deaths, not a pause: each counts against its worker
+    assert suspects.worker_health(r, "gpu0@a").deaths == 1 and suspects.worker_health(r, "gpu0@b").deaths == 1
