@@ -14,6 +14,7 @@ from pathlib import Path
 import redis
 
 from fleet.coord.localredis import LocalRedis
+from fleet.store import Store, open_store
 
 FAST_SIM = {
     "FLEET_ENGINE": "sim",
@@ -130,6 +131,19 @@ def gone_before_successor(launcher: int, worker: int, pid: int, timeout: float =
             return gone
         time.sleep(0.005)
     raise AssertionError(f"timed out after {timeout}s waiting for pid {pid} to go and a successor to start")
+
+
+def job_on_two_hosts(env: dict[str, str], prompts: Path, job: str, server: LocalRedis,
+                     log_dir: Path) -> tuple[Store, redis.Redis, Workers]:
+    """Enqueue the job, then start a worker launcher on host-a and one on host-b."""
+    from tests.conftest import run_fleet
+
+    assert run_fleet("enqueue", str(prompts), "--job", job, env=env).returncode == 0
+    store, r = open_store(env["FLEET_STORE_URL"]), redis.Redis(port=server.port)
+    workers = Workers(env, log_dir)
+    workers.start("host-a")
+    workers.start("host-b")
+    return store, r, workers
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> float:

@@ -20,10 +20,11 @@ import pytest
 import redis
 
 from fleet.coord import keys
+from fleet.coord.chunks import process_of
 from fleet.store import open_store
 from fleet.store.layout import failed_prefix, results_prefix
 from tests.conftest import run_fleet
-from tests.fleetproc import Workers, clean_reference, wait_for
+from tests.fleetproc import Workers, clean_reference, job_on_two_hosts, wait_for
 
 pytestmark = [pytest.mark.e2e]
 RECORDS, CHUNK = 200, 10  # 20 chunks of ~3 s each
@@ -63,7 +64,7 @@ class CrashLoop:
 
     def _holds(self, pid: int) -> bool:
         leases = self.r.scan_iter(f"{keys.PREFIX}:*:lease:*")
-        return any((self.r.get(k) or b"").endswith(f":{pid}".encode()) for k in leases)
+        return any(process_of((self.r.get(k) or b"").decode()).endswith(f":{pid}") for k in leases)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -154,11 +155,7 @@ def test_a_chunk_that_kills_every_worker_running_it_is_quarantined_alone(tmp_pat
     from tests.fleetproc import write_prompts
 
     write_prompts(prompts, RECORDS)
-    assert run_fleet("enqueue", str(prompts), "--job", "poison", env=env).returncode == 0
-    store, r = open_store(store_url), redis.Redis(port=redis_server.port)
-    workers = Workers(env, tmp_path / "logs")
-    workers.start("host-a")
-    workers.start("host-b")
+    store, r, workers = job_on_two_hosts(env, prompts, "poison", redis_server, tmp_path / "logs")
     began = time.monotonic()
     try:
         # When the job runs

@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from fleet.coord import keys
+from fleet.coord.chunks import process_of
 from fleet.coord.localredis import LocalRedis
 from fleet.store import open_store
 from fleet.store.layout import checkpoint_prefix, failed_prefix, result_key, results_prefix
@@ -79,7 +80,7 @@ def leases_of(r: redis.Redis, owner_pid: int) -> list[str]:
     held = []
     for key in r.scan_iter(f"{keys.PREFIX}:faults:lease:*"):
         owner = r.get(key)
-        if owner and owner.decode().endswith(f":{owner_pid}"):
+        if owner and process_of(owner.decode()).endswith(f":{owner_pid}"):
             held.append(key.decode())
     return held
 
@@ -89,7 +90,7 @@ def recovered(r: redis.Redis, store, key: str, dead_pid: int) -> bool:
     owner = r.get(key)
     if store.exists(result_key("faults", index)):
         return True
-    return owner is not None and not owner.decode().endswith(f":{dead_pid}")
+    return owner is not None and not process_of(owner.decode()).endswith(f":{dead_pid}")
 
 
 def test_kill_dash_nine_workers(tmp_path, redis_server, reference, clean_env):

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
+import threading
 import time
 
 import pytest
 import redis
 
 from fleet.coord import keys, suspects
-from fleet.coord.broker import TASK_NAME, make_celery
-from fleet.coord.chunks import Lease
+from fleet.coord.broker import TASK_NAME, make_celery, redis_client
+from fleet.coord.chunks import Lease, run_owner
 from fleet.coord.chunkstate import Quarantine, read_failures
+from fleet.coord.localredis import LocalRedis
+from fleet.coord.outages import Outages, outages_of
+from fleet.coord.pause import PauseJudge
 from fleet.coord.recovery import StallWatch, requeue_expired, watch_jobs
 from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
@@ -427,3 +433,93 @@ def test_job_end_drops_every_checkpoint(r, store, app, settings):
         store.put(checkpoint_prefix("j", i) + "000001-w", b"x")
     StallWatch().check(r, store, app, settings, "j", 2)
     assert list(store.list(checkpoints_prefix("j"))) == []
+
+
+# -- broker pauses -------------------------------------------------------------------------
+
+
+def freeze(server: LocalRedis, seconds: float, client: redis.Redis) -> None:
+    """Stop the redis-server (a broker pause) while `client` waits on a command to it."""
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    waiting = threading.Thread(target=client.ping)
+    try:
+        waiting.start()
+        time.sleep(seconds)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    waiting.join(timeout=10)
+
+
+def leased_by(r: redis.Redis, job: str, index: int, process: str) -> Lease:
+    lease = Lease(r, job, index, run_owner(process, 1), ttl_s=0.2)
+    assert lease.acquire()
+    suspects.note_holder(r, job, index, process)
+    return lease
+
+
+def nothing_recorded(r: redis.Redis) -> bool:
+    return (r.hgetall(keys.worker_deaths()) == {} and r.hgetall(keys.suspects("j")) == {}
+            and list(r.scan_iter(f"{keys.PREFIX}:dead:*")) == [])
+
+
+def test_a_lease_that_ran_out_while_the_reaper_could_not_reach_the_broker_is_left_to_its_holder(
+        r, store, app, settings, redis_server):
+    # Given a chunk leased by a live process, and a reaper whose own command waited through a broker
+    # pause longer than the lease TTL
+    reaper = redis_client(settings)
+    reaper.ping()
+    lease = leased_by(r, "j", 7, "gpu0@a:1")
+    freeze(redis_server, 1.0, reaper)
+    assert not r.exists(keys.lease("j", 7))
+    [window] = outages_of(reaper).windows()
+    assert window.end - window.start >= 0.9
+    # When it runs its recovery round
+    assert requeue_expired(reaper, store, app, settings, outages_of(reaper)) == []
+    # Then the chunk is left to its holder: still watched, no message, no death or suspicion
+    assert running(r) == {"j/7"} and queued_messages(r) == [] and nothing_recorded(r)
+    # and once the holder takes its lease back, the next rounds have nothing to do
+    assert lease.retake()
+    assert requeue_expired(reaper, store, app, settings, outages_of(reaper)) == []
+    assert running(r) == {"j/7"} and queued_messages(r) == [] and nothing_recorded(r)
+
+
+def test_every_holder_losing_its_leases_at_once_is_a_pause_and_no_death(r, store, app, settings, caplog):
+    # Given chunks of two processes on two hosts whose leases all run out at once, seen by a reaper that
+    # saw no pause itself (`fleet enqueue` started afterwards)
+    for index, process in ((1, "gpu0@a:1"), (2, "gpu0@b:1")):
+        leased_by(r, "j", index, process)
+    wait_for(lambda: not r.exists(keys.lease("j", 1)) and not r.exists(keys.lease("j", 2)), 2, "lease expiry")
+    # When it runs its recovery round
+    assert requeue_expired(r, store, app, settings) == []
+    # Then it reads them as a broker or network pause: left to their holders, nothing recorded
+    assert "ran out at once" in caplog.text
+    assert running(r) == {"j/1", "j/2"} and queued_messages(r) == [] and nothing_recorded(r)
+    # and when the holders never take them back, they are requeued after the grace, still with no death
+    time.sleep(PauseJudge(Outages(), settings).grace_s)
+    assert sorted(requeue_expired(r, store, app, settings)) == ["j/1", "j/2"]
+    assert len(queued_messages(r)) == 2 and running(r) == set() and nothing_recorded(r)
+    assert r.hget(keys.lease_holder(), "j/1") is None and r.hget(keys.lease_started(), "j/1") is None
+
+
+def test_a_lease_lost_outside_any_pause_is_still_a_death(r, store, app, settings):
+    # Given one process's lease running out while the broker answers everyone
+    leased_by(r, "j", 3, "gpu0@a:1")
+    wait_for(lambda: not r.exists(keys.lease("j", 3)), 2, "lease expiry")
+    # When the reaper runs its round
+    assert requeue_expired(r, store, app, settings) == ["j/3"]
+    # Then the death counts against its worker, as before
+    assert suspects.worker_health(r, "gpu0@a").deaths == 1 and len(queued_messages(r)) == 1
+
+
+def test_two_processes_losing_their_leases_one_after_another_are_two_deaths(r, store, app, settings):
+    # Given two processes whose leases run out seconds apart, the first after the second took its lease
+    leased_by(r, "j", 1, "gpu0@a:1")
+    wait_for(lambda: not r.exists(keys.lease("j", 1)), 2, "first lease expiry")
+    time.sleep(2 * settings.heartbeat_s + 1.5)
+    leased_by(r, "j", 2, "gpu0@b:1")
+    wait_for(lambda: not r.exists(keys.lease("j", 2)), 2, "second lease expiry")
+    # When a reaper that saw no pause finds both gone
+    assert sorted(requeue_expired(r, store, app, settings)) == ["j/1", "j/2"]
+    # Then they are deaths, not a pause: each counts against its worker
+    assert suspects.worker_health(r, "gpu0@a").deaths == 1 and suspects.worker_health(r, "gpu0@b").deaths == 1

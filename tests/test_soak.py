@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from fleet.coord import keys
+from fleet.coord.chunks import process_of
 from fleet.store import open_store
 from fleet.store.layout import checkpoints_prefix, failed_prefix, results_prefix
 from tests.conftest import run_fleet
@@ -75,8 +76,8 @@ def test_random_kills_and_a_broker_wipe_lose_nothing_and_quarantine_nothing(tmp_
             if not pids or done() == RECORDS // CHUNK:
                 continue
             victim = rng.choice(pids)
-            held = sum(1 for k in r.scan_iter(f"{keys.PREFIX}:soak:lease:*") if (r.get(k) or b"").endswith(
-                f":{victim}".encode()))
+            held = sum(1 for k in r.scan_iter(f"{keys.PREFIX}:soak:lease:*")
+                       if process_of((r.get(k) or b"").decode()).endswith(f":{victim}"))
             os.kill(victim, signal.SIGKILL)
             kills += 1
             print(f"\nt={time.monotonic() - began:5.1f}s kill {kills}: pid {victim} holding {held} chunk(s), "

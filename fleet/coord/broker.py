@@ -14,6 +14,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from fleet.coord import keys
+from fleet.coord.outages import Outages, WatchedRedis
 from fleet.errors import ConfigError
 from fleet.settings import Settings
 
@@ -85,10 +86,11 @@ def send_chunk(
 
 
 def redis_client(settings: Settings) -> redis.Redis:
-    """The broker's Redis for leases and queue markers, retrying through short outages."""
+    """The broker's Redis for leases and queue markers, retrying through short outages; it
+    records when the broker did not answer (fleet.coord.outages), for this process's reaper."""
     if not settings.broker_url:
         raise ConfigError("no broker configured: set FLEET_BROKER_URL (redis://host:port/db)")
-    return redis.Redis.from_url(
+    client = WatchedRedis.from_url(
         settings.broker_url,
         retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
@@ -96,3 +98,5 @@ def redis_client(settings: Settings) -> redis.Redis:
         socket_connect_timeout=5,
         health_check_interval=10,
     )
+    client.outages = Outages(slow_s=settings.heartbeat_s)
+    return client

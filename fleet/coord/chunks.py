@@ -37,10 +37,11 @@ log = logging.getLogger(__name__)
 
 # A watched lease also (re)registers its job: a broker that lost everything relearns the
 # job from the chunks still running, and the reapers' stall watch finds the rest again.
+# ARGV[4] starts the lease clock, ARGV[6] beats it (a retaken lease keeps its start).
 _ACQUIRE = (
     "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
     "if ARGV[3] ~= '' then redis.call('sadd', KEYS[2], ARGV[3]); redis.call('sadd', KEYS[5], ARGV[5]); "
-    "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[4]) end "
+    "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[6]) end "
     "return 1"
 )
 # Renewal also stamps the chunk's beat: after the holder dies, the reaper reads how long
@@ -94,6 +95,18 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def run_owner(process: str, run: int) -> str:
+    """The lease owner of one run: "gpu0@host:1234#7". Per run, not per process: a stale run
+    (its lease ran out in a broker pause and another run of the chunk took it) must fail its
+    renewal even in the same process."""
+    return f"{process}#{run}"
+
+
+def process_of(owner: str) -> str:
+    """"gpu0@host:1234#7" (a run's lease owner) -> "gpu0@host:1234" (its process)."""
+    return owner.partition("#")[0]
+
+
 # --- leases and the running set -------------------------------------------------------
 
 
@@ -107,6 +120,7 @@ class Lease:
     """
 
     def __init__(self, r: redis.Redis, job: str, index: int, owner: str, ttl_s: float, assist: bool = False):
+        """`owner` names the run (`run_owner`), or the process where one run per process is meant."""
         self.r, self.job, self.index, self.owner = r, job, index, owner
         self.key = keys.assist(job, index) if assist else keys.lease(job, index)
         #: only the chunk lease puts the chunk in the running set the reaper watches
@@ -123,11 +137,18 @@ class Lease:
 
     def acquire(self) -> bool:
         """Take the lease; a watched one also enters the running set and stamps its start, atomically."""
-        taken = now_ms()
+        return self._take(now_ms())
+
+    def retake(self) -> bool:
+        """Take the lease again after it ran out under this run (a broker pause, a wipe): the
+        lease clock keeps its start, so the crash evidence still times the whole run."""
+        return self._take(self.taken_ms or now_ms())
+
+    def _take(self, started: int) -> bool:
         ok = bool(self.r.eval(_ACQUIRE, 5, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
-                              keys.jobs(), self.owner, self.ttl_ms, self._member, taken, self.job))
+                              keys.jobs(), self.owner, self.ttl_ms, self._member, started, self.job, now_ms()))
         if ok:
-            self.lost, self.taken_ms = False, taken
+            self.lost, self.taken_ms = False, started
         return ok
 
     def renew(self) -> bool:
@@ -158,11 +179,15 @@ class Lease:
         return held_s(self.taken_ms, now_ms())
 
     def holder(self) -> str | None:
-        return _text(self.r.get(self.key))
+        """The process holding the lease now (whichever run of it)."""
+        value = _text(self.r.get(self.key))
+        return process_of(value) if value else None
 
 
 def holder(r: redis.Redis, job: str, index: int) -> str | None:
-    return _text(r.get(keys.lease(job, index)))
+    """The process holding the chunk's lease now (whichever run of it)."""
+    value = _text(r.get(keys.lease(job, index)))
+    return process_of(value) if value else None
 
 
 def leased(r: redis.Redis, job: str, index: int) -> bool:
@@ -187,14 +212,23 @@ def running_indexes(r: redis.Redis, job: str) -> set[int]:
     return {i for i, ok in zip(indexes, alive, strict=True) if ok}
 
 
-def unleased(r: redis.Redis) -> list[tuple[str, int]]:
-    """Chunks in the running set whose lease is gone (their worker was lost), every job."""
-    out = []
+def watched_indexes(r: redis.Redis, job: str) -> set[int]:
+    """Chunks of the job in the running set, leased or not: a reaper still has to decide those
+    whose lease ran out."""
+    members = [keys.parse_member(m.decode()) for m in r.smembers(keys.running())]
+    return {i for j, i in members if j == job}
+
+
+def scan_leases(r: redis.Redis) -> tuple[list[tuple[str, int]], int]:
+    """The running set's chunks whose lease is gone, every job, and how many have a live one."""
+    out, live = [], 0
     for raw in r.smembers(keys.running()):
         job, index = keys.parse_member(raw.decode())
-        if not r.exists(keys.lease(job, index)):
+        if r.exists(keys.lease(job, index)):
+            live += 1
+        else:
             out.append((job, index))
-    return out
+    return out, live
 
 
 def forget_unleased(r: redis.Redis, job: str, index: int) -> float | None:
@@ -207,6 +241,16 @@ def forget_unleased(r: redis.Redis, job: str, index: int) -> float | None:
         return None
     started, beat = (_text(v) for v in got)
     return held_s(int(started) if started else None, int(beat) if beat else None)
+
+
+def lease_clock(r: redis.Redis, job: str, index: int) -> tuple[int | None, int | None]:
+    """When the chunk's lease was taken and last renewed (ms epoch; None when unknown): its last
+    beat plus the TTL is when a lost lease ran out."""
+    with r.pipeline(transaction=False) as p:
+        p.hget(keys.lease_started(), keys.member(job, index))
+        p.hget(keys.lease_beat(), keys.member(job, index))
+        started, beat = p.execute()
+    return (int(started) if started else None), (int(beat) if beat else None)
 
 
 def drop_clock(r: redis.Redis, job: str, index: int) -> None:

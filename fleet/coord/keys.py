@@ -18,7 +18,7 @@ def queue_lists(queue: str) -> list[str]:
 
 
 def lease(job: str, index: int) -> str:
-    """String key held by the worker running a chunk (SET NX PX, renewed by a heartbeat)."""
+    """String key held by the run of a chunk, `name:pid#run` (SET NX PX, renewed by a heartbeat)."""
     return f"{PREFIX}:{job}:lease:{index}"
 
 
@@ -61,7 +61,7 @@ def lease_beat() -> str:
 
 
 def lease_holder() -> str:
-    """Hash "job/index" -> lease owner (worker:pid) of the run now holding it; the reaper reads
+    """Hash "job/index" -> the process (`name:pid`) whose run holds its lease now; the reaper reads
     which process a lost chunk died with (fleet.coord.suspects)."""
     return f"{PREFIX}:lease-holder"
 

@@ -17,6 +17,8 @@ from celery import Celery
 from fleet.coord import chunks, keys, suspects
 from fleet.coord.chunks import ChunkQueue
 from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes
+from fleet.coord.outages import Outages, outages_of
+from fleet.coord.pause import PauseJudge
 from fleet.coord.retry import Action, History, RetryPolicy, settle
 from fleet.coord.suspects import Run
 from fleet.errors import WorkerLost
@@ -28,25 +30,38 @@ from fleet.store.manifest import load_manifest
 log = logging.getLogger(__name__)
 
 
-def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings) -> list[str]:
-    """Requeue (or, on evidence, quarantine) every chunk in the running set whose lease is gone."""
+def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
+                    outages: Outages | None = None) -> list[str]:
+    """Requeue (or, on evidence, quarantine) every chunk in the running set whose lease is gone.
+    A lease that ran out in a broker pause (`outages`: when this process could not reach the
+    broker) is left to its holder to take back, then requeued without judgement."""
     queue, policy = ChunkQueue(app, settings.queue, r), RetryPolicy.from_settings(settings)
+    judge = PauseJudge(outages or outages_of(r), settings)
+    expired, live = chunks.scan_leases(r)
+    lost = [(job, index) for job, index in expired if not store.exists(result_key(job, index))]
+    for job, index in set(expired) - set(lost):
+        if chunks.forget_unleased(r, job, index) is not None:
+            delete_checkpoints(store, job, index)
+            chunks.drop_clock(r, job, index)  # its process died after the commit: nothing to judge
+            suspects.drop_lost(r, job, index)
+    expiries = {(job, index): judge.expiry(r, job, index) for job, index in lost}
+    judge.note_round([e for e in expiries.values() if e is not None], live)
     touched = []
-    for job, index in chunks.unleased(r):
+    for job, index in lost:
         member = keys.member(job, index)
-        if store.exists(result_key(job, index)):
-            if chunks.forget_unleased(r, job, index) is not None:
-                delete_checkpoints(store, job, index)
-                chunks.drop_clock(r, job, index)  # its process died after the commit: nothing to judge
-                suspects.drop_lost(r, job, index)
-            continue
+        pause = judge.pause(expiries[job, index])
+        if pause is not None and judge.holding(pause):
+            continue  # its holder, cut off like us, takes the lease back when it reaches the broker
         if not chunks.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
             continue
         ran_s = chunks.forget_unleased(r, job, index)
         if ran_s is None:
             continue  # a new owner took it since the scan
         try:
-            requeue_lost(r, store, queue, policy, job, index, ran_s)
+            if pause is not None:
+                requeue_paused(r, queue, job, index)
+            else:
+                requeue_lost(r, store, queue, policy, job, index, ran_s)
         except Exception as e:  # the chunk left the running set: put it back, with its evidence, for the next round
             chunks.rewatch(r, job, index)
             log.warning("chunk %s: recovery failed, retried next round: %s", member, e)
@@ -82,6 +97,17 @@ def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryP
     suspects.drop_lost(r, job, index, lost)
 
 
+def requeue_paused(r: redis.Redis, queue: ChunkQueue, job: str, index: int) -> None:
+    """A lease that ran out in a broker pause and was not taken back: no evidence against the
+    chunk or its holder (no death, suspicion or bench), only a requeue."""
+    lost = suspects.lost_marks(r, job, index)
+    queue.requeue(job, index)
+    log.warning("chunk %s: lease ran out during a broker pause and %s did not take it back: requeued, "
+                "no death recorded", keys.member(job, index), lost.owner or "its holder")
+    chunks.drop_clock(r, job, index)
+    suspects.drop_lost(r, job, index, lost)
+
+
 def note_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:
     """Count a process's death against its worker; say so loudly when it benches the worker."""
     first, before = suspects.note_process_death(r, owner)
@@ -100,12 +126,12 @@ def note_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:
 
 
 def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, stall: StallWatch,
-               chunks_of: Callable[[str], int | None]) -> None:
+               chunks_of: Callable[[str], int | None], outages: Outages | None = None) -> None:
     """One recovery round over every job of the broker. A job fails alone: its error is
     logged and the others are still checked; a job with no manifest in this store leaves
     the job set (an old job whose prefix was deleted, or another store's)."""
     try:
-        requeue_expired(r, store, app, settings)
+        requeue_expired(r, store, app, settings, outages)
     except redis.RedisError as e:  # the broker may be restarting; the jobs below get their turn
         log.warning("expired-lease scan failed: %s", e)
     for job in chunks.known_jobs(r):
@@ -131,6 +157,8 @@ class Reaper:
         self.r, self.store, self.app, self.settings = r, store, app, settings
         self.chunks_of = chunks_of or self._manifest_chunks
         self.stall = StallWatch()
+        #: when this process could not reach the broker (its client's record, kept between rounds)
+        self.outages = outages_of(r)
 
     def _manifest_chunks(self, job: str) -> int | None:
         manifest = load_manifest(self.store, job)
@@ -139,13 +167,15 @@ class Reaper:
     def round(self) -> None:
         """Never raises: the broker may be restarting, the next round tries again."""
         try:
-            watch_jobs(self.r, self.store, self.app, self.settings, self.stall, self.chunks_of)
+            watch_jobs(self.r, self.store, self.app, self.settings, self.stall, self.chunks_of, self.outages)
         except Exception as e:
             log.warning("recovery check failed: %s", e)
 
 
 class StallWatch:
-    """Re-enqueue a job's missing chunks when nothing is queued or running for two checks.
+    """Re-enqueue a job's missing chunks when nothing is queued or running for two checks. A
+    chunk in the running set counts as running even with its lease gone: the reaper decides it
+    (after a broker pause it waits for the holder to take its lease back).
 
     Covers the one gap leases cannot: a message taken off the queue by a worker killed
     before it took the lease (kombu has the same window between pop and its unacked
@@ -160,7 +190,7 @@ class StallWatch:
     def check(self, r: redis.Redis, store: Store, app: Celery, settings: Settings, job: str, total: int) -> list[int]:
         if job in self.finished:
             return []
-        if any(r.llen(q) for q in keys.queue_lists(settings.queue)) or chunks.running_indexes(r, job):
+        if any(r.llen(q) for q in keys.queue_lists(settings.queue)) or chunks.watched_indexes(r, job):
             self.idle_checks[job] = 0
             return []
         done = done_indexes(store, job)

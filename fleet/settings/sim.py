@@ -44,6 +44,10 @@ class SimSettings(EngineSettings):
         False, description="the engine starts a helper process in a session of its own and never ends it, as "
         "an engine whose processes outlive a killed worker (fault tests)",
     )
+    trace_dir: str | None = Field(
+        None, description="directory where each process appends a line per finished sample to <pid>.jsonl "
+        "(fault tests: which samples were made twice, and by which process)"
+    )
 
     def requests_at_once(self) -> int:
         """S, the requests the engine runs at once."""

@@ -8,6 +8,7 @@ the outcome (`Failed.leased_s`)."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from fleet import metrics
 from fleet.records import InputRecord
 from fleet.store.checkpoints import IdsDigest, Partial, Segment
 from fleet.store.manifest import Manifest
+
+#: numbers the runs of a process: a run's lease owner is its process and this number
+_RUN_SERIALS = itertools.count(1)
 
 
 def sample_key(record_id: str, sample: int) -> str:
@@ -78,6 +82,8 @@ class ChunkRun:
     #: is the lease clock, fleet.coord.chunks)
     started: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: this run among the process's runs (its lease owner, fleet.coord.chunks.run_owner)
+    serial: int = field(default_factory=lambda: next(_RUN_SERIALS))
     _inflight: int = 0
 
     @property

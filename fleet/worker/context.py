@@ -55,6 +55,26 @@ class ManifestCache:
         return manifest.chunks if manifest else None
 
 
+class OwnedRuns:
+    """The chunks this process runs as their owner, one run each. A second delivery of one it
+    runs (a requeue after its lease ran out in a broker pause, a message Celery restored) must
+    not start a second copy beside it: the lease cannot tell, the first run may be retaking it."""
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def claim(self, job: str, index: int, serial: int) -> bool:
+        """Claim the chunk for run `serial`; False while another run of this process has it."""
+        with self._lock:
+            return self._runs.setdefault((job, index), serial) == serial
+
+    def release(self, job: str, index: int, serial: int) -> None:
+        with self._lock:
+            if self._runs.get((job, index)) == serial:
+                del self._runs[(job, index)]
+
+
 @dataclass(frozen=True)
 class WorkerContext:
     settings: Settings
@@ -63,7 +83,8 @@ class WorkerContext:
     heartbeat: Heartbeat
     #: Celery node name, e.g. gpu0@host
     name: str
-    #: lease owner, unique per process: a restarted worker with the same name is another owner
+    #: this process, `name:pid`: a restarted worker with the same name is another process. Crash
+    #: evidence names processes; a lease names a run of one (fleet.coord.chunks.run_owner)
     owner: str
     queue: ChunkQueue
     policy: RetryPolicy
@@ -81,3 +102,5 @@ class WorkerContext:
     admission: Admission = field(default_factory=Admission)
     #: what the store refused to take yet, kept on this worker's disk (None: no spool)
     spool: Spool | None = None
+    #: the chunks this process runs as their owner, one run each
+    owned: OwnedRuns = field(default_factory=OwnedRuns)

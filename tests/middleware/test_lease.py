@@ -3,8 +3,10 @@ run cancelled at once when another worker holds it."""
 
 from __future__ import annotations
 
+import time
+
 from fleet.coord import keys
-from fleet.coord.chunks import holder
+from fleet.coord.chunks import holder, run_owner
 from fleet.store.layout import result_key
 from fleet.worker.outcome import Committed, Skipped
 from tests.middleware.conftest import JOB, queued_messages
@@ -68,3 +70,55 @@ def test_lease_taken_by_another_worker_cancels_the_run_at_once(worker, other, r,
     assert isinstance(outcome, Skipped) and "taken by" in outcome.reason
     assert not store.exists(result_key(JOB, 2)) and queued_messages(r) == []
     assert holder(r, JOB, 2) == other.ctx.owner
+
+
+def test_a_second_delivery_of_a_chunk_this_process_runs_is_skipped(worker, r, store):
+    # Given chunk 0 running in this process, its lease run out (a broker pause) and free to take
+    seen = {}
+
+    def redeliver(run):
+        r.delete(keys.lease(JOB, 0))
+        # When a second delivery of it reaches the same process (a requeue, a message Celery restored)
+        seen["second"] = worker.run(0)[1]
+
+    _, outcome = worker.run(0, hold(worker.task, lambda: holder(r, JOB, 0) == worker.ctx.owner, then=redeliver))
+    # Then the second copy never starts: skipped without taking the lease, and the first takes its lease
+    # back and commits
+    assert isinstance(seen["second"], Skipped) and "runs in this process already" in seen["second"].reason
+    assert isinstance(outcome, Committed) and store.exists(result_key(JOB, 0))
+    assert queued_messages(r) == []
+
+
+def test_the_lease_names_the_run_so_a_stale_run_of_the_same_process_is_cancelled(worker, r, store):
+    # Given a running chunk whose lease another run of this same process takes over (a copy started
+    # before the guard, or by an older fleet): same process, another run
+    def steal(run):
+        r.set(keys.lease(JOB, 2), run_owner(worker.ctx.owner, run.serial + 1000), px=30_000)
+
+    # When the run renews
+    _, outcome = worker.run(2, hold(worker.task, lambda: False, then=steal))
+    # Then its renewal fails although the process is the same, and the run is cancelled at once
+    assert isinstance(outcome, Skipped) and "taken by" in outcome.reason
+    assert not store.exists(result_key(JOB, 2))
+
+
+def test_a_retaken_lease_keeps_its_clock(worker, r, store):
+    # Given a running chunk whose lease vanishes a while after it was taken
+    seen = {}
+
+    def vanish(run):
+        seen["started"] = r.hget(keys.lease_started(), keys.member(JOB, 1))
+        time.sleep(0.3)
+        r.delete(keys.lease(JOB, 1))
+
+    def retaken() -> bool:
+        if holder(r, JOB, 1) != worker.ctx.owner:
+            return False
+        seen["again"] = r.hget(keys.lease_started(), keys.member(JOB, 1))
+        return True
+
+    # When the run takes it back
+    _, outcome = worker.run(1, hold(worker.task, retaken, then=vanish))
+    # Then the lease clock (the crash evidence) still starts when the run first took it
+    assert isinstance(outcome, Committed)
+    assert seen["again"] == seen["started"] is not None

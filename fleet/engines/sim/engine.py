@@ -9,6 +9,7 @@ so a rerun produces byte-identical records.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import random
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fleet.engines.base import Engine
 from fleet.errors import EngineError, RecordError
@@ -96,6 +98,14 @@ class SimEngine(Engine):
         seed = request.sampling.seed if request.sampling.seed is not None else derive_seed(0, request.record_id, 0)
         return min(sim_length(self.cfg, seed), request.sampling.max_tokens)
 
+    def _trace(self, request: GenRequest, tokens: int) -> None:
+        """One line per finished sample (the tokens this process made of it), appended to this
+        process's own file."""
+        line = json.dumps({"pid": os.getpid(), "chunk": request.chunk, "id": request.record_id,
+                           "sample": request.sample, "tokens": tokens})
+        with open(Path(self.cfg.trace_dir or ".") / f"{os.getpid()}.jsonl", "a") as f:
+            f.write(line + "\n")
+
     async def stream(self, request: GenRequest) -> AsyncIterator[GenDelta]:
         """Every token is a function of (seed, position), so a sample continued after its prefix
         ids ends exactly as one generated in one go (the chaos tests compare exports with a clean run)."""
@@ -136,6 +146,8 @@ class SimEngine(Engine):
             finally:
                 self.running -= 1
                 self.busy_slot_s += time.monotonic() - began
+        if self.cfg.trace_dir:
+            self._trace(request, tokens - len(request.prefix_ids))
         yield GenDelta(ids[sent:tokens], self._result(request, seed, natural, tokens, ids))
 
     async def _hang_if_stalled(self) -> None:

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from fleet.coord import chunks
-from fleet.coord.chunks import Lease
+from fleet.coord.chunks import Lease, run_owner
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Failed, HandedBack, Outcome, Skipped
@@ -17,13 +17,17 @@ log = logging.getLogger(__name__)
 @dataclass
 class LeaseState:
     lease: Lease | None = None
+    #: this run holds the chunk in its process (fleet.worker.context.OwnedRuns)
+    owned: bool = False
 
 
 class LeaseMiddleware(Middleware[LeaseState]):
     """Take the lease or skip the delivery; retake a lease lost while alive, or cancel at
-    once if another worker holds it; release at the end. A failure seen while the chunk
-    lease was held carries how long it was held (`Failed.leased_s`, the lease clock): the
-    only run a failure may be charged to, and the crash evidence fleet.coord.retry reads."""
+    once if another worker holds it; release at the end. The lease names this run, not its
+    process, and a delivery of a chunk this process already runs is skipped: one process
+    never runs two copies of a chunk. A failure seen while the chunk lease was held carries
+    how long it was held (`Failed.leased_s`, the lease clock): the only run a failure may be
+    charged to, and the crash evidence fleet.coord.retry reads."""
 
     order = Order.LEASE
     #: a helper's lease (fleet.coord.keys.assist) is not watched by the reaper
@@ -36,7 +40,11 @@ class LeaseMiddleware(Middleware[LeaseState]):
         ctx = self.ctx
         if not self.assist:
             chunks.taken(ctx.redis, run.job, run.index)  # the message is off the queue
-        lease = Lease(ctx.redis, run.job, run.index, ctx.owner, ctx.settings.lease_ttl_s, assist=self.assist)
+            if not ctx.owned.claim(run.job, run.index, run.serial):
+                return Skipped(f"chunk {run.name} runs in this process already")
+            state.owned = True
+        lease = Lease(ctx.redis, run.job, run.index, run_owner(ctx.owner, run.serial), ctx.settings.lease_ttl_s,
+                      assist=self.assist)
         if not lease.acquire():
             return Skipped(f"lease {lease.key} held by {lease.holder()!r}")
         state.lease = lease
@@ -47,13 +55,15 @@ class LeaseMiddleware(Middleware[LeaseState]):
         lease = state.lease
         if lease is None or not lease.lost:
             return None
-        if lease.acquire():
-            log.warning("lease on %s expired while running: taken again", run.name)
+        if lease.retake():
+            log.warning("lease on %s expired while running (a broker pause or wipe): taken again", run.name)
             return None
         return Skipped(f"lease on {run.name} taken by {chunks.holder(self.ctx.redis, run.job, run.index)!r}: "
                        "run cancelled")
 
     def after(self, run: ChunkRun, state: LeaseState, outcome: Outcome) -> Outcome | None:
+        if state.owned:
+            self.ctx.owned.release(run.job, run.index, run.serial)
         lease = state.lease
         if lease is None:
             return None

@@ -1,0 +1,87 @@
+"""A broker pause is not a death (docs/architecture.md, "Failures"): which expired leases the
+reaper must not read as evidence.
+
+When Redis stops answering (a long fork, a failover, a partition) every lease runs out while
+its holder is alive and cut off too. A lease is explained by a pause when it ran out inside a
+window in which this reaper could not reach the broker itself (fleet.coord.outages), or when
+every holder's leases ran out at once (a reaper that saw nothing, say `fleet enqueue` started
+after it). Such a chunk is left to its holder to take back for a while (it retakes its lease
+when the broker answers, as after a wipe); one still unleased after that is requeued with no
+death, suspicion or bench recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+
+from fleet.coord import chunks, suspects
+from fleet.coord.outages import Outages, Window
+from fleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: seconds a holder needs after the broker answers again before it renews: its client's
+#: reconnect backoff (2 s at most) and clock skew between hosts
+RECONNECT_S = 3.0
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """When a lost chunk's lease ran out (epoch seconds), and whose it was."""
+
+    job: str
+    index: int
+    last_beat: float
+    ran_out: float
+    holder: str | None
+
+
+class PauseJudge:
+    """Reads the expired leases of one recovery round against the broker's pauses."""
+
+    def __init__(self, outages: Outages, settings: Settings):
+        self.outages = outages
+        self.ttl_s, self.beat_s = settings.lease_ttl_s, settings.heartbeat_s
+
+    @property
+    def grace_s(self) -> float:
+        """How long after a pause the holders get to take their leases back."""
+        return self.ttl_s + self.beat_s + RECONNECT_S
+
+    def expiry(self, r: redis.Redis, job: str, index: int) -> Expiry | None:
+        started, beat = chunks.lease_clock(r, job, index)
+        last = max(started or 0, beat or 0)
+        if not last:
+            return None  # no clock: nothing says when it ran out
+        return Expiry(job, index, last / 1000, last / 1000 + self.ttl_s, suspects.lost_marks(r, job, index).owner)
+
+    def note_round(self, expired: list[Expiry], live: int) -> None:
+        """Every holder's leases (two processes at least) ran out at once, none is live: that is
+        the broker or the network, not deaths. Remembered as a pause for the rounds after."""
+        holders = {e.holder for e in expired if e.holder}
+        if live or len(holders) < 2:
+            return
+        first, last = min(e.ran_out for e in expired), max(e.ran_out for e in expired)
+        if last - first > 2 * self.beat_s + 1.0:
+            return  # one after another: deaths
+        if self.outages.covering(last, before_s=0.0, after_s=0.0, min_s=self.ttl_s / 2):
+            return  # known already (an earlier round, or this process was cut off itself)
+        log.warning("every lease (%d chunks of %d processes) ran out at once: a broker or network pause, not "
+                    "deaths", len(expired), len(holders))
+        self.outages.add(min(e.last_beat for e in expired), last)
+
+    def pause(self, expiry: Expiry | None) -> Window | None:
+        """The pause that explains this expiry, if any: one long enough to let a lease run out,
+        begun before it ran out and over at most a renewal before."""
+        if expiry is None:
+            return None
+        return self.outages.covering(expiry.ran_out, before_s=self.beat_s + 1.0, after_s=self.beat_s + RECONNECT_S,
+                                     min_s=self.ttl_s / 2)
+
+    def holding(self, pause: Window, now: float | None = None) -> bool:
+        """Whether the holder may still take its lease back."""
+        return (time.time() if now is None else now) < pause.end + self.grace_s
