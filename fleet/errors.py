@@ -96,6 +96,11 @@ class ExportMismatch(FleetError):
     """An export's records disagree with the manifest (count, duplicate or order): not written."""
 
 
+class TargetUnwritable(FleetError):
+    """An export's target cannot be written (a directory, read-only, a file as parent, a full
+    disk, a missing bucket): nothing was left there; the message names the target and why."""
+
+
 class ServiceUnreachable(FleetError):
     """The broker or the store cannot be reached (or refuses the login): nothing was
     written; the message names the redacted URL, what failed and what to check."""
