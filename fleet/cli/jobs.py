@@ -109,7 +109,8 @@ def validate(
 
 
 def survey_text(report) -> str:
-    verdict = "no bad lines" if report.ok else f"{report.bad_lines} bad line(s)"
+    # an input with nothing to read (empty, compressed) has no bad line to count: its problem says what it is
+    verdict = "no bad lines" if report.ok else f"{report.bad_lines} bad line(s)" if report.bad_lines else "unreadable"
     out = [f"{report.input}: {report.records:,} records ({report.samples:,} samples), {verdict}",
            "forms: " + (", ".join(f"{k} {v:,}" for k, v in report.forms.items()) or "-")]  # fmt: skip
     t = report.prompt_tokens
