@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from fleet.store.layout import manifest_key
 from fleet.store.local import LocalStore
+from fleet.store.manifest import load_manifest
 from tests.conftest import fleet_cmd
 from tests.test_export import JOB, build_job
 
@@ -99,6 +101,17 @@ def test_dash_pipes_exactly_the_export(store, spool, tmp_path):
     assert res.stdout == expected and expected.count(b"\n") == RECORDS + 1
     assert "wrote 31 records to standard output" in res.stderr.decode()
     assert list(spool.iterdir()) == []
+
+
+def test_an_export_that_fails_its_check_puts_nothing_on_the_pipe(store, spool):
+    # Given results that hold one sample fewer than the manifest says (found only at the end)
+    manifest = load_manifest(store, JOB)
+    store.put(manifest_key(JOB), manifest.model_copy(update={"samples": manifest.samples + 1}).to_bytes())
+    # When exported to a pipe
+    res = export(store, spool, "-")
+    # Then the export is refused and nothing of it reached standard output, no spool file remains
+    assert res.returncode == 2 and "31 samples, the manifest says 32" in res.stderr.decode()
+    assert res.stdout == b"" and list(spool.iterdir()) == []
 
 
 def test_dev_stdout_pipes_the_export_too(store, spool, tmp_path):
