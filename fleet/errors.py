@@ -47,6 +47,15 @@ class InputError(FleetError):
         super().__init__(f"{self.total_bad} bad input {unit}(s), nothing enqueued:\n{shown}{tail}")
 
 
+class InputUnusable(InputError):
+    """The input as a whole holds nothing to read (empty, compressed, UTF-16): no line is to
+    blame, so it counts no bad line and says what the file is instead."""
+
+    def __init__(self, reason: str):
+        FleetError.__init__(self, f"{reason}; nothing enqueued")
+        self.problems, self.total_bad = [reason], 0
+
+
 class StoreError(FleetError):
     """The store failed after botocore's own retries; the chunk attempt fails, nothing is lost."""
 
@@ -102,6 +111,11 @@ class BrokerMissing(FleetError):
 
 class ExportMismatch(FleetError):
     """An export's records disagree with the manifest (count, duplicate or order): not written."""
+
+
+class TargetUnwritable(FleetError):
+    """An export's target cannot be written (a directory, read-only, a file as parent, a full
+    disk, a missing bucket): nothing was left there; the message names the target and why."""
 
 
 class ServiceUnreachable(FleetError):

@@ -4,15 +4,18 @@ and flat memory on a large input."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
+import zstandard
 
-from fleet.errors import ConfigError, InputError
-from fleet.producer.reader import read_records, validate
+from fleet.errors import ConfigError, InputError, InputUnusable
+from fleet.producer.reader import MAX_DEPTH, read_records, validate
 from fleet.producer.seen import SeenIds
 from fleet.producer.source import local_input
 
@@ -159,6 +162,14 @@ def test_conversation_rows_prompt_up_to_the_last_user_turn(tmp_path):
 GOOD = {"id": "ok", "prompt": "fine"}
 
 
+def nested(levels: int) -> dict:
+    """A value of `levels` objects, one inside the other."""
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
 def _sampled(**sampling) -> dict:
     return {"prompt": "p", "sampling": sampling}
 
@@ -233,6 +244,13 @@ MALFORMED = [
     ({"conversations": [{"from": "bot", "value": "hi"}]}, "conversations[0].from: must be human, gpt or system"),
     ({"conversations": [{"role": "user", "content": 5}]}, "conversations[0].content: must be a string or an"),
     ({"prompt": "p", "output": "x"}, "output: an output field has this name; put it under another key"),
+    (b'{"id": "n", "prompt": "p\x00"}', "NUL byte at column 25: binary data, not a line of JSON text"),
+    (b'{"id": "c", "prompt": "p\x01"}', "not JSON: Invalid control character at column 25"),
+    ('{"prompt": "p", "m": 1e400}', "not JSON: the number 1e400 is out of range (beyond a 64-bit float)"),
+    ('{"prompt": "p", "sampling": {"temperature": -1e400}}', "not JSON: the number -1e400 is out of range"),
+    ('{"prompt": "p", "m": 1' + "0" * 5000 + "}", "not JSON: an integer has more than 4300 digits"),
+    ({"prompt": "p", "metadata": nested(MAX_DEPTH)}, f"metadata: nests deeper than {MAX_DEPTH} levels of objects"),
+    ('{"prompt": "p", "m": ' + "[" * 5000 + "]" * 5000 + "}", f"nests deeper than {MAX_DEPTH} levels of objects"),
 ]
 
 
@@ -322,11 +340,41 @@ def test_seen_ids_grows_and_remembers_first_lines():
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n  \n\t\n"])
-def test_input_without_records_is_an_error(tmp_path, content):
+def test_input_without_records_is_an_error_that_blames_no_line(tmp_path, content):
     path = tmp_path / "empty.jsonl"
     path.write_bytes(content)
     err = problems_of(path)
-    assert "no records" in err.problems[0]
+    assert isinstance(err, InputUnusable) and err.total_bad == 0
+    assert err.problems == [f"{path}: no records (the input is empty or only blank lines)"]
+    assert str(err) == f"{path}: no records (the input is empty or only blank lines); nothing enqueued"
+
+
+@pytest.mark.parametrize(("pack", "named"), [
+    (gzip.compress, "gzip-compressed (decompress it first: gunzip)"),
+    (lambda b: zstandard.ZstdCompressor().compress(b), "zstd-compressed (decompress it first: zstd -d)"),
+    (lambda b: b.decode().encode("utf-16"), "UTF-16 text (save it as UTF-8)"),
+])  # fmt: skip
+def test_a_compressed_or_utf16_input_is_named_once(tmp_path, pack, named):
+    # Given a good JSONL file of 50 lines, compressed (or saved as UTF-16)
+    good = write(tmp_path, *[{"id": i, "prompt": "p"} for i in range(50)])
+    path = tmp_path / "in.jsonl.packed"
+    path.write_bytes(pack(good.read_bytes()))
+    # Then validating and reading it say what the file is, once, blaming no line
+    err = problems_of(path)
+    assert isinstance(err, InputUnusable) and err.total_bad == 0
+    assert err.problems == [f"{path}: {named}; fleet reads JSONL text"]
+    with pytest.raises(InputUnusable, match="fleet reads JSONL text"):
+        list(read_records(path))
+
+
+def test_the_largest_values_the_encoders_hold_are_read_unchanged(tmp_path):
+    # Given a line at the nesting limit, with the largest float and integers past 64 bits
+    extra = {"metadata": nested(MAX_DEPTH - 1), "f": 1.5e308, "big": -(2**70), "long": int("9" * 4300)}
+    path = write(tmp_path, {"id": "edge", "prompt": "p", **extra})
+    # Then it is one good record, and its fields come back as written
+    assert validate(path) == 1
+    [rec] = list(read_records(path))
+    assert rec.extra == extra
 
 
 # -- where the input comes from -------------------------------------------------------------

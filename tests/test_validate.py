@@ -3,6 +3,7 @@ line listed, and the figures the planner needs, on a local file and on s3://."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -11,6 +12,7 @@ import boto3
 
 from fleet.model.prompting import load_tokenizer
 from tests.conftest import run_fleet
+from tests.fleetproc import FAST_SIM, read_jsonl
 from tests.modelkit import tiny_model_fixture  # noqa: F401
 
 #: Services that do not exist: validate must never try them.
@@ -107,3 +109,88 @@ def test_prompts_that_fill_the_context_are_counted(tmp_path: Path, tiny_model: P
     # Then the input is well formed, and the prompt that would fail alone is counted
     assert res.returncode == 0, res.stderr
     assert "1 prompt(s) fill the context of 2,048 tokens and would fail alone" in res.stdout
+
+
+# -- one parser, one verdict: what validate refuses, enqueue refuses, and the reverse ----------
+
+
+def nested(levels: int) -> dict:
+    value: dict | str = "leaf"
+    for _ in range(levels):
+        value = {"a": value}
+    return value  # type: ignore[return-value]
+
+
+def test_validate_and_enqueue_refuse_the_same_lines(tmp_path: Path, redis_server, clean_env):
+    # Given lines no chunk encoder could hold as written: metadata 300 levels deep (pydantic's
+    # serializer, which digests the input, stops at 255), a number no float holds, a NUL byte
+    # (a stray binary), a raw control character and an integer of 5,000 digits
+    src = write(tmp_path / "in.jsonl", [
+        {"id": "a", "prompt": "fine"},
+        {"id": "deep", "prompt": "p", "metadata": nested(300)},
+        '{"id": "huge", "prompt": "p", "metadata": {"score": 1e400}}',
+        '{"id": "nul", "prompt": "p\x00"}',
+        '{"id": "ctl", "prompt": "p\x01"}',
+        '{"id": "long", "prompt": "p", "n": 1' + "0" * 5000 + "}",
+    ])  # fmt: skip
+    # When validated, and then enqueued
+    checked = run_fleet("validate", str(src), "--json", env=NOTHING_RUNNING)
+    store = tmp_path / "store"
+    env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(store)}
+    enqueued = run_fleet("enqueue", str(src), "--job", "v", env=env)
+    # Then validate names each line with what is wrong
+    report = json.loads(checked.stdout)
+    assert checked.returncode == 1 and report["records"] == 1 and report["bad_lines"] == 5
+    assert report["problems"] == [
+        "line 2: metadata: nests deeper than 128 levels of objects and arrays",
+        "line 3: not JSON: the number 1e400 is out of range (beyond a 64-bit float)",
+        "line 4: NUL byte at column 27: binary data, not a line of JSON text",
+        "line 5: not JSON: Invalid control character at column 27",
+        "line 6: not JSON: an integer has more than 4300 digits",
+    ]
+    # And enqueue refuses exactly those lines, without a traceback, writing nothing
+    assert enqueued.returncode == 2, enqueued.stderr
+    assert "5 bad input line(s), nothing enqueued" in enqueued.stderr and "Traceback" not in enqueued.stderr
+    assert [x.strip() for x in enqueued.stderr.splitlines() if x.strip().startswith("line ")] == report["problems"]
+    assert not store.exists() or list(store.rglob("*")) == []
+
+
+def test_a_record_at_the_limits_passes_both_and_exports_unchanged(tmp_path: Path, clean_env):
+    # Given a record nesting exactly 128 levels, with the largest float and integers past 64 bits
+    metadata = {"tree": nested(126), "f": 1.5e308, "big": -(2**70), "long": int("9" * 4300)}
+    src = write(tmp_path / "in.jsonl", [{"id": "edge", "prompt": "p", "metadata": metadata},
+                                        {"id": "plain", "prompt": "q"}])  # fmt: skip
+    # When it is validated, then run and exported through enqueue, a sim worker and the exporter
+    checked = run_fleet("validate", str(src), env=NOTHING_RUNNING)
+    env = {**FAST_SIM, "FLEET_DATA_DIR": str(tmp_path / "data")}
+    ran = run_fleet("run", str(src), "--job", "edge", "--workers", "1", env=env)
+    out = tmp_path / "out.jsonl"
+    exported = run_fleet("export", "--job", "edge", "--out", str(out), env=env)
+    # Then each step accepts it, and the export holds the metadata exactly as written
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert exported.returncode == 0, exported.stderr
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == ["edge", "plain"]
+    assert rows[0]["metadata"] == metadata and rows[0]["finish_reason"] in ("stop", "length")
+
+
+def test_an_empty_or_compressed_input_says_what_it_is(tmp_path: Path, redis_server, clean_env):
+    # Given an empty file, and a good input gzip-compressed
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    packed = tmp_path / "in.jsonl.gz"
+    packed.write_bytes(gzip.compress(write(tmp_path / "in.jsonl", good_lines()).read_bytes()))
+    for path, says in ((empty, "no records (the input is empty or only blank lines)"),
+                       (packed, "gzip-compressed (decompress it first: gunzip); fleet reads JSONL text")):
+        # When each is validated and enqueued
+        checked = run_fleet("validate", str(path), env=NOTHING_RUNNING)
+        as_json = json.loads(run_fleet("validate", str(path), "--json", env=NOTHING_RUNNING).stdout)
+        env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "s")}
+        enqueued = run_fleet("enqueue", str(path), "--job", "e", env=env)
+        # Then both say what the file is, once, and count no bad line
+        assert checked.returncode == 1 and "bad line" not in checked.stdout
+        assert f"  {path}: {says}" in checked.stdout.splitlines()
+        assert (as_json["ok"], as_json["bad_lines"], as_json["problems"]) == (False, 0, [f"{path}: {says}"])
+        assert enqueued.returncode == 2 and "Traceback" not in enqueued.stderr
+        assert f"{path}: {says}; nothing enqueued" in " ".join(enqueued.stderr.split())

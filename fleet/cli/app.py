@@ -10,7 +10,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 
-from fleet.errors import FleetError, ServiceUnreachable
+from fleet.errors import FleetError, ServiceUnreachable, TargetUnwritable
 from fleet.settings import Settings, load_settings
 
 app = typer.Typer(
@@ -21,7 +21,7 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(stderr=True)
-#: exit status of a command that could not reach the broker or the store
+#: exit status of a command that could not reach the broker or the store, or write its output
 EXIT_UNREACHABLE = 3
 #: the settings this command loaded, so an error handler can name the service's URL
 loaded: list[Settings] = []
@@ -55,7 +55,7 @@ def run_guarded(fn, *args: Any, **kwargs: Any) -> Any:
     """Turn fleet's own errors into a clear message and a non-zero exit, no traceback."""
     try:
         return fn(*args, **kwargs)
-    except ServiceUnreachable as e:
+    except (ServiceUnreachable, TargetUnwritable) as e:
         fail(str(e), code=EXIT_UNREACHABLE)
     except FleetError as e:
         fail(str(e))

@@ -109,7 +109,9 @@ def validate(
 
 
 def survey_text(report) -> str:
-    verdict = f"no bad {report.unit}s" if report.ok else f"{report.bad_lines} bad {report.unit}(s)"
+    # an input with nothing to read (empty, compressed) has no bad line to count: its problem says what it is
+    verdict = (f"no bad {report.unit}s" if report.ok else f"{report.bad_lines} bad {report.unit}(s)"
+               if report.bad_lines else "unreadable")
     out = [f"{report.input}: {report.records:,} records ({report.samples:,} samples), {verdict}",
            "forms: " + (", ".join(f"{k} {v:,}" for k, v in report.forms.items()) or "-")]  # fmt: skip
     t = report.prompt_tokens
@@ -226,7 +228,9 @@ def status_table(st) -> Table:
 @app.command()
 def export(
     job: JobOpt,
-    out: Annotated[str, typer.Option("--out", "-o", help="local path or s3://bucket/key")],
+    out: Annotated[str, typer.Option(
+        "--out", "-o", help="local path (a FIFO or device is written through), - for standard output, "
+        "or s3://bucket/key")],
     fmt: Annotated[str | None, typer.Option(
         "--format", help="jsonl, parquet, specforge, tokens or openai (default by suffix: parquet or jsonl)")] = None,
     allow_incomplete: Annotated[bool, typer.Option(
@@ -249,6 +253,6 @@ def export(
     with live_progress(console) as progress:
         n = run_guarded(export_job, store_for(settings), job, out, fmt, allow_incomplete or partial, stable,
                         only_finished, left_out, progress)
-    console.print(f"wrote {n} records to {out}")
+    console.print(f"wrote {n} records to {'standard output' if out == '-' else out}")
     for reason, count in left_out.reasons.items():
         console.print(f"left out {count}: {reason}")

@@ -7,8 +7,6 @@ order are verified while streaming, and a wrong file is never renamed into place
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,12 +16,6 @@ from fleet.producer.seen import SeenIds
 from fleet.store.manifest import Manifest
 
 MAX_SHOWN = 5
-
-
-def unique_temp(out: Path) -> Path:
-    """A temp name beside `out` (same filesystem, so the rename is atomic) that no
-    concurrent export of the same path shares; the writer creates the file."""
-    return out.with_name(f".{out.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
 
 
 def chunk_records(manifest: Manifest, index: int) -> int:

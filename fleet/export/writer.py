@@ -1,5 +1,5 @@
 """Write a job's results in input order in one of the formats of fleet.export.formats,
-streaming chunk by chunk to a local path or an s3:// URL."""
+streaming chunk by chunk to a target of fleet.export.target (a local path, `-` or an s3:// URL)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 from fleet.coord.chunkstate import done_indexes
 from fleet.errors import FleetError
 from fleet.export.check import ExportCheck
-from fleet.export.formats import FORMATS, VOLATILE_FIELDS, ExportRow, LeftOut, target
+from fleet.export.formats import FORMATS, VOLATILE_FIELDS, ExportRow, LeftOut
+from fleet.export.target import target
 from fleet.progress import Progress
 from fleet.store import Store
 from fleet.store.layout import read_chunk
@@ -62,11 +63,17 @@ def export_job(
     total = check.expect_samples  # one checked row per sample; unknown for an incomplete export
     report = progress or (lambda phase, done, total: None)
     report("export", 0, total)
-    with target(out) as path:
-        with writer_cls(path, manifest, stable, left_out or LeftOut()) as writer:
+    with target(out) as spot:
+        # Only the writer's own calls go through spot.call: an OSError there is the target's
+        # (a full disk), while one from reading the store stays the store's.
+        writer = spot.call(writer_cls, spot.path, manifest, stable, left_out or LeftOut())
+        try:
             for index in indexes:
-                count += writer.write(chunk_rows(store, job, index, writer_cls.needs_inputs, only_finished, check))
+                rows = chunk_rows(store, job, index, writer_cls.needs_inputs, only_finished, check)
+                count += spot.call(writer.write, rows)
                 report("export", check.samples, total)
+        finally:
+            spot.call(writer.close)
         check.verify(out)  # raising here leaves `out` as it was
     report("export", check.samples, check.samples)
     return count

@@ -9,6 +9,8 @@ thing kept across lines is an 8-byte digest and a line number per id, to find du
 from __future__ import annotations
 
 import json
+import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fleet.errors import InputError
+from fleet.errors import InputError, InputUnusable
 from fleet.producer.forms import check_input_ids, conversation_prompt, passthrough
 from fleet.producer.seen import SeenIds
 from fleet.records import InputRecord, SamplingOverrides
@@ -33,7 +35,23 @@ SAMPLING_KEYS = frozenset(SAMPLING_FIELDS) | frozenset(BODY_ALIASES)
 #: The form a record came in, by where its prompt was found (its `where` path).
 FORMS = {"body.messages": "openai batch (messages)", "body.prompt": "openai batch (prompt)"}
 MAX_PROBLEMS_PER_LINE = 5
+#: Deepest nesting of objects and arrays a line may have (the line's object is level 1).
+#: Refused beyond it rather than accepted: pydantic's JSON serializer (the input digest)
+#: stops at 255 levels of the record around it, json.dumps (chunks, results, exports) at
+#: Python's recursion limit less a worker's stack; 128, serde_json's default, leaves every
+#: encoder room, and real metadata nests a few levels.
+MAX_DEPTH = 128
 _BOM = b"\xef\xbb\xbf"
+#: How a file that is not JSONL text begins: named once, not as every line's bad bytes.
+NOT_TEXT = {
+    b"\x1f\x8b": "gzip-compressed (decompress it first: gunzip)",
+    b"\x28\xb5\x2f\xfd": "zstd-compressed (decompress it first: zstd -d)",
+    b"BZh": "bzip2-compressed (decompress it first: bunzip2)",
+    b"\xfd7zXZ\x00": "xz-compressed (decompress it first: unxz)",
+    b"PK\x03\x04": "a zip archive (unzip it first)",
+    b"\xff\xfe": "UTF-16 text (save it as UTF-8)",
+    b"\xfe\xff": "UTF-16 text (save it as UTF-8)",
+}
 
 
 class BadLine(ValueError):
@@ -56,12 +74,41 @@ def _kind(value: Any) -> str:
     return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
+class _Refused(ValueError):
+    """A value the decoder's hooks refuse (a NaN, a number no float holds), worded for the user."""
+
+
 def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    raise _Refused(f"{name} is not valid JSON")
+
+
+def _finite(text: str) -> float:
+    # 1e400 reads as inf, which the chunk encoder would write as Infinity (not JSON) and
+    # pydantic as null: refused here, so what validate accepts is what the chunks hold.
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"the number {text[:40]} is out of range (beyond a 64-bit float)")
+    return value
 
 
 # One decoder for every line: json.loads with an option builds a new one per call.
-_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+_JSON = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite)
+
+
+def _too_deep(raw: bytes, obj: dict[str, Any]) -> str | None:
+    """The first top-level field nesting deeper than MAX_DEPTH, if any. Only a line with more
+    brackets than MAX_DEPTH can (quoted brackets included), so most lines cost two counts."""
+    if raw.count(b"{") + raw.count(b"[") <= MAX_DEPTH:
+        return None
+    for key, value in obj.items():
+        stack = [(value, 2)]  # the line's object is level 1
+        while stack:
+            item, level = stack.pop()
+            if isinstance(item, dict | list):
+                if level > MAX_DEPTH:
+                    return key
+                stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return None
 
 
 def _decode(raw: bytes, line: int) -> dict[str, Any]:
@@ -71,15 +118,26 @@ def _decode(raw: bytes, line: int) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadLine([f"not UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1}"]) from e
+    if "\0" in text:
+        raise BadLine([f"NUL byte at column {text.index(chr(0)) + 1}: binary data, not a line of JSON text"])
     try:
         obj = _JSON.decode(text)
     except json.JSONDecodeError as e:
         column = min(e.pos, len(text.rstrip("\r\n"))) + 1  # not past the line's end
-        raise BadLine([f"not JSON: {e.msg} at column {column}"]) from e
-    except (ValueError, RecursionError) as e:
+        # the decoder's own wording ends some messages in "at", before the position it omits
+        raise BadLine([f"not JSON: {e.msg.removesuffix(' at')} at column {column}"]) from e
+    except _Refused as e:
         raise BadLine([f"not JSON: {e}"]) from e
+    except ValueError as e:  # the decoder's only other ValueError: int() refusing a huge integer
+        limit = sys.get_int_max_str_digits()
+        raise BadLine([f"not JSON: an integer has more than {limit} digits"]) from e
+    except RecursionError as e:
+        raise BadLine([f"nests deeper than {MAX_DEPTH} levels of objects and arrays"]) from e
     if not isinstance(obj, dict):
         raise BadLine([f"not a JSON object (got {_kind(obj)})"])
+    deep = _too_deep(raw, obj)
+    if deep is not None:
+        raise BadLine([f"{deep}: nests deeper than {MAX_DEPTH} levels of objects and arrays"])
     if "\\u" in text:  # raw bytes passed UTF-8 above: a lone surrogate can only be an escape
         problems = list(_unencodable(obj, ""))
         if problems:
@@ -267,6 +325,10 @@ def _parsed(path: Path, vocab: int | None = None) -> Iterator[tuple[int, tuple[I
     """(line number, record and form, or its problem) for every non-blank line, streaming."""
     pos = 0
     with path.open("rb") as f:
+        head = f.peek(8)
+        kind = next((what for magic, what in NOT_TEXT.items() if head.startswith(magic)), None)
+        if kind is not None:
+            raise InputUnusable(f"{path}: {kind}; fleet reads JSONL text")
         for line, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
@@ -315,7 +377,7 @@ def validate(
     if bad:
         raise InputError(problems, bad, source.unit)
     if records == 0:
-        raise InputError([f"{path}: no records (the input is empty or only blank lines)"])
+        raise InputUnusable(f"{path}: no records (the input is empty or only blank lines)")
     return records
 
 

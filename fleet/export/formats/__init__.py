@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.export.formats.base import ExportRow, LeftOut, Writer, target
+from fleet.export.formats.base import ExportRow, LeftOut, Writer
 from fleet.export.formats.jsonl import VOLATILE_FIELDS, JsonlWriter
 from fleet.export.formats.openai import OpenAIBatchWriter
 from fleet.export.formats.parquet import ParquetWriter
@@ -17,4 +17,4 @@ FORMATS: dict[str, type[Writer]] = {
     "openai": OpenAIBatchWriter,
 }
 
-__all__ = ["FORMATS", "VOLATILE_FIELDS", "ExportRow", "LeftOut", "Writer", "target"]
+__all__ = ["FORMATS", "VOLATILE_FIELDS", "ExportRow", "LeftOut", "Writer"]

@@ -1,5 +1,5 @@
-"""What every export format shares: the row it is handed, the writer protocol, and the
-target (a local path, or an s3:// URL uploaded from a local spool file).
+"""What every export format shares: the row it is handed and the writer protocol (where the
+file it writes ends up is fleet.export.target's concern).
 
 Every format streams: the exporter hands a writer one chunk's rows at a time, in input
 order, so memory is bounded by a chunk whatever the job's size.
@@ -8,17 +8,10 @@ order, so memory is bounded by a chunk whatever the job's size.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlparse
 
-from fleet.errors import ConfigError, StoreError
-from fleet.export.check import unique_temp
 from fleet.records import InputRecord
 from fleet.store.manifest import Manifest
 
@@ -107,55 +100,3 @@ def with_sample_and_extra(out: dict[str, Any], line: dict[str, Any]) -> dict[str
     if out.get("sample"):
         line["sample"] = out["sample"]
     return {**(out.get("extra") or {}), **line}
-
-
-@contextmanager
-def target(out: str | Path, max_attempts: int = 10) -> Iterator[Path]:
-    """A local path to write; it becomes `out` only when the block succeeds.
-
-    Local: a temporary file beside `out`, renamed over it (readers never see half a file).
-    s3://: a spool file uploaded with boto3's managed (multipart, streamed) upload, so
-    memory stays constant; the object appears whole or not at all.
-    """
-    text = str(out)
-    if text.startswith("s3://"):
-        with _spool() as path:
-            yield path
-            _upload(path, text, max_attempts)
-        return
-    local = Path(text.removeprefix("file://")).expanduser()
-    local.parent.mkdir(parents=True, exist_ok=True)
-    tmp = unique_temp(local)
-    try:
-        yield tmp
-        tmp.replace(local)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-@contextmanager
-def _spool() -> Iterator[Path]:
-    fd, name = tempfile.mkstemp(prefix="fleet-export-")
-    os.close(fd)
-    try:
-        yield Path(name)
-    finally:
-        Path(name).unlink(missing_ok=True)
-
-
-def _upload(path: Path, url: str, max_attempts: int) -> None:
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    parsed = urlparse(url)
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    if not bucket or not key or key.endswith("/"):
-        raise ConfigError(f"export target {url!r} names no object (s3://bucket/key)")
-    client = boto3.session.Session().client(
-        "s3", config=Config(retries={"mode": "adaptive", "max_attempts": max_attempts})
-    )
-    try:
-        client.upload_file(str(path), bucket, key)
-    except (BotoCoreError, ClientError) as e:
-        raise StoreError(f"cannot upload the export to {url!r}: {e}") from e
