@@ -51,9 +51,9 @@ class InputUnusable(InputError):
     """The input as a whole holds nothing to read (empty, compressed, UTF-16): no line is to
     blame, so it counts no bad line and says what the file is instead."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, unit: str = "line"):
         FleetError.__init__(self, f"{reason}; nothing enqueued")
-        self.problems, self.total_bad = [reason], 0
+        self.problems, self.total_bad, self.unit = [reason], 0, unit
 
 
 class StoreError(FleetError):

@@ -204,7 +204,7 @@ def test_stable_export_leaves_out_run_facts(store, tmp_path):
     build_job(store, 3, {}, done=[0])
     export_job(store, JOB, tmp_path / "s.jsonl", stable=True)
     rows = read_jsonl(tmp_path / "s.jsonl")
-    assert set(VOLATILE_FIELDS) == {"worker", "latency_s"}
+    assert set(VOLATILE_FIELDS) == {"worker", "latency_s", "continued_at"}
     assert all(list(r) == [f for f in EXPORT_FIELDS if f not in VOLATILE_FIELDS] for r in rows)
     export_job(store, JOB, tmp_path / "s.parquet", stable=True)
     assert "worker" not in pq.read_table(tmp_path / "s.parquet").column_names
