@@ -28,7 +28,7 @@ def export(env: dict[str, str], out: Path, *args: str) -> list[dict]:
 
 
 @pytest.mark.e2e
-def test_redo_finishes_cut_rows_and_the_merged_export_keeps_each_row_once(tmp_path, clean_env):
+def test_redo_finishes_cut_rows_and_the_merged_export_keeps_each_row_once(tmp_path, redis_server, clean_env):
     # Given a job of 30 records x 2 samples cut at 16 tokens (the sim's mean length is 24)
     prompts = write_prompts(tmp_path / "p.jsonl", RECORDS)
     env = {**FAST_SIM, "FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_CHUNK_SIZE": "4"}
@@ -86,6 +86,19 @@ def test_redo_finishes_cut_rows_and_the_merged_export_keeps_each_row_once(tmp_pa
     assert again.returncode == 0 and "nothing to do" in again.stderr, again.stderr
     other = run_fleet("run", "--job", "redo1", "--redo", "base", "--max-tokens", "30", env=env)
     assert other.returncode != 0 and "max_tokens: 40 -> 30" in " ".join(other.stderr.split())
+
+    # And `fleet enqueue --redo` makes a second redo job (no worker runs it): status names it,
+    # and the merge refuses it unfinished unless --allow-incomplete, which changes nothing then
+    queued = run_fleet("enqueue", "--job", "redo2", "--redo", "base", env={**env, "FLEET_BROKER_URL": redis_server.url})
+    assert queued.returncode == 0 and f"enqueued {redo_m.chunks}" in queued.stderr, queued.stderr
+    st = json.loads(run_fleet("status", "--job", "base", "--json", env=env).stdout)
+    assert st["redo_jobs"] == {"redo1": chunks, "redo2": f"0/{redo_m.chunks} chunks done"}
+    assert st["redo_finished"] == len(finished_since)
+    args = ["--job", "base", "--job", "redo1", "--job", "redo2", "--out", str(tmp_path / "three.jsonl")]
+    refused = run_fleet("export", *args, env=env)
+    n = redo_m.chunks
+    assert refused.returncode != 0 and f"job 'redo2' has {n} of {n} chunks without a result" in refused.stderr
+    assert export(env, tmp_path / "three.jsonl", *args[:-2], "--allow-incomplete") == merged
 
 
 def test_a_merge_names_only_redo_jobs_and_needs_one_source(tmp_path, clean_env):

@@ -56,8 +56,6 @@ class Merge:
 
     def __init__(self, redos: list[RedoRows]):
         self.redos = redos
-        #: rows of J that a redo job's finished version replaced
-        self.replaced = 0
 
     def pick(self, row: Row) -> Row:
         best = row
@@ -70,6 +68,4 @@ class Merge:
                                      f"the job it redoes holds {row['id']!r}: it is not a redo of this job's input")
             if finished(other) or not finished(best):
                 best = other
-        if finished(best) and not finished(row):
-            self.replaced += 1
         return best
