@@ -32,20 +32,35 @@ from fleet.cli.app import (
 from fleet.cli.progress import live_progress
 
 InputArg = Annotated[str, typer.Argument(help="prompts: JSONL or Parquet, a path or s3://bucket/key")]
+#: run and enqueue take an input, or --redo JOB (fleet.producer.redo)
+SourceArg = Annotated[str | None, typer.Argument(
+    help="prompts: JSONL or Parquet, a path or s3://bucket/key (none with --redo)")]
+RedoOpt = Annotated[str | None, typer.Option(
+    "--redo", help="a second pass: this job's input is JOB's rows that did not finish (cut, ended in thinking, "
+    "errors, loops); JOB must be complete")]
+
+MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="sampling max tokens")]
+
+
+def check_source(input: str | None, redo: str | None) -> None:
+    if (input is None) == (redo is None):
+        fail("give an input file, or --redo JOB to take a finished job's unfinished rows (not both)")
 
 
 @app.command()
 def run(
-    input: InputArg,
+    input: SourceArg = None,
+    *,
     job: JobOpt,
+    redo: RedoOpt = None,
     workers: Annotated[int | None, typer.Option("--workers", "-w", help="CPU worker processes")] = None,
     gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or '0,1': one pinned worker per GPU")] = None,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, chunk_size: ChunkOpt = None, slots: SlotsOpt = None,
-    data_dir: DataDirOpt = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sampling max tokens")] = None,
+    data_dir: DataDirOpt = None, max_tokens: MaxTokensOpt = None,
 ) -> None:
     """Everything on one machine: local Redis if none is set, workers, enqueue, progress."""
+    check_source(input, redo)
     setup_logging()
     from fleet.tools.localrun import run_local
 
@@ -60,7 +75,7 @@ def run(
         from fleet.model.gpus import parse_gpu_spec
 
         gpu_list = run_guarded(parse_gpu_spec, gpus)
-    st = run_guarded(run_local, settings, input, job, workers=workers or 2, gpus=gpu_list)
+    st = run_guarded(run_local, settings, input, job, workers=workers or 2, gpus=gpu_list, redo_of=redo)
     console.print(f"{st.records_done} records, {st.chunks_done}/{st.chunks_total} chunks, "
                   f"{st.completion_tokens:,} output tokens in {time.monotonic() - began:.1f}s")
     if not st.done:
@@ -69,21 +84,26 @@ def run(
 
 @app.command()
 def enqueue(
-    input: InputArg,
+    input: SourceArg = None,
+    *,
     job: JobOpt,
+    redo: RedoOpt = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="give quarantined chunks another round")] = False,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
-    store_url: StoreOpt = None, chunk_size: ChunkOpt = None,
+    store_url: StoreOpt = None, chunk_size: ChunkOpt = None, max_tokens: MaxTokensOpt = None,
 ) -> None:
     """Producer: validate, write chunks and manifest, enqueue chunks with no result (idempotent)."""
     from fleet.producer.enqueue import enqueue as do_enqueue
 
+    check_source(input, redo)
     settings = settings_from(engine=engine, model=model, broker_url=broker_url,
                              store_url=store_url, chunk_size=chunk_size)
+    if max_tokens:
+        settings.sampling.max_tokens = max_tokens
     # The broker first: a job whose chunks are written but cannot be queued helps nobody.
     preflight(settings, broker=True, store=True)
     with live_progress(console) as progress:
-        report = run_guarded(do_enqueue, settings, input, job, retry_failed, progress)
+        report = run_guarded(do_enqueue, settings, input, job, retry_failed, progress, redo)
     console.print(
         f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
         f"running {report.running}, already queued {report.queued}, failed {report.failed}"
@@ -150,7 +170,8 @@ def status(
     manifest = run_guarded(require_manifest, store, job)
 
     def current():
-        return run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour, manifest, settings.bench_after)
+        return run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour, manifest, settings.bench_after,
+                           redo=True)
 
     if as_json:
         while True:
@@ -181,6 +202,15 @@ def retractions_text(retractions: int, samples: int) -> str:
             "lower sglang.max_running_requests or raise sglang.context_tokens")
 
 
+def redo_text(st) -> str:
+    """Redo jobs (`--redo`) and what they finished of this job's unfinished samples."""
+    if not st.redo_jobs:
+        hint = f"; `fleet run --job NAME --redo {st.job}` generates them again" if st.samples_unfinished else ""
+        return f"{st.samples_unfinished:,} unfinished sample(s){hint}"
+    jobs = ", ".join(f"{name} ({done})" for name, done in st.redo_jobs.items())
+    return f"{st.redo_finished:,} of {st.samples_unfinished:,} unfinished sample(s) finished since by {jobs}"
+
+
 def status_table(st) -> Table:
     t = Table(title=f"job {st.job}", show_header=False)
     eta = "-" if st.eta_s is None else f"{st.eta_s / 3600:.2f} h"
@@ -192,6 +222,7 @@ def status_table(st) -> Table:
         ("truncated", f"{st.records_truncated} at max tokens ({st.records_truncated_in_thinking} inside the thinking)"),
         ("no answer", f"{st.records_ended_in_thinking} ended inside the thinking, "
                       f"{st.records_repetition} stopped in a loop (repetition)"),
+        ("redo", redo_text(st)),
         ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out, {st.tokens_in_flight:,} in flight"),
         ("continuation", f"{st.tokens_continued:,} tokens continued from checkpoints, "
                          f"{st.tokens_made_twice:,} made twice (lost between flushes, helpers' copies)"),
@@ -227,7 +258,9 @@ def status_table(st) -> Table:
 
 @app.command()
 def export(
-    job: JobOpt,
+    job: Annotated[list[str], typer.Option(
+        "--job", "-j", help="job name; again for its redo jobs (--redo): each row the version that finished, "
+        "the later job's between two")],
     out: Annotated[str, typer.Option(
         "--out", "-o", help="local path (a FIFO or device is written through), - for standard output, "
         "or s3://bucket/key")],
@@ -251,8 +284,8 @@ def export(
     preflight(settings, store=True)
     left_out = LeftOut()
     with live_progress(console) as progress:
-        n = run_guarded(export_job, store_for(settings), job, out, fmt, allow_incomplete or partial, stable,
-                        only_finished, left_out, progress)
+        n = run_guarded(export_job, store_for(settings), job[0], out, fmt, allow_incomplete or partial, stable,
+                        only_finished, left_out, progress, redo_jobs=job[1:])
     console.print(f"wrote {n} records to {'standard output' if out == '-' else out}")
     for reason, count in left_out.reasons.items():
         console.print(f"left out {count}: {reason}")

@@ -21,6 +21,7 @@ from fleet.coord.mismatch import mismatched_workers
 from fleet.coord.storeoutages import store_outages
 from fleet.coord.suspects import dying_workers, healthy_others, stalled_workers
 from fleet.errors import StoreError
+from fleet.monitor.redo import redo_progress
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, require_manifest
@@ -56,6 +57,12 @@ class JobStatus:
     retractions: int = 0
     #: samples the repetition stop ended in an exact loop: no answer, left out by --only-finished
     records_repetition: int = 0
+    #: samples that did not finish (cut, ended inside the thinking, errors, loops): what `--redo` takes
+    samples_unfinished: int = 0
+    #: this job's redo jobs (and theirs), each with its chunks done, and how many of its unfinished
+    #: samples they have finished since (fleet.monitor.redo; read only where asked, `fleet status`)
+    redo_jobs: dict[str, str] = field(default_factory=dict)
+    redo_finished: int = 0
     #: output tokens made for chunks not yet committed, counted as they stream (broker's count)
     tokens_in_flight: int = 0
     #: output tokens made more than once: lost between a run's last flush and its death, or
@@ -151,8 +158,9 @@ def recent_rate(stats: list[ChunkStats], now: float, window_s: float = RATE_WIND
 
 
 def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: float = 0.0,
-               manifest: Manifest | None = None, bench_after: int = BENCH_AFTER) -> JobStatus:
-    """`manifest` saves a read of it per call where the caller polls (fleet run, --watch)."""
+               manifest: Manifest | None = None, bench_after: int = BENCH_AFTER, redo: bool = False) -> JobStatus:
+    """`manifest` saves a read of it per call where the caller polls (fleet run, --watch); `redo`
+    adds what redo jobs finished of this job's unfinished samples (reads their results)."""
     manifest = manifest or require_manifest(store, job)
     done = done_indexes(store, job)
     failed = failed_indexes(store, job) - done
@@ -189,6 +197,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.records_ended_in_thinking += s.records_ended_in_thinking
         st.retractions += s.retractions
         st.records_repetition += s.records_repetition
+        st.samples_unfinished += s.errors + s.records_truncated + s.records_ended_in_thinking + s.records_repetition
         st.tokens_made_twice += s.tokens_made_twice
         st.tokens_continued += s.tokens_continued
     st.workers = sorted({s.worker for s in stats if s.worker is not None})
@@ -222,4 +231,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.failed = [{k: f.get(k) for k in ("index", "error_type", "error", "attempts")}
                      for f in read_failures(store, job, failed)]
     st.done = st.chunks_done == manifest.chunks
+    progress = redo_progress(store, job) if redo else None
+    if progress is not None:
+        st.redo_jobs, st.redo_finished = progress.jobs, progress.finished
     return st

@@ -32,6 +32,8 @@ class JobIdentity(BaseModel):
     #: where the input was read from: for messages, not compared (a copy elsewhere is the same job)
     input: str
     records: int
+    #: the job whose unfinished rows this one generates again (fleet.producer.redo)
+    redo_of: str | None = None
     claimed_at: float = Field(default_factory=time.time)
 
     def to_bytes(self) -> bytes:
@@ -50,6 +52,8 @@ def differences(stored: JobIdentity | Manifest, new: JobIdentity) -> list[str]:
             f"input: {stored.input!r} ({stored.input_digest}) -> {new.input!r} ({new.input_digest}): "
             "the records differ"
         )
+    if stored.redo_of != new.redo_of:
+        out.append(f"redo of: {stored.redo_of!r} -> {new.redo_of!r}")
     return out
 
 

@@ -7,7 +7,7 @@ no result, no live lease and no waiting message, so it also rebuilds a lost queu
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,18 +23,19 @@ from fleet.coord.queuescan import stale_markers
 from fleet.coord.recovery import Reaper
 from fleet.engines.identity import engine_identity, identity_hash
 from fleet.engines.specs import input_vocab, job_config
-from fleet.errors import InputError
+from fleet.errors import FleetError, InputError, JobConflict
 from fleet.producer.chunker import write_chunks
 from fleet.producer.claim import JobIdentity, check_same_job, claim_job
 from fleet.producer.digest import InputDigest
 from fleet.producer.reader import read_records, validate
+from fleet.producer.redo import check_redo, redo_input, redo_settings
 from fleet.producer.source import local_input
 from fleet.progress import Progress, counted
 from fleet.records import InputRecord
 from fleet.settings import Settings
 from fleet.store import Store, store_for
-from fleet.store.layout import failed_key, manifest_key
-from fleet.store.manifest import Manifest, check_compatible, config_hash, load_manifest
+from fleet.store.layout import failed_key, manifest_key, redo_key
+from fleet.store.manifest import Manifest, check_compatible, config_hash, load_manifest, require_manifest
 
 log = logging.getLogger(__name__)
 #: a message taken this many lease TTLs ago whose chunk has no lease lost its worker
@@ -63,18 +64,24 @@ def job_identity(
     settings: Settings, job: str, input_url: str, path: Path, progress: Progress | None = None
 ) -> JobIdentity:
     """Validate the input and digest it in the same streaming pass; nothing is written."""
-    config = job_config(settings)
-    engine = engine_identity(settings)
     digest = InputDigest()
     if progress:
         progress("validate", 0, None)
     records = validate(path, on_record=digest.update, vocab=input_vocab(settings))
     if progress:
         progress("validate", records, records)
+    return identity_of(settings, job, input_url, digest, records)
+
+
+def identity_of(
+    settings: Settings, job: str, input_url: str, digest: InputDigest, records: int, redo_of: str | None = None
+) -> JobIdentity:
+    config = job_config(settings)
+    engine = engine_identity(settings)
     return JobIdentity(
         job=job, config=config, config_hash=config_hash(config), engine_identity=engine,
         engine_identity_hash=identity_hash(engine), input_digest=digest.hexdigest(),
-        input=input_url, records=records,
+        input=input_url, records=records, redo_of=redo_of,
     )
 
 
@@ -85,7 +92,8 @@ def digested(records: Iterator[InputRecord], digest: InputDigest) -> Iterator[In
 
 
 def write_job(
-    settings: Settings, store: Store, path: Path, ident: JobIdentity, progress: Progress | None = None
+    settings: Settings, store: Store, records: Iterable[InputRecord], ident: JobIdentity,
+    progress: Progress | None = None,
 ) -> tuple[Manifest, bool]:
     """Chunks, then the manifest last: a job exists only once all its chunks do.
 
@@ -93,10 +101,10 @@ def write_job(
     them byte for byte; of two manifests the first stays.
     """
     digest = InputDigest()
-    records = counted(digested(read_records(path), digest), progress, "write chunks", ident.records)
+    records = counted(digested(iter(records), digest), progress, "write chunks", ident.records)
     counts = write_chunks(store, ident.job, records, settings.chunk_size, settings.sampling.n)
     if digest.hexdigest() != ident.input_digest:
-        # The file was read twice (validate, then write): an edit in between would put other
+        # The input was read twice (validate, then write): an edit in between would put other
         # records into the chunks than the claim and the manifest describe.
         raise InputError([f"{ident.input} changed while it was enqueued: no manifest was written; "
                           "enqueue it again once it no longer changes"])
@@ -105,6 +113,7 @@ def write_job(
         records=counts.records, samples=counts.samples, config=ident.config,
         config_hash=ident.config_hash, engine_identity=ident.engine_identity,
         engine_identity_hash=ident.engine_identity_hash, input_digest=ident.input_digest,
+        redo_of=ident.redo_of,
     )
     if store.put_if_absent(manifest_key(ident.job), manifest.to_bytes()):
         return manifest, True
@@ -132,7 +141,48 @@ def prepare_job(
             return existing, False
         if not claim_job(store, ident):
             log.info("job %s: joining an enqueue of the same input and configuration", job)
-        return write_job(settings, store, path, ident, progress)
+        return write_job(settings, store, read_records(path), ident, progress)
+
+
+def prepare_redo(
+    settings: Settings, store: Store, job: str, redo_of: str, progress: Progress | None = None
+) -> tuple[Manifest, bool]:
+    """The manifest of `job`, a redo of `redo_of` (fleet.producer.redo), creating it on first
+    sight: the same claim, chunks-then-manifest order and refusals as a job of an input file.
+    Its samples per record are J's and its seed its own (`redo_settings`)."""
+    check_redo(job, redo_of)
+    base = require_manifest(store, redo_of)
+    settings = redo_settings(settings, base, job)
+    existing = load_manifest(store, job)
+    if existing is not None:
+        check_compatible(existing, job_config(settings))
+        if existing.redo_of != redo_of:
+            raise JobConflict(f"job {job!r} exists and is not a redo of {redo_of!r} (it redoes "
+                              f"{existing.redo_of!r}); use another --job name")
+        return existing, False
+    found = redo_input(store, base)
+    digest = InputDigest()
+    for record in found.read(store):
+        digest.update(record)
+    ident = identity_of(settings, job, f"redo of {redo_of}", digest, found.records, redo_of)
+    if not claim_job(store, ident):
+        log.info("job %s: joining an enqueue of the same redo and configuration", job)
+    # Named under J before the manifest exists: every redo job with a manifest is found from J.
+    store.put(redo_key(redo_of, job), ident.to_bytes())
+    return write_job(settings, store, found.read(store), ident, progress)
+
+
+def prepare(
+    settings: Settings, store: Store, input_url: str | None, job: str, progress: Progress | None = None,
+    redo_of: str | None = None,
+) -> tuple[Manifest, bool]:
+    """`prepare_job` of an input, or `prepare_redo` of `redo_of`: exactly one of the two is given."""
+    if (input_url is None) == (redo_of is None):
+        raise FleetError("give an input file, or --redo JOB to take a finished job's unfinished rows (not both)")
+    if redo_of is not None:
+        return prepare_redo(settings, store, job, redo_of, progress)
+    assert input_url is not None
+    return prepare_job(settings, store, input_url, job, progress)
 
 
 def max_tokens_of(manifest: Manifest) -> dict[str, Any]:
@@ -179,10 +229,12 @@ def repair_markers(r: redis.Redis, settings: Settings, job: str, markers: set[in
 
 
 def enqueue(
-    settings: Settings, input_url: str, job: str, retry_failed: bool = False, progress: Progress | None = None
+    settings: Settings, input_url: str | None, job: str, retry_failed: bool = False,
+    progress: Progress | None = None, redo_of: str | None = None,
 ) -> EnqueueReport:
+    """Enqueue `job` from `input_url`, or as a redo of `redo_of`."""
     store = store_for(settings)
-    manifest, created = prepare_job(settings, store, input_url, job, progress)
+    manifest, created = prepare(settings, store, input_url, job, progress, redo_of)
     app = make_celery(settings)
     r = redis_client(settings)
     try:

@@ -2,7 +2,8 @@
 
 <job>/claim.json (written once, before any chunk), <job>/manifest.json, <job>/chunks/<index>,
 <job>/results/<index> (written once), <job>/partial/<index>/<seq>-<worker> (checkpoints),
-<job>/failed/<index>.json. Indexes are zero-padded to six digits. Chunks, results and
+<job>/failed/<index>.json, <job>/redos/<redo job> (a redo job of this one names itself here).
+Indexes are zero-padded to six digits. Chunks, results and
 checkpoints are zstd-compressed JSON lines.
 """
 
@@ -33,6 +34,16 @@ def manifest_key(job: str) -> str:
 
 def claim_key(job: str) -> str:
     return f"{job}/claim.json"
+
+
+def redos_prefix(job: str) -> str:
+    """Where the redo jobs of `job` name themselves (fleet.producer.redo): `fleet status` finds them
+    in the store, the source of truth, without a scan of every job."""
+    return f"{job}/redos/"
+
+
+def redo_key(job: str, redo: str) -> str:
+    return f"{redos_prefix(job)}{redo}"
 
 
 def chunk_key(job: str, index: int) -> str:

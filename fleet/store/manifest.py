@@ -56,6 +56,8 @@ class Manifest(BaseModel):
     engine_identity_hash: str | None = None
     #: blake2b of the canonical records (fleet.producer.digest): a changed input is refused
     input_digest: str | None = None
+    #: the job whose unfinished rows this job generates again (`--redo`); None for a job of an input
+    redo_of: str | None = None
     fleet_version: str = __version__
 
     def to_bytes(self) -> bytes:

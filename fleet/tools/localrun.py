@@ -20,7 +20,7 @@ from fleet.coord.broker import make_celery, redis_client
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.recovery import Reaper
 from fleet.monitor.status import JobStatus, job_status
-from fleet.producer.enqueue import enqueue_missing, prepare_job
+from fleet.producer.enqueue import enqueue_missing, prepare
 from fleet.redact import redact_url
 from fleet.settings import Settings
 from fleet.store import Store, store_for
@@ -41,8 +41,9 @@ def describe(st: JobStatus) -> str:
             f"{st.chunks_queued} queued, {st.chunks_failed} failed | {st.tok_s:,.0f} tok/s")
 
 
-def run_local(settings: Settings, input_url: str, job: str, workers: int | None = None,
-              gpus: list[int] | None = None, console: Console | None = None) -> JobStatus:
+def run_local(settings: Settings, input_url: str | None, job: str, workers: int | None = None,
+              gpus: list[int] | None = None, console: Console | None = None, redo_of: str | None = None) -> JobStatus:
+    """Run `job` of `input_url`, or a redo of the job `redo_of` (fleet.producer.redo)."""
     console = console or Console(stderr=True)
     with ExitStack() as stack:
         if not settings.broker_url:
@@ -51,7 +52,7 @@ def run_local(settings: Settings, input_url: str, job: str, workers: int | None 
             settings = settings.model_copy(update={"broker_url": local.url})
             console.print(f"started local redis-server on {redact_url(local.url)}")
         store = store_for(settings)
-        manifest, created = prepare_job(settings, store, input_url, job)
+        manifest, created = prepare(settings, store, input_url, job, redo_of=redo_of)
         console.print(f"job {job}: {manifest.records} records in {manifest.chunks} chunks "
                       f"({'new' if created else 'resumed'}), store {store.url}")
         app = make_celery(settings)
