@@ -557,3 +557,28 @@ def test_pre_tokenized_ids_are_sent_as_given(fake_sglang, tiny_model: Path, loop
     with pytest.raises(RecordError, match=rf"outside the model's vocab size \({vocab}\)"):
         loop_thread.run(engine.generate(request))
     assert fake_sglang.instances[0].calls == calls
+
+
+def test_a_stream_carries_only_new_ids_and_a_continued_request_ends_as_one_run(
+        fake_sglang, tiny_model: Path, loop_thread: LoopThread) -> None:
+    # Given the engine with incremental streaming every 4 tokens, and one request run in one go
+    engine = started(loop_thread, sg_settings(tiny_model, mtp=False, stream_interval=4, engine_kwargs={
+        "fake_tokens": 30}))
+
+    async def collect(req):
+        deltas = [d async for d in engine.stream(req)]
+        return [i for d in deltas for i in d.ids], deltas[-1].result, len(deltas)
+
+    whole_ids, whole, n = loop_thread.run(collect(raw("c", max_tokens=100, top_k=0)))
+    assert whole_ids == whole.output_ids and len(whole_ids) == 30 and n > 2
+    # When it is continued after 11 of its ids
+    cont = raw("c", max_tokens=100, top_k=0)
+    cont.prefix_ids = whole.output_ids[:11]
+    new_ids, result, _ = loop_thread.run(collect(cont))
+    # Then SGLang got prompt + prefix with max tokens lowered, the stream only what follows,
+    # and the result covers the whole sample
+    sent = fake_sglang.instances[0].requests[-1]
+    assert sent["input_ids"][-11:] == whole.output_ids[:11]
+    assert sent["sampling_params"]["max_new_tokens"] == 100 - 11
+    assert new_ids == whole.output_ids[11:]
+    assert (result.output_ids, result.completion_tokens, result.finish_reason) == (whole.output_ids, 30, "stop")

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from abc import abstractmethod
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from fleet.engines.base import Engine, EngineSpec
 from fleet.errors import EngineError
@@ -26,6 +28,8 @@ from fleet.model.prompting import (
 )
 from fleet.records import GenRequest, GenResult, prompt_digest
 from fleet.settings import Settings
+
+T = TypeVar("T")
 
 
 class ModelEngine(Engine):
@@ -46,7 +50,23 @@ class ModelEngine(Engine):
         self.tokenizer = load_tokenizer(self.model_path)
         self.defaults = model_facts(self.settings)["sampling"]
 
-    def whole(
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run tokenizer work where this engine keeps it (hf: inline, as its stream renders)."""
+        return fn(*args)
+
+    async def prompt_of(self, request: GenRequest) -> Prompt:
+        return render(self.tokenizer, request)
+
+    async def whole(
+        self, request: GenRequest, prompt: Prompt, new_ids: list[int], reason: str, engine_text: str | None,
+        facts: dict[str, Any],
+    ) -> GenResult:
+        """`assemble`, decoding where this engine keeps its tokenizer work when it must decode."""
+        if request.prefix_ids or engine_text is None:
+            return await self.off_loop(self.assemble, request, prompt, new_ids, reason, engine_text, facts)
+        return self.assemble(request, prompt, new_ids, reason, engine_text, facts)
+
+    def assemble(
         self, request: GenRequest, prompt: Prompt, new_ids: list[int], reason: str, engine_text: str | None,
         facts: dict[str, Any],
     ) -> GenResult:
@@ -72,8 +92,8 @@ class ModelEngine(Engine):
         )
 
     async def cut(self, request: GenRequest, new_ids: list[int], reason: str) -> GenResult:
-        prompt = await asyncio.get_running_loop().run_in_executor(None, render, self.tokenizer, request)
-        return self.whole(request, prompt, new_ids, reason, None, {})
+        prompt = await self.prompt_of(request)
+        return await self.whole(request, prompt, new_ids, reason, None, {})
 
     def decode_output(self, ids: list[int], reason: str, stops: tuple[str, ...] | None) -> tuple[list[int], str, bool]:
         """(ids, text, stopped by a string) as the engines report them: the text without its end-of-
@@ -103,7 +123,10 @@ class ModelEngine(Engine):
             return 0
         return max(len(s) for s in request.sampling.stop) + 4
 
-    def seam_stopped(self, request: GenRequest, new_ids: list[int]) -> bool:
+    async def seam_stopped(self, request: GenRequest, new_ids: list[int]) -> bool:
+        return await self.off_loop(self._seam_stopped, request, list(new_ids))
+
+    def _seam_stopped(self, request: GenRequest, new_ids: list[int]) -> bool:
         """A stop string that begins in the prefix and ends in the new ids."""
         window = self.seam_window(request)
         tail = request.prefix_ids[-window:]
@@ -143,6 +166,13 @@ class EmbeddedEngine(ModelEngine):
         if asyncio.get_running_loop() is not self._loop:
             raise EngineError(f"{self.name} engine called from a loop other than the one it started on")
         return await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """On the render thread: once the engine runs, only that thread touches the tokenizer."""
+        return await asyncio.get_running_loop().run_in_executor(self._render, partial(fn, *args))
+
+    async def prompt_of(self, request: GenRequest) -> Prompt:
+        return await self.render_prompt(request)
 
     def release(self) -> Any:
         """Forget the engine and stop rendering; returns the engine for the caller to shut down."""

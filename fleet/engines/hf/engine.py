@@ -275,7 +275,7 @@ class HfEngine(ModelEngine):
         prompt = render(self.tokenizer, request)
         max_new = check_length(request, len(prompt.ids), self.context)
         if max_new <= 0:  # its checkpointed ids already fill the context
-            yield GenDelta([], self.whole(request, prompt, [], "length", None, {}))
+            yield GenDelta([], await self.whole(request, prompt, [], "length", None, {}))
             return
         sampling = fill_sampling(request.sampling, self.defaults)
         if sampling.seed is None:
@@ -408,4 +408,4 @@ class HfEngine(ModelEngine):
     ) -> GenResult:
         n, why = finished or (min(len(generated), p.max_new), "length")
         reason = "length" if why == "length" else "stop"
-        return self.whole(p.request, p.prompt, generated[:n], reason, None, {"batch_size": size})
+        return self.assemble(p.request, p.prompt, generated[:n], reason, None, {"batch_size": size})

@@ -239,7 +239,7 @@ class SglangEngine(EmbeddedEngine):
         budget = None if self.context is None else self.context - self.reserved_tokens
         max_new = check_length(request, len(prompt.ids), budget)
         if max_new <= 0:  # its checkpointed ids already fill the context
-            yield GenDelta([], self.whole(request, prompt, [], "length", None, {}))
+            yield GenDelta([], await self.whole(request, prompt, [], "length", None, {}))
             return
         sampling = fill_sampling(request.sampling, self.defaults)
         eos_ids = self.defaults["eos_token_ids"]
@@ -252,9 +252,9 @@ class SglangEngine(EmbeddedEngine):
             new += ids
             texts.append(out.get("text") or "")
             meta = out.get("meta_info") or {}
-            if window and len(new) - len(ids) < window and self.seam_stopped(request, new):
+            if window and len(new) - len(ids) < window and await self.seam_stopped(request, new):
                 await self.abort(request.request_id)
-                yield GenDelta(ids, self.whole(request, prompt, new, "stop", None, {}))
+                yield GenDelta(ids, await self.whole(request, prompt, new, "stop", None, {}))
                 return
             if meta.get("finish_reason") is None:
                 if ids:
@@ -262,7 +262,7 @@ class SglangEngine(EmbeddedEngine):
                 continue
             reason = finish_reason(meta)
             facts = {ours: meta[theirs] for ours, theirs in META_FIELDS if meta.get(theirs) is not None}
-            yield GenDelta(ids, self.whole(request, prompt, new, reason, "".join(texts), facts))
+            yield GenDelta(ids, await self.whole(request, prompt, new, reason, "".join(texts), facts))
             return
         raise RecordError(f"sglang ended record {request.record_id!r} without a finish reason")
 

@@ -121,7 +121,7 @@ class VllmEngine(EmbeddedEngine):
         prompt = await self.render_prompt(request)
         max_new = check_length(request, len(prompt.ids), self.context)
         if max_new <= 0:  # its checkpointed ids already fill the context
-            yield GenDelta([], self.whole(request, prompt, [], "length", None, {}))
+            yield GenDelta([], await self.whole(request, prompt, [], "length", None, {}))
             return
         sampling = fill_sampling(request.sampling, self.defaults)
         if self.greedy_only and sampling.temperature:
@@ -140,9 +140,9 @@ class VllmEngine(EmbeddedEngine):
             ids = list(sample.token_ids)  # RequestOutputKind.DELTA: only this step's ids
             new += ids
             texts.append(sample.text or "")
-            if window and len(new) - len(ids) < window and self.seam_stopped(request, new):
+            if window and len(new) - len(ids) < window and await self.seam_stopped(request, new):
                 await self.abort(request.request_id)
-                yield GenDelta(ids, self.whole(request, prompt, new, "stop", None, {}))
+                yield GenDelta(ids, await self.whole(request, prompt, new, "stop", None, {}))
                 return
             if not out.finished:
                 if ids:
@@ -153,7 +153,7 @@ class VllmEngine(EmbeddedEngine):
                 raise RecordError(f"vllm finished record {request.record_id!r} with {sample.finish_reason!r}")
             facts: dict[str, Any] = {"cached_tokens": out.num_cached_tokens} if out.num_cached_tokens else {}
             facts |= spec_meta(sample.spec_decode_metrics)
-            yield GenDelta(ids, self.whole(request, prompt, new, reason, "".join(texts), facts))
+            yield GenDelta(ids, await self.whole(request, prompt, new, reason, "".join(texts), facts))
             return
         raise RecordError(f"vllm returned no output for record {request.record_id!r}")
 

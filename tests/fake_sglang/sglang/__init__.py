@@ -41,8 +41,8 @@ Kwargs starting with `fake_` steer it: `fake_step_s` (seconds per token), `fake_
 request is aborted with HTTP 500), `fake_effective_running` (what the scheduler settles on),
 `fake_retractions` (times each request was retracted, meta_info `num_retractions`).
 Output ids are a function of the context's first four ids and the absolute position, so a
-request continued from prompt + the ids made so far goes on as the uninterrupted one would
-(as a greedy model does); the natural length counts from the end of the ids sent.
+request continued from prompt + the ids made so far goes on and ends as the uninterrupted one
+would (as a greedy model does).
 `crash(message)` makes every request from then on raise. With FAKE_SGLANG_JOURNAL set, each
 engine start and each request appends a JSON line there, for tests that run real worker
 processes and cannot see `instances`.
@@ -245,7 +245,9 @@ class Engine:
         self.requests.append({"input_ids": list(input_ids), "sampling_params": params, "rid": rid})
         began = time.monotonic()
         max_new = min(params.get("max_new_tokens", 128), self.tokenizer_manager.max_req_len() - len(input_ids) - 1)
-        n = min(self.natural_tokens, max_new)  # the scheduler runs to max_new, whatever was sent
+        # the sample ends where an uninterrupted one would: natural_tokens after the output began
+        left = self.natural_tokens - (len(input_ids) - self._output_start(input_ids))
+        n = max(0, min(left, max_new))  # the scheduler runs to max_new, whatever was sent
         self.inside += 1
         journal({"event": "request", "pid": os.getpid(), "prompt": len(input_ids), "inside": self.inside,
                  "reserved": self.tokenizer_manager.num_reserved_tokens, "sampling_params": params})  # fmt: skip
@@ -290,6 +292,16 @@ class Engine:
         if stream and incremental:
             out["output_ids"] = out["output_ids"][sent:]
         yield out
+
+    @staticmethod
+    def _output_start(input_ids: list[int]) -> int:
+        """Where the ids this fake made begin in a continued request's input (its own output follows
+        a rule of position; a prompt's ids do not): the input's length when it made none."""
+        seed = sum(input_ids[:4]) * 7
+        start = len(input_ids)
+        while start > 4 and input_ids[start - 1] == (seed + start - 1) % 1000 + 10:
+            start -= 1
+        return start
 
     def _ids(self, input_ids: list[int], n: int, params: dict[str, Any]) -> list[int]:
         """A greedy model's output: each id a function of the context's start and its position."""
