@@ -21,11 +21,13 @@ import pytest
 from fleet.model.prompting import THINK_CLOSE, load_tokenizer
 from fleet.model.turns import conversation, turn_count, turn_prompt
 from fleet.producer.reader import read_records
+from fleet.producer.redo import redo_settings
 from fleet.records import Message
+from fleet.settings import load_settings
 from fleet.store import open_store
 from fleet.store.checkpoints import encode_checkpoint, longest_prefixes, read_checkpoint
 from fleet.store.layout import checkpoint_prefix, results_prefix
-from fleet.store.manifest import load_manifest
+from fleet.store.manifest import Manifest, load_manifest
 from fleet.store.results import finished
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, read_jsonl, wait_for, worker_pids
@@ -83,6 +85,14 @@ def test_turns_all_keeps_the_whole_conversation_and_last_keeps_todays_prompt(tmp
     assert [m.role for m in last.messages] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert [m.content for m in whole.messages if m.role == "assistant"] == list(GIVEN)
     assert turn_count(whole.messages) == 3
+
+
+def test_a_redo_of_a_turns_all_job_generates_every_turn_too():
+    # its chunks hold the job's records as read for turns = all: whole conversations
+    base = Manifest(job="j", input="x", chunk_size=1, chunks=1, records=1, samples=1, config_hash="h",
+                    config={"turns": "all", "seed": 0, "sampling": {"n": 1}})  # fmt: skip
+    assert redo_settings(load_settings(), base, "j2").turns == "all"
+    assert redo_settings(load_settings(), base.model_copy(update={"config": {"seed": 0}}), "j2").turns == "last"
 
 
 def test_checkpoints_hold_finished_turns_and_each_turns_segments():
