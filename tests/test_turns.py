@@ -10,6 +10,7 @@ conversation at the turn where it stopped.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,17 +19,21 @@ from pathlib import Path
 
 import pytest
 
+from fleet.engines.sim.engine import SimEngine
+from fleet.engines.specs import job_config
 from fleet.model.prompting import THINK_CLOSE, load_tokenizer
 from fleet.model.turns import conversation, turn_count, turn_prompt
 from fleet.producer.reader import read_records
 from fleet.producer.redo import redo_settings
-from fleet.records import Message
-from fleet.settings import load_settings
+from fleet.records import GenRequest, InputRecord, Message
+from fleet.settings import Settings, SimSettings, load_settings
 from fleet.store import open_store
-from fleet.store.checkpoints import encode_checkpoint, longest_prefixes, read_checkpoint
+from fleet.store.checkpoints import Partial, encode_checkpoint, longest_prefixes, read_checkpoint
 from fleet.store.layout import checkpoint_prefix, results_prefix
 from fleet.store.manifest import Manifest, load_manifest
 from fleet.store.results import finished
+from fleet.worker.chunk import ChunkRun, sample_key, turn_key
+from fleet.worker.generate import generate_chunk
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, read_jsonl, wait_for, worker_pids
 from tests.modelkit import tiny_model_fixture  # noqa: F401
@@ -87,7 +92,7 @@ def test_turns_all_keeps_the_whole_conversation_and_last_keeps_todays_prompt(tmp
     assert turn_count(whole.messages) == 3
 
 
-def test_a_redo_of_a_turns_all_job_generates_every_turn_too():
+def test_a_redo_of_a_turns_all_job_generates_every_turn_too(clean_env):
     # its chunks hold the job's records as read for turns = all: whole conversations
     base = Manifest(job="j", input="x", chunk_size=1, chunks=1, records=1, samples=1, config_hash="h",
                     config={"turns": "all", "seed": 0, "sampling": {"n": 1}})  # fmt: skip
@@ -107,6 +112,45 @@ def test_checkpoints_hold_finished_turns_and_each_turns_segments():
     assert prefixes[("r", 0, 0)].ids == list(range(9)) and prefixes[("r", 0, 1)].ids == list(range(20, 26))
     # and a turn-0 segment is written as before the setting existed
     assert "turn" not in segs[0].row() and later[0].row()["turn"] == 1
+
+
+def test_a_run_starts_at_the_first_turn_its_checkpoints_lack_and_continues_its_ids(clean_env):
+    # Given a conversation whose first turn is checkpointed and whose second has checkpointed ids
+    turns_job = {"turns": "all"}
+    config = job_config(Settings(turns="all", return_output_ids=True))
+    assert {k: config[k] for k in turns_job} == turns_job and "turns" not in job_config(Settings())
+    record = InputRecord(pos=0, line=1, id="c0", messages=[Message(**m) for m in three_turns(0)["conversations"]])
+    run = ChunkRun(job="j", index=0, attempt=1, worker="w", records=[record], manifest=Manifest(
+        job="j", input="x", chunk_size=1, chunks=1, records=1, samples=1, config=config, config_hash="h"))
+    first = {"id": "c0", "sample": 0, "turn": 0, "output": "kept answer", "reasoning": "kept", "output_ids": [1, 2],
+             "prompt_tokens": 5, "completion_tokens": 2, "finish_reason": "stop", "in_thinking": False,
+             "prompt_digest": "d", "continued_at": None, "repetition_period": None, "worker": "gone"}  # fmt: skip
+    run.turns = {sample_key("c0", 0): {0: first}}
+    run.partials = {turn_key("c0", 0, 1): Partial([7, 8, 9], [])}
+    seen: list[GenRequest] = []
+
+    class Recording(SimEngine):
+        def stream(self, request: GenRequest):
+            seen.append(request)
+            return super().stream(request)
+
+    # When the chunk runs (the sim's turns end on their own)
+    async def main() -> None:
+        engine = Recording(SimSettings(step_s=0))
+        await engine.start()
+        await generate_chunk(run, engine)
+
+    asyncio.run(main())
+    # Then turn 0 is not asked for again: turn 1 continues its ids after the kept turn, then turn 2
+    [out] = run.finished.values()
+    assert [r.prefix_ids[:3] for r in seen] == [[7, 8, 9], []]
+    assert [m.content for m in seen[0].messages if m.role == "assistant"] == ["kept answer"]
+    assert [m.content for m in seen[1].messages if m.role == "assistant"] == ["kept answer", out["turns"][1]["output"]]
+    assert out["turns"][0] == {k: v for k, v in first.items() if k not in ("id", "sample")}
+    assert [t["turn"] for t in out["turns"]] == [0, 1, 2] and out["turns"][1]["output_ids"][:3] == [7, 8, 9]
+    assert out["turns"][1]["continued_at"] == [3] and out["output"] == out["turns"][2]["output"]
+    # and a seed of its own per turn: the sim's output is a function of it
+    assert seen[0].sampling.seed != seen[1].sampling.seed
 
 
 # -- real workers on the tiny model ------------------------------------------------------------
