@@ -17,6 +17,7 @@ import signal
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from fleet.engines.sim.engine import SimEngine
@@ -208,6 +209,16 @@ def test_every_turn_is_generated_exported_and_kept_by_specforge(tmp_path: Path, 
         for k, t in enumerate(turns):
             assert t["output"] not in GIVEN and t["output_ids"] and t["completion_tokens"] == len(t["output_ids"])
             assert t["prompt_tokens"] == len(prompt_ids(tokenizer, int(rid[1:]), turns[:k])), (rid, k)
+
+    # And parquet and openai carry the turns
+    res = run_fleet("export", "--job", "turns", "--format", "parquet", "--out", str(tmp_path / "t.parquet"), env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    table = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert [r["turns"] for r in table] == [r["turns"] for r in records.values()]
+    for line in export(env, "turns", "openai", tmp_path / "oa.jsonl"):
+        [choice] = line["response"]["body"]["choices"]
+        assert [(t["content"], t["reasoning_content"], t["finish_reason"]) for t in choice["turns"]] == \
+            [(t["output"], t["reasoning"], t["finish_reason"]) for t in records[line["custom_id"]]["turns"]]
 
     # And the tokens export has one exact row per generated turn: the template's prompt over the
     # generated turns before it, then the turn's output ids, the loss over the output only
