@@ -98,13 +98,20 @@ class OutputRecord(BaseModel):
     continued_at: list[int] | None = None
     #: the repeated block's length in tokens, when the repetition stop ended the sample
     repetition_period: int | None = None
+    #: turns = all (fleet/model/turns.py): every generated turn in order, each with TURN_FIELDS; the
+    #: top-level fields describe the last one. None: one turn (turns = last, or no conversation)
+    turns: list[dict[str, Any]] | None = None
     #: the input's passthrough fields (InputRecord.extra); exports put them back at top level
     extra: dict[str, Any] | None = None
     pos: int = Field(0, description="place in the input, for ordering; not exported")
 
 
-#: fleet's own export columns; `extra` is spread at top level (JSONL) or one JSON column (Parquet)
-EXPORT_FIELDS = [name for name in OutputRecord.model_fields if name not in ("pos", "extra")]
+#: fleet's own export columns; `extra` is spread at top level (JSONL) or one JSON column (Parquet);
+#: `turns` only where a record has them, so a turns = last job exports as it always did
+EXPORT_FIELDS = [name for name in OutputRecord.model_fields if name not in ("pos", "extra", "turns")]
+#: what a generated turn of a conversation keeps (OutputRecord.turns); `worker` made it
+TURN_FIELDS = ("turn", "output", "reasoning", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason",
+               "in_thinking", "prompt_digest", "continued_at", "repetition_period", "worker")  # fmt: skip
 
 
 @dataclass(frozen=True)

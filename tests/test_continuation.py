@@ -68,7 +68,7 @@ def test_the_longest_valid_chain_wins_never_the_oldest():
     # When they are read back in any order
     found = longest_prefixes(list(reversed(first + second + other + fork)))
     # Then the sample's prefix is the longest valid chain
-    assert found[("r", 0)].ids == ids
+    assert found[("r", 0, 0)].ids == ids
     # And a chain missing its first piece is nothing
     assert longest_prefixes(second) == {}
 

@@ -33,6 +33,8 @@ BrokerOpt = Annotated[str | None, typer.Option("--broker-url", help="redis:// UR
 StoreOpt = Annotated[str | None, typer.Option("--store-url", help="directory or s3://bucket/prefix")]
 ChunkOpt = Annotated[int | None, typer.Option("--chunk-size", help="records per chunk")]
 SlotsOpt = Annotated[int | None, typer.Option("--slots", help="K chunks per worker at once")]
+TurnsOpt = Annotated[str | None, typer.Option(
+    "--turns", help="last (default) or all: generate every assistant turn of a conversation (FLEET_TURNS)")]
 DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="local runtime directory")]
 
 

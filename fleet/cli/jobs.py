@@ -21,6 +21,7 @@ from fleet.cli.app import (
     ModelOpt,
     SlotsOpt,
     StoreOpt,
+    TurnsOpt,
     app,
     console,
     fail,
@@ -57,7 +58,7 @@ def run(
     gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or '0,1': one pinned worker per GPU")] = None,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, chunk_size: ChunkOpt = None, slots: SlotsOpt = None,
-    data_dir: DataDirOpt = None, max_tokens: MaxTokensOpt = None,
+    data_dir: DataDirOpt = None, max_tokens: MaxTokensOpt = None, turns: TurnsOpt = None,
 ) -> None:
     """Everything on one machine: local Redis if none is set, workers, enqueue, progress."""
     check_source(input, redo)
@@ -65,7 +66,7 @@ def run(
     from fleet.tools.localrun import run_local
 
     settings = settings_from(engine=engine, model=model, broker_url=broker_url, store_url=store_url,
-                             chunk_size=chunk_size, slots=slots, data_dir=data_dir)
+                             chunk_size=chunk_size, slots=slots, data_dir=data_dir, turns=turns)
     if max_tokens:
         settings.sampling.max_tokens = max_tokens
     preflight(settings, broker=bool(settings.broker_url), store=True)
@@ -91,13 +92,14 @@ def enqueue(
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="give quarantined chunks another round")] = False,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, chunk_size: ChunkOpt = None, max_tokens: MaxTokensOpt = None,
+    turns: TurnsOpt = None,
 ) -> None:
     """Producer: validate, write chunks and manifest, enqueue chunks with no result (idempotent)."""
     from fleet.producer.enqueue import enqueue as do_enqueue
 
     check_source(input, redo)
     settings = settings_from(engine=engine, model=model, broker_url=broker_url,
-                             store_url=store_url, chunk_size=chunk_size)
+                             store_url=store_url, chunk_size=chunk_size, turns=turns)
     if max_tokens:
         settings.sampling.max_tokens = max_tokens
     # The broker first: a job whose chunks are written but cannot be queued helps nobody.
@@ -115,14 +117,14 @@ def enqueue(
 @app.command()
 def validate(
     input: InputArg,
-    engine: EngineOpt = None, model: ModelOpt = None,
+    engine: EngineOpt = None, model: ModelOpt = None, turns: TurnsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
 ) -> None:
     """Check an input as `fleet enqueue` would, with nothing running: every bad line, the
     record count, the forms seen, and prompt tokens with the model's tokenizer (--model)."""
     from fleet.producer.survey import survey
 
-    report = run_guarded(survey, settings_from(engine=engine, model=model), input)
+    report = run_guarded(survey, settings_from(engine=engine, model=model, turns=turns), input)
     typer.echo(json.dumps({**asdict(report), "ok": report.ok}, indent=2) if as_json else survey_text(report))
     if not report.ok:
         raise typer.Exit(1)

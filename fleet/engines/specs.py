@@ -44,6 +44,8 @@ def job_config(settings: Settings) -> dict[str, Any]:
         "return_output_ids": settings.return_output_ids,
     }
     # Off, the stop leaves no key: a job enqueued before it existed joins under the same hash.
+    if settings.turns != "last":  # the default leaves no key: jobs made before the setting keep their hash
+        base["turns"] = settings.turns
     repetition = settings.repetition.job_config()
     if repetition is not None:
         base["repetition"] = repetition

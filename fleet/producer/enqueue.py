@@ -67,7 +67,7 @@ def job_identity(
     digest = InputDigest()
     if progress:
         progress("validate", 0, None)
-    records = validate(path, on_record=digest.update, vocab=input_vocab(settings))
+    records = validate(path, on_record=digest.update, vocab=input_vocab(settings), turns=settings.turns)
     if progress:
         progress("validate", records, records)
     return identity_of(settings, job, input_url, digest, records)
@@ -141,7 +141,7 @@ def prepare_job(
             return existing, False
         if not claim_job(store, ident):
             log.info("job %s: joining an enqueue of the same input and configuration", job)
-        return write_job(settings, store, read_records(path), ident, progress)
+        return write_job(settings, store, read_records(path, settings.turns), ident, progress)
 
 
 def prepare_redo(

@@ -7,6 +7,8 @@ or ShareGPT's from/value ones; roles are normalised as `specforge/data/parse.py`
 (`Parser._normalize_message`) does: human -> user, gpt -> assistant. The prompt is the
 conversation up to its last user turn and trailing assistant turns are dropped, which is
 what SpecForge's `scripts/regenerate_train_data.py` regenerates (its last assistant reply).
+A job with `turns = all` keeps the whole conversation instead: the worker generates every
+assistant turn in place of the given ones (fleet/model/turns.py).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def _message(turn: Any, at: str, problems: list[str]) -> dict[str, Any] | None:
     return dict(turn)
 
 
-def conversation_prompt(value: Any, problems: list[str]) -> list[dict[str, Any]] | None:
-    """The conversation up to and including its last user turn, as role/content messages."""
+def conversation_prompt(value: Any, problems: list[str], whole: bool = False) -> list[dict[str, Any]] | None:
+    """The conversation up to and including its last user turn, as role/content messages; every
+    turn with `whole` (turns = all: the worker generates each assistant turn)."""
     if not isinstance(value, list) or not value:
         problems.append("conversations: must be a non-empty array of turns")
         return None
@@ -66,7 +69,7 @@ def conversation_prompt(value: Any, problems: list[str]) -> list[dict[str, Any]]
     if not users:
         problems.append("conversations: no user turn, so nothing to answer")
         return None
-    return [m for m in messages[: users[-1] + 1] if m is not None]
+    return [m for m in (messages if whole else messages[: users[-1] + 1]) if m is not None]
 
 
 def passthrough(obj: dict[str, Any], sampling_keys: frozenset[str], problems: list[str]) -> dict[str, Any] | None:

@@ -228,7 +228,7 @@ def _sampling(
 
 
 def _shape(
-    obj: dict[str, Any], line: int, pos: int, vocab: int | None = None
+    obj: dict[str, Any], line: int, pos: int, vocab: int | None = None, turns: str = "last"
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The line in InputRecord's shape, and the user's name for each field."""
     problems: list[str] = []
@@ -257,7 +257,7 @@ def _shape(
     elif has[0] == "input_ids":
         check_input_ids(src["input_ids"], vocab, problems)
     elif has[0] == "conversations":
-        src = {"messages": conversation_prompt(src["conversations"], problems)}
+        src = {"messages": conversation_prompt(src["conversations"], problems, whole=turns == "all")}
         has = ["messages"] if not problems else []
         if has:
             _check_messages(src["messages"], "conversations", problems)
@@ -294,19 +294,24 @@ def _explain(error: ValidationError, where: dict[str, str]) -> BadLine:
     return BadLine(problems)
 
 
-def parse_form(raw: bytes, line: int, pos: int, vocab: int | None = None) -> tuple[InputRecord, str]:
+def parse_form(
+    raw: bytes, line: int, pos: int, vocab: int | None = None, turns: str = "last"
+) -> tuple[InputRecord, str]:
     """One non-blank input line as a normalised record and the form it came in (one of
-    FORMS), or `BadLine` saying what is wrong.
+    FORMS), or `BadLine` saying what is wrong. `turns` is the job's setting: with "all" a
+    conversation row keeps its assistant turns, which the worker generates again.
 
     The one parser of validation, reading and `fleet validate`, so they can never disagree.
     """
-    return parse_object(_decode(raw, line), line, pos, vocab)
+    return parse_object(_decode(raw, line), line, pos, vocab, turns)
 
 
-def parse_object(obj: dict[str, Any], line: int, pos: int, vocab: int | None = None) -> tuple[InputRecord, str]:
+def parse_object(
+    obj: dict[str, Any], line: int, pos: int, vocab: int | None = None, turns: str = "last"
+) -> tuple[InputRecord, str]:
     """One record's fields (a decoded line, a Parquet row) as `parse_form` returns them: every
     input format checks its records here (fleet/producer/formats/)."""
-    data, where = _shape(obj, line, pos, vocab)
+    data, where = _shape(obj, line, pos, vocab, turns)
     try:
         # strict: a JSONL author who writes "0.7" for a temperature has made a mistake.
         record = InputRecord.model_validate(data, strict=True)
@@ -321,7 +326,9 @@ def parse_line(raw: bytes, line: int, pos: int, vocab: int | None = None) -> Inp
     return parse_form(raw, line, pos, vocab)[0]
 
 
-def _parsed(path: Path, vocab: int | None = None) -> Iterator[tuple[int, tuple[InputRecord, str] | BadLine]]:
+def _parsed(
+    path: Path, vocab: int | None = None, turns: str = "last"
+) -> Iterator[tuple[int, tuple[InputRecord, str] | BadLine]]:
     """(line number, record and form, or its problem) for every non-blank line, streaming."""
     pos = 0
     with path.open("rb") as f:
@@ -333,7 +340,7 @@ def _parsed(path: Path, vocab: int | None = None) -> Iterator[tuple[int, tuple[I
             if not raw.strip():
                 continue
             try:
-                yield line, parse_form(raw, line, pos, vocab)
+                yield line, parse_form(raw, line, pos, vocab, turns)
             except BadLine as bad:
                 yield line, bad
             pos += 1
@@ -341,14 +348,14 @@ def _parsed(path: Path, vocab: int | None = None) -> Iterator[tuple[int, tuple[I
 
 def validate(
     path: Path, max_report: int | None = 100, on_record: Callable[[InputRecord], None] | None = None,
-    vocab: int | None = None, forms: Counter[str] | None = None,
+    vocab: int | None = None, forms: Counter[str] | None = None, turns: str = "last",
 ) -> int:
     """Check every line; return the record count or raise InputError naming the bad lines.
 
     Shows the first `max_report` problems (None: all of them) and counts them all.
     `on_record` sees each good record in order (the producer digests the input in this same
     pass); `vocab`, where the model's vocabulary size is known, bounds pre-tokenized input
-    ids; `forms` counts the good records by the form they came in.
+    ids; `forms` counts the good records by the form they came in; `turns` is the job's setting.
     """
     from fleet.producer.formats import input_format  # the formats parse with this module
 
@@ -356,7 +363,7 @@ def validate(
     problems: list[str] = []
     bad = records = 0
     seen = SeenIds()
-    for line, parsed_form in source.parsed(vocab):
+    for line, parsed_form in source.parsed(vocab, turns):
         problem = None
         if isinstance(parsed_form, BadLine):
             problem = str(parsed_form)
@@ -381,12 +388,12 @@ def validate(
     return records
 
 
-def read_records(path: Path) -> Iterator[InputRecord]:
+def read_records(path: Path, turns: str = "last") -> Iterator[InputRecord]:
     """The input's records in order, normalised; `validate` first, this raises on a bad line."""
     from fleet.producer.formats import input_format
 
     source = input_format(path)
-    for line, parsed in source.parsed():
+    for line, parsed in source.parsed(turns=turns):
         if isinstance(parsed, BadLine):
             raise InputError([f"{source.where(line)}: {parsed}"], unit=source.unit)
         yield parsed[0]

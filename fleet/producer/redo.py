@@ -74,7 +74,8 @@ def redo_input(store: Store, base: Manifest) -> RedoInput:
 
 
 def redo_settings(settings: Settings, base: Manifest, job: str) -> Settings:
-    """The redo job's settings: J's samples per record, and a seed of its own.
+    """The redo job's settings: J's samples per record and turns setting (its chunks hold J's
+    records as J's setting read them: whole conversations for turns = all), and a seed of its own.
 
     A redo with J's seed would draw J's samples again (a loop loops again); a redo job whose
     seed is J's (the default, 0 for both) takes one derived from J's seed and its own name, so
@@ -84,7 +85,9 @@ def redo_settings(settings: Settings, base: Manifest, job: str) -> Settings:
     seed = settings.seed
     if seed == base.config.get("seed"):
         seed = derive_seed(seed, f"redo {job}", 0)
-    return settings.model_copy(update={"seed": seed, "sampling": settings.sampling.model_copy(update={"n": n})})
+    turns = base.config.get("turns", "last")
+    return settings.model_copy(update={"seed": seed, "turns": turns,
+                                       "sampling": settings.sampling.model_copy(update={"n": n})})
 
 
 def check_redo(job: str, redo_of: str) -> None:

@@ -113,7 +113,8 @@ def survey(settings: Settings, input_url: str) -> InputSurvey:
     with local_input(input_url) as path:
         report.unit = lengths.unit = input_format(path).unit
         try:
-            report.records = validate(path, max_report=None, on_record=seen, vocab=vocab, forms=forms)
+            report.records = validate(path, max_report=None, on_record=seen, vocab=vocab, forms=forms,
+                                      turns=settings.turns)
         except InputError as e:
             report.problems, report.bad_lines, report.unit = e.problems, e.total_bad, e.unit
             report.records = sum(forms.values())

@@ -105,6 +105,12 @@ class _Settings(BaseSettings):
     )
     seed: int = Field(0, description="job seed; per-record seeds derive from it")
     enable_thinking: bool = Field(True, description="chat template's thinking mode, where the model has one")
+    turns: Literal["last", "all"] = Field(
+        "last",
+        description="conversations with assistant turns: last generates the turn after the last user turn and "
+        "keeps earlier assistant turns as given; all generates every assistant turn in order, each prompted with "
+        "the turns generated before it (fleet/model/turns.py)",
+    )
     return_output_ids: bool = Field(
         True,
         description="store each sample's output token ids (the tokens export needs them; about 4-6 KB a record "

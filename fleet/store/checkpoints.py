@@ -13,6 +13,11 @@ and a reader keeps only those of its own: a foreign or unstamped checkpoint cost
 regeneration, never a mixed result. Version 2 (with segments) stamps it as `identity`, not
 version 1's `identity_hash`: a fleet that knows only version 1 then ignores these objects
 as foreign instead of reading segments as finished records.
+
+With `turns = all` (fleet/model/turns.py) a sample is a conversation of turns run one after
+another: each turn the sample finished is a line of its own (`fleet_turn`) until the sample
+is done, and a running turn's segments name their turn, so a later run starts at the first
+unfinished turn and continues its ids.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from fleet.store.layout import decode_lines, encode_lines
 HEADER_FIELD = "fleet_checkpoint"
 #: marks a segment line
 SEGMENT_FIELD = "fleet_partial"
+#: marks a finished turn of a sample still running (turns = all)
+TURN_FIELD = "fleet_turn"
 VERSION = 2
 
 
@@ -64,15 +71,18 @@ class Segment:
     ids: list[int]
     #: output positions where the run's lineage continued from checkpointed ids
     continued_at: list[int] = field(default_factory=list)
+    #: the conversation turn the ids belong to (turns = all); 0 for a sample of one turn
+    turn: int = 0
 
     def row(self) -> dict[str, Any]:
-        return {SEGMENT_FIELD: 1, "id": self.id, "sample": self.sample, "start": self.start, "prev": self.prev,
-                "continued_at": self.continued_at, "ids": self.ids}  # fmt: skip
+        row = {SEGMENT_FIELD: 1, "id": self.id, "sample": self.sample, "start": self.start, "prev": self.prev,
+               "continued_at": self.continued_at, "ids": self.ids}  # fmt: skip
+        return row | {"turn": self.turn} if self.turn else row
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Segment:
         return cls(row["id"], int(row["sample"]), int(row["start"]), str(row["prev"]), list(row["ids"]),
-                   list(row.get("continued_at") or []))  # fmt: skip
+                   list(row.get("continued_at") or []), int(row.get("turn") or 0))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,11 +97,16 @@ class Partial:
 class Checkpoint:
     rows: list[dict[str, Any]]
     segments: list[Segment]
+    #: finished turns of unfinished samples: {"id", "sample", "turn", ...the turn's fields}
+    turns: list[dict[str, Any]] = field(default_factory=list)
 
 
-def encode_checkpoint(rows: Iterable[dict[str, Any]], identity_hash: str, segments: Iterable[Segment] = ()) -> bytes:
+def encode_checkpoint(
+    rows: Iterable[dict[str, Any]], identity_hash: str, segments: Iterable[Segment] = (),
+    turns: Iterable[dict[str, Any]] = (),
+) -> bytes:
     header = {HEADER_FIELD: VERSION, "identity": identity_hash}
-    return encode_lines([header, *rows, *(s.row() for s in segments)])
+    return encode_lines([header, *rows, *({TURN_FIELD: 1} | t for t in turns), *(s.row() for s in segments)])
 
 
 def _stamp(header: dict[str, Any]) -> str | None:
@@ -115,6 +130,8 @@ def read_checkpoint(data: bytes, what: str, identity_hash: str) -> Checkpoint | 
     for line in lines[1:]:
         if SEGMENT_FIELD in line:
             out.segments.append(Segment.from_row(line))
+        elif TURN_FIELD in line:
+            out.turns.append({k: v for k, v in line.items() if k != TURN_FIELD})
         else:
             out.rows.append(line)
     return out
@@ -126,13 +143,13 @@ def decode_checkpoint(data: bytes, what: str, identity_hash: str) -> list[dict[s
     return None if found is None else found.rows
 
 
-def longest_prefixes(segments: Iterable[Segment]) -> dict[tuple[str, int], Partial]:
-    """Each sample's longest chain of segments from output position 0, each segment following
-    exactly the ids before it. Where two runs wrote copies (a restart, an assist), the longest
-    valid one wins, never the oldest; a segment whose `prev` matches nothing is ignored."""
-    by_sample: dict[tuple[str, int], list[Segment]] = defaultdict(list)
+def longest_prefixes(segments: Iterable[Segment]) -> dict[tuple[str, int, int], Partial]:
+    """Each (sample, turn)'s longest chain of segments from output position 0, each segment
+    following exactly the ids before it. Where two runs wrote copies (a restart, an assist), the
+    longest valid one wins, never the oldest; a segment whose `prev` matches nothing is ignored."""
+    by_sample: dict[tuple[str, int, int], list[Segment]] = defaultdict(list)
     for seg in segments:
-        by_sample[(seg.id, seg.sample)].append(seg)
+        by_sample[(seg.id, seg.sample, seg.turn)].append(seg)
     return {key: p for key, segs in by_sample.items() if (p := _longest(segs)) is not None}
 
 

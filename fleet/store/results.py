@@ -92,6 +92,13 @@ class ChunkStats(BaseModel):
         return self.started is not None and self.finished is not None
 
 
+def tokens_of(row: dict[str, Any], field: str) -> int:
+    """A sample's prompt or output tokens: over every generated turn of a conversation (turns =
+    all, whose top-level fields describe its last turn), so tokens made twice stay right."""
+    turns = row.get("turns")
+    return sum(t[field] for t in turns) if turns else row[field]
+
+
 def sample_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     """The `ChunkStats` counted over a chunk's samples.
 
@@ -100,8 +107,8 @@ def sample_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     """
     return {
         "samples": len(rows),
-        "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
-        "completion_tokens": sum(r["completion_tokens"] for r in rows),
+        "prompt_tokens": sum(tokens_of(r, "prompt_tokens") for r in rows),
+        "completion_tokens": sum(tokens_of(r, "completion_tokens") for r in rows),
         "errors": sum(1 for r in rows if r["finish_reason"] == "error"),
         "records_truncated": sum(1 for r in rows if r["finish_reason"] == "length"),
         "records_truncated_in_thinking": sum(1 for r in rows if cut_in_thinking(r)),

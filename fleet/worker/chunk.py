@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,11 @@ def sample_key(record_id: str, sample: int) -> str:
     return f"{record_id}\x00{sample}"
 
 
+def turn_key(record_id: str, sample: int, turn: int) -> str:
+    """A running turn's key (turns = all); a sample's first turn is the sample's own key."""
+    return sample_key(record_id, sample) + (f"\x00{turn}" if turn else "")
+
+
 @dataclass(eq=False)
 class LiveSample:
     """A sample running in this run: its output ids so far (a continued sample's prefix
@@ -40,13 +46,15 @@ class LiveSample:
     digest: IdsDigest
     #: where this sample's lineage was continued from checkpointed ids (this run's start last)
     continued_at: list[int]
+    #: the conversation turn running (turns = all); 0 for a sample of one turn
+    turn: int = 0
 
     def segment(self) -> Segment | None:
         """The ids made since the last flush, chained to what the store holds."""
         if len(self.ids) <= self.flushed:
             return None
         return Segment(self.id, self.sample, self.flushed, self.digest.hexdigest(), self.ids[self.flushed :],
-                       list(self.continued_at))  # fmt: skip
+                       list(self.continued_at), self.turn)  # fmt: skip
 
     def stored(self, segment: Segment) -> None:
         """`segment` is in the store now: later segments follow it."""
@@ -66,6 +74,10 @@ class ChunkRun:
     finished: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: finished in this run and not yet checkpointed
     fresh: list[dict[str, Any]] = field(default_factory=list)
+    #: turns = all: the finished turns of unfinished samples, by sample_key and turn (checkpoints
+    #: and this run), and those not yet checkpointed
+    turns: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    fresh_turns: list[dict[str, Any]] = field(default_factory=list)
     resumed: int = 0
     #: each unfinished sample's longest checkpointed prefix: this run continues from it
     partials: dict[str, Partial] = field(default_factory=dict)
@@ -101,21 +113,42 @@ class ChunkRun:
         metrics.RUNNING_REQUESTS.inc(value - self._inflight)
         self._inflight = value
 
-    def add(self, out: dict[str, Any]) -> None:
-        """Called on the engine loop as each sample finishes."""
+    def add(self, out: dict[str, Any], turn: int = 0) -> None:
+        """Called on the engine loop as each sample finishes (`turn`: the one it ended on)."""
         key = sample_key(out["id"], out["sample"])
         with self.lock:
             self.finished[key] = out
             self.fresh.append(out)
-            self.live.pop(key, None)
+            self.live.pop(turn_key(out["id"], out["sample"], turn), None)
+            self.turns.pop(key, None)
 
-    def begin(self, record_id: str, sample: int) -> LiveSample:
-        """A sample enters the engine, continuing from its checkpointed prefix if it has one."""
-        key = sample_key(record_id, sample)
+    def add_turn(self, record_id: str, sample: int, turn: dict[str, Any]) -> None:
+        """A finished turn of a sample that goes on (turns = all): kept for the next checkpoint,
+        so a later run starts at the turn after it."""
+        row = {"id": record_id, "sample": sample, **turn}
+        with self.lock:
+            self.turns.setdefault(sample_key(record_id, sample), {})[turn["turn"]] = row
+            self.fresh_turns.append(row)
+            self.live.pop(turn_key(record_id, sample, turn["turn"]), None)
+
+    def done_turns(self, record_id: str, sample: int) -> list[dict[str, Any]]:
+        """The sample's finished turns from its first on, in order (turns = all)."""
+        with self.lock:
+            by_turn = self.turns.get(sample_key(record_id, sample), {})
+            out = []
+            while len(out) in by_turn:
+                row = by_turn[len(out)]
+                out.append({k: v for k, v in row.items() if k not in ("id", "sample")})
+            return out
+
+    def begin(self, record_id: str, sample: int, turn: int = 0) -> LiveSample:
+        """A sample (or a turn of it) enters the engine, continuing from its checkpointed prefix
+        if it has one."""
+        key = turn_key(record_id, sample, turn)
         partial = self.partials.get(key)
         ids = list(partial.ids) if partial else []
         continued = [*partial.continued_at, len(ids)] if partial else []
-        live = LiveSample(record_id, sample, ids, len(ids), IdsDigest(ids), continued)
+        live = LiveSample(record_id, sample, ids, len(ids), IdsDigest(ids), continued, turn)
         with self.lock:
             self.live[key] = live
             self.tokens_continued += len(ids)
@@ -133,14 +166,20 @@ class ChunkRun:
         with self.lock:
             return [(live, seg) for live in self.live.values() if (seg := live.segment()) is not None]
 
-    def keep_fresh(self, rows: list[dict[str, Any]]) -> None:
-        """Rows a failed flush took: they go out with the next one."""
+    def keep_fresh(self, rows: list[dict[str, Any]], turns: Sequence[dict[str, Any]] = ()) -> None:
+        """Rows (and finished turns) a failed flush took: they go out with the next one."""
         with self.lock:
             self.fresh[:0] = rows
+            self.fresh_turns[:0] = turns
 
     def take_fresh(self) -> list[dict[str, Any]]:
         with self.lock:
             fresh, self.fresh = self.fresh, []
+        return fresh
+
+    def take_fresh_turns(self) -> list[dict[str, Any]]:
+        with self.lock:
+            fresh, self.fresh_turns = self.fresh_turns, []
         return fresh
 
     def remaining(self) -> int:

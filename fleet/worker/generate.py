@@ -5,6 +5,11 @@ Each sample continues from its checkpointed prefix where one exists, and its new
 into the run as they stream, for the next checkpoint (docs/architecture.md, Continuation).
 A record that fails alone becomes an error record and the chunk goes on; any other
 exception fails the whole run, so an incomplete chunk is never reported done.
+
+With `turns = all` (fleet/model/turns.py) a conversation's sample runs its turns one after
+another in one slot: each turn's prompt holds the turns generated before it, a finished turn
+goes into the run (and the next checkpoint) before the next one starts, a run starts at the
+first turn its checkpoints lack, and the first turn that does not finish ends the record.
 """
 
 from __future__ import annotations
@@ -12,13 +17,16 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from fleet import metrics
 from fleet.engines.base import Engine
 from fleet.engines.repetition import Cycle, RepetitionSettings, watch_for
 from fleet.errors import RecordError
-from fleet.records import GenRequest, GenResult, InputRecord, OutputRecord, Sampling, derive_seed
+from fleet.model.turns import turn_count, turn_prompt
+from fleet.records import TURN_FIELDS, GenRequest, GenResult, InputRecord, OutputRecord, Sampling, derive_seed
+from fleet.store.results import finished
 from fleet.worker.chunk import ChunkRun, LiveSample, sample_key
 from fleet.worker.watchdog import EngineClock
 
@@ -97,6 +105,14 @@ def to_output(
     ).model_dump(mode="json")
 
 
+def turn_sampling(sampling: Sampling, turn: int) -> Sampling:
+    """Turn k's sampling: the sample's, with a seed of its own, so sampled turns do not repeat
+    one random stream and a rerun of turn k asks for the same one."""
+    if turn == 0 or sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=(sampling.seed + turn) & 0x7FFFFFFF)
+
+
 def error_output(run: ChunkRun, record: InputRecord, req: GenRequest, err: Exception, model: str | None) -> dict:
     res = GenResult(text="", completion_tokens=0, prompt_tokens=0, finish_reason="error", error=str(err))
     return to_output(run, record, req, res, model)
@@ -156,16 +172,18 @@ async def generate_chunk(
     gate = gate or asyncio.Semaphore(engine.max_running)
     nonce = uuid.uuid4().hex[:8]
     watched = clock or EngineClock()
+    every_turn = (run.manifest.config if run.manifest else {}).get("turns") == "all"
 
     async def one(record: InputRecord, req: GenRequest) -> None:
         async with gate:
             await admitted(record, req)
 
-    async def admitted(record: InputRecord, req: GenRequest) -> None:
+    async def generated(record: InputRecord, req: GenRequest, turn: int = 0) -> dict:
+        """One request (a sample, or one turn of it) to its end, as an output record."""
         began = time.monotonic()
-        live = run.begin(record.id, req.sample)
+        live = run.begin(record.id, req.sample, turn)
         req.prefix_ids = list(live.ids)
-        req.request_id = f"{run.name}/{record.id}/{req.sample}/{nonce}"
+        req.request_id = f"{run.name}/{record.id}/{req.sample}" + (f"/turn{turn}" if turn else "") + f"/{nonce}"
         if req.prefix_ids:
             metrics.TOKENS_CONTINUED.inc(len(req.prefix_ids))
         run.inflight += 1
@@ -175,12 +193,40 @@ async def generate_chunk(
             res.meta.setdefault("latency_s", round(time.monotonic() - began, 4))
             out = to_output(run, record, req, res, model, live.continued_at)
             out["repetition_period"] = cycle.period if cycle else None
-            run.add(out)
-        except RecordError as e:
-            run.add(error_output(run, record, req, e, model))
+            return out
         finally:
             run.inflight -= 1
             watched.leave()
+
+    async def admitted(record: InputRecord, req: GenRequest) -> None:
+        if every_turn and record.messages:
+            await conversation(record, req)
+            return
+        try:
+            run.add(await generated(record, req))
+        except RecordError as e:
+            run.add(error_output(run, record, req, e, model))
+
+    async def conversation(record: InputRecord, req: GenRequest) -> None:
+        """Every turn of a conversation's sample in order, from the first its checkpoints lack."""
+        assert record.messages is not None
+        count, done = turn_count(record.messages), run.done_turns(record.id, req.sample)
+        turn = len(done)
+        try:
+            while True:
+                if turn >= count:  # checkpoints of another conversation under this id: never made here
+                    raise RecordError(f"the conversation has {count} turns, the checkpoints {turn}")
+                turn_req = replace(req, messages=turn_prompt(record.messages, done), prefix_ids=[],
+                                   sampling=turn_sampling(req.sampling, turn))  # fmt: skip
+                out = await generated(record, turn_req, turn)
+                done.append({"turn": turn, **{k: out.get(k) for k in TURN_FIELDS if k != "turn"}})
+                if turn + 1 >= count or not finished(out):
+                    break
+                run.add_turn(record.id, req.sample, done[-1])
+                turn += 1
+        except RecordError as e:
+            out = error_output(run, record, req, RecordError(f"turn {turn}: {e}"), model)
+        run.add({**out, "turns": done}, turn)
 
     tasks = [asyncio.ensure_future(one(rec, req)) for rec, req in longest_first(engine, requests_for(run))]
     try:

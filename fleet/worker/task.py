@@ -115,7 +115,7 @@ class ChunkTask:
             **sample_counts(rows),
             resumed=run.resumed,
             tokens_made=run.made_before + run.tokens_made,
-            tokens_continued=sum(sum(r.get("continued_at") or ()) for r in rows),
+            tokens_continued=sum(sum(t.get("continued_at") or ()) for r in rows for t in r.get("turns") or [r]),
             seconds=round(time.time() - run.started, 3),
             assist=run.assist,
             spec_accept_length=mean_of(rows, "spec_accept_length"),

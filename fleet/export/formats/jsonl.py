@@ -21,8 +21,16 @@ def export_fields(stable: bool) -> list[str]:
     return [f for f in EXPORT_FIELDS if not (stable and f in VOLATILE_FIELDS)]
 
 
+def turns_of(row: dict[str, Any], fields: list[str]) -> list[dict[str, Any]] | None:
+    """A record's generated turns (turns = all), each with the export's fields only."""
+    turns = row.get("turns")
+    return [{k: v for k, v in t.items() if k == "turn" or k in fields} for t in turns] if turns else None
+
+
 def flat_record(row: dict[str, Any], fields: list[str]) -> dict[str, Any]:
-    return {**{k: row.get(k) for k in fields}, **(row.get("extra") or {})}
+    """The record's fields, its generated turns where it has them (turns = all), then passthrough."""
+    turns = {"turns": turns_of(row, fields)} if row.get("turns") else {}
+    return {**{k: row.get(k) for k in fields}, **turns, **(row.get("extra") or {})}
 
 
 class JsonlWriter(JsonLinesWriter):

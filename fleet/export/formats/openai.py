@@ -15,7 +15,10 @@ joined as the Qwen format writes them. A record's
 n samples are one line with n choices, as the API returns them. A record whose samples all
 failed is `response: null` with an `error` object; failed samples among good ones are left
 out of choices. Ids are derived from the job and record, so two exports are identical. The line shape
-is fixed, so passthrough input fields are not added to it.
+is fixed, so passthrough input fields are not added to it. A conversation generated turn by
+turn (`turns = all`) answers with its last turn, as a chat completion of the whole
+conversation would; its choice also lists every generated turn as an assistant message with
+its finish reason (`turns`).
 """
 
 from __future__ import annotations
@@ -49,7 +52,11 @@ def choice(out: dict[str, Any], index: int, text: str | None) -> dict[str, Any]:
     if text is not None:
         return {"index": index, "text": text, "logprobs": None, "finish_reason": out["finish_reason"]}
     message = {"role": "assistant", "content": out["output"], "reasoning_content": out.get("reasoning")}
-    return {"index": index, "message": message, "logprobs": None, "finish_reason": out["finish_reason"]}
+    chat = {"index": index, "message": message, "logprobs": None, "finish_reason": out["finish_reason"]}
+    if out.get("turns"):
+        chat["turns"] = [{"role": "assistant", "content": t["output"], "reasoning_content": t.get("reasoning"),
+                          "finish_reason": t["finish_reason"]} for t in out["turns"]]  # fmt: skip
+    return chat
 
 
 class OpenAIBatchWriter(JsonLinesWriter):

@@ -1,7 +1,8 @@
 """fleet's record shape as Parquet (zstd), one row group per chunk.
 
 Passthrough input fields have no fixed schema, so they travel as one JSON string column,
-`extra`.
+`extra`. A job that generated every turn of its conversations (`turns = all`) has a `turns`
+column too: a list of structs, one per generated turn (fleet.records.TURN_FIELDS).
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fleet.export.formats.base import ExportRow, LeftOut, Writer
-from fleet.export.formats.jsonl import export_fields
-from fleet.records import EXPORT_FIELDS
+from fleet.export.formats.jsonl import export_fields, turns_of
+from fleet.records import EXPORT_FIELDS, TURN_FIELDS
 from fleet.store.manifest import Manifest
 
 PARQUET_SCHEMA = pa.schema([
@@ -31,16 +32,23 @@ assert PARQUET_SCHEMA.names == EXPORT_FIELDS
 EXTRA_COLUMN = pa.field("extra", pa.string())
 
 
+def turns_column(fields: list[str]) -> pa.Field:
+    """A list of one struct per generated turn, with the export's fields of TURN_FIELDS."""
+    kept = [PARQUET_SCHEMA.field(f) for f in TURN_FIELDS[1:] if f in fields]
+    return pa.field("turns", pa.list_(pa.struct([("turn", pa.int32()), *kept])))
+
+
 class ParquetWriter(Writer):
     def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
         super().__init__(path, manifest, stable, left_out)
         self.fields = export_fields(stable)
-        self.schema = pa.schema([*(PARQUET_SCHEMA.field(f) for f in self.fields), EXTRA_COLUMN])
+        turns = [turns_column(self.fields)] if manifest.config.get("turns") == "all" else []
+        self.schema = pa.schema([*(PARQUET_SCHEMA.field(f) for f in self.fields), *turns, EXTRA_COLUMN])
         self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
 
     def write(self, rows: list[ExportRow]) -> int:
         table = [
-            {**{k: r.out.get(k) for k in self.fields},
+            {**{k: r.out.get(k) for k in self.fields}, "turns": turns_of(r.out, self.fields),
              "extra": json.dumps(r.out["extra"], ensure_ascii=False) if r.out.get("extra") else None}
             for r in rows
         ]  # fmt: skip

@@ -16,6 +16,10 @@ conversation rows cannot be loaded (`is_preformatted` is per dataset), so they a
 left out and counted; `--format tokens` covers every record. Error rows are left out too.
 Passthrough input fields follow at top level; `sample` is added to every sample after
 a record's first.
+
+A conversation generated turn by turn (`turns = all`, fleet/model/turns.py) is written
+whole, every assistant turn the model's own (`content` + `reasoning_content`), the given
+ones dropped: SpecForge's `train_only_last_turn=False` then trains every turn.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 
 from fleet.export.formats.base import ExportRow, JsonLinesWriter, with_sample_and_extra
 from fleet.model.prompting import THINK_CLOSE, THINK_OPEN
+from fleet.model.turns import conversation
 
 
 def assistant_turn(out: dict[str, Any]) -> dict[str, Any]:
@@ -47,9 +52,13 @@ class SpecForgeWriter(JsonLinesWriter):
         if not record.messages:
             self.left_out.add("records without messages (raw prompt or input_ids): use --format tokens")
             return None
-        if has_marker(out["output"]) or has_marker(out.get("reasoning")):
+        turns = out.get("turns") or [out]
+        if any(has_marker(t["output"]) or has_marker(t.get("reasoning")) for t in turns):
             self.left_out.add("a think marker left in the answer or the reasoning")
             return None
-        messages = [m.model_dump(exclude_none=True) for m in record.messages]
-        line: dict[str, Any] = {"id": out["id"], "conversations": [*messages, assistant_turn(out)]}
+        if out.get("turns"):
+            messages = [m.model_dump(exclude_none=True) for m in conversation(record.messages, out["turns"])]
+        else:
+            messages = [*(m.model_dump(exclude_none=True) for m in record.messages), assistant_turn(out)]
+        line: dict[str, Any] = {"id": out["id"], "conversations": messages}
         return with_sample_and_extra(out, line)

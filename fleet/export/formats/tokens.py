@@ -13,6 +13,10 @@ tokenizer files, another transformers version) fails the export instead of writi
 subtly different prompt (the SpecForge#296 class of mismatch). The chat template's hash
 must also equal the manifest's. Error rows are left out and counted; passthrough input
 fields follow at top level, and `sample` is added to every sample after a record's first.
+
+A conversation generated turn by turn (`turns = all`, fleet/model/turns.py) gives one row per
+generated turn, named by its `turn`: turn k's prompt is rebuilt over the turns generated
+before it, as the worker rendered it, and checked against that turn's digest.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any
 
 from fleet.errors import FleetError
 from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut, with_sample_and_extra
-from fleet.records import GenRequest, InputRecord, Sampling, prompt_digest
+from fleet.model.turns import turn_prompt
+from fleet.records import GenRequest, InputRecord, Message, Sampling, prompt_digest
 from fleet.store.manifest import Manifest
 
 
@@ -36,8 +41,11 @@ class PromptIds:
         self.tokenizer: Any = None
         self.last: tuple[int, list[int]] | None = None
 
-    def of(self, record: InputRecord, digest: str | None) -> list[int]:
-        if self.last is not None and self.last[0] == record.pos:
+    def of(self, record: InputRecord, digest: str | None, messages: list[Message] | None = None) -> list[int]:
+        """The record's prompt ids; with `messages`, those of one turn of its conversation."""
+        if messages is not None:
+            ids = self.render(record, messages)
+        elif self.last is not None and self.last[0] == record.pos:
             ids = self.last[1]
         else:
             ids = list(record.input_ids) if record.input_ids is not None else self.render(record)
@@ -49,12 +57,12 @@ class PromptIds:
             )
         return ids
 
-    def render(self, record: InputRecord) -> list[int]:
+    def render(self, record: InputRecord, messages: list[Message] | None = None) -> list[int]:
         from fleet.model.prompting import render_ids
 
         config = self.manifest.config
         request = GenRequest(
-            record_id=record.id, chunk=0, sample=0, sampling=Sampling(), messages=record.messages,
+            record_id=record.id, chunk=0, sample=0, sampling=Sampling(), messages=messages or record.messages,
             prompt=record.prompt, enable_thinking=config.get("enable_thinking", True),
         )  # fmt: skip
         return render_ids(self._tokenizer(), request)
@@ -97,6 +105,14 @@ class TokensWriter(JsonLinesWriter):
         super().__init__(path, manifest, stable, left_out)
         self.prompts = PromptIds(manifest)
 
+    def write(self, rows: list[ExportRow]) -> int:
+        """A conversation's generated turns are a row each; any other sample is one row."""
+        flat = []
+        for row in rows:
+            turns = row.out.get("turns") if row.out["finish_reason"] != "error" else None
+            flat += [ExportRow({**row.out, **turn}, row.record) for turn in turns] if turns else [row]
+        return super().write(flat)
+
     def line(self, row: ExportRow) -> dict[str, Any] | None:
         out, record = row.out, row.record
         assert record is not None
@@ -106,8 +122,14 @@ class TokensWriter(JsonLinesWriter):
                 f"job {self.manifest.job!r} stored no output ids (it ran with return_output_ids off): "
                 "run it again with FLEET_RETURN_OUTPUT_IDS=true, the default, for --format tokens"
             )
-        prompt = self.prompts.of(record, out.get("prompt_digest"))
+        turns, turn = out.get("turns"), out.get("turn")
+        messages = None
+        if turns and record.messages:
+            messages = turn_prompt(record.messages, turns[:turn])
+        prompt = self.prompts.of(record, out.get("prompt_digest"), messages)
         line: dict[str, Any] = {
             "id": out["id"], "input_ids": prompt + output, "loss_mask": [0] * len(prompt) + [1] * len(output),
         }  # fmt: skip
+        if turns:
+            line["turn"] = turn
         return with_sample_and_extra(out, line)

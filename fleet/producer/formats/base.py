@@ -37,5 +37,6 @@ class InputFormat(ABC):
         return f"{self.unit} {number}"
 
     @abstractmethod
-    def parsed(self, vocab: int | None = None) -> Iterator[Parsed]:
-        """Every record in order, streaming: memory stays flat in the input's size."""
+    def parsed(self, vocab: int | None = None, turns: str = "last") -> Iterator[Parsed]:
+        """Every record in order, streaming: memory stays flat in the input's size; `turns`
+        is the job's setting (reader.parse_object)."""

@@ -14,6 +14,6 @@ class JsonlInput(InputFormat):
     unit = "line"
     suffixes = (".jsonl", ".json")
 
-    def parsed(self, vocab: int | None = None) -> Iterator[Parsed]:
-        for line, result in _parsed(self.path, vocab):
+    def parsed(self, vocab: int | None = None, turns: str = "last") -> Iterator[Parsed]:
+        for line, result in _parsed(self.path, vocab, turns):
             yield Parsed(line, result)

@@ -31,7 +31,7 @@ class ParquetInput(InputFormat):
     suffixes = (".parquet", ".pq")
     magic = b"PAR1"
 
-    def parsed(self, vocab: int | None = None) -> Iterator[Parsed]:
+    def parsed(self, vocab: int | None = None, turns: str = "last") -> Iterator[Parsed]:
         try:
             parquet = pq.ParquetFile(self.path)
         except (pa.ArrowException, OSError) as e:
@@ -44,16 +44,16 @@ class ParquetInput(InputFormat):
             for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
                 for obj in batch.to_pylist():
                     row += 1
-                    yield Parsed(row, _record(obj, row, vocab))
+                    yield Parsed(row, _record(obj, row, vocab, turns))
 
 
-def _record(obj: dict[str, Any], row: int, vocab: int | None) -> tuple[InputRecord, str] | BadLine:
+def _record(obj: dict[str, Any], row: int, vocab: int | None, turns: str) -> tuple[InputRecord, str] | BadLine:
     problems: list[str] = []
     fields = _json_value(obj, "", problems)
     if problems:
         return BadLine(problems)
     try:
-        return parse_object(fields, row, row - 1, vocab)
+        return parse_object(fields, row, row - 1, vocab, turns)
     except BadLine as bad:
         return bad
 

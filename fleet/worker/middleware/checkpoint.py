@@ -14,7 +14,7 @@ from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ChunkCorrupt, ObjectMissing, StoreError
 from fleet.store.checkpoints import Segment, encode_checkpoint, longest_prefixes, read_checkpoint
 from fleet.store.layout import checkpoint_key, checkpoint_prefix
-from fleet.worker.chunk import ChunkRun, sample_key
+from fleet.worker.chunk import ChunkRun, sample_key, turn_key
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Outcome, result_exists
 from fleet.worker.spool import Kind
@@ -52,32 +52,40 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
                 continue
             for row in found.rows:
                 run.finished.setdefault(sample_key(row["id"], row["sample"]), row)
+            for row in found.turns:
+                run.turns.setdefault(sample_key(row["id"], row["sample"]), {}).setdefault(row["turn"], row)
             segments += found.segments
-        run.partials = {k: p for (i, n), p in longest_prefixes(segments).items()
-                        if (k := sample_key(i, n)) not in run.finished}  # fmt: skip
+        for key in run.finished.keys() & run.turns.keys():
+            del run.turns[key]
+        run.partials = {turn_key(i, n, t): p for (i, n, t), p in longest_prefixes(segments).items()
+                        if sample_key(i, n) not in run.finished}  # fmt: skip
         run.resumed = len(run.finished)
-        if run.resumed or run.partials:
-            log.info("chunk %s resumes with %d checkpointed samples and %d partial ones (%d tokens)", run.name,
-                     run.resumed, len(run.partials), sum(len(p.ids) for p in run.partials.values()))
+        if run.resumed or run.partials or run.turns:
+            log.info("chunk %s resumes with %d checkpointed samples, %d finished turns of running ones and %d "
+                     "partial ones (%d tokens)", run.name, run.resumed, sum(map(len, run.turns.values())),
+                     len(run.partials), sum(len(p.ids) for p in run.partials.values()))
         return None
 
     def flush(self, run: ChunkRun, state: CheckpointState, last: bool = False) -> None:
         """Finished rows and running samples' new ids in one object. What the store refuses is
         sent again at the next flush; the last flush of a run that ends without a result goes to
-        the spool instead (fleet.worker.spool), which this worker commits once the store answers."""
-        fresh, segments = run.take_fresh(), run.segments()
+        the spool instead (fleet.worker.spool), which this worker commits once the store answers.
+        Segments are taken before finished turns (turns = all): a turn's segments are never
+        stored before the turn that precedes it, so a later turn never continues from ids made
+        under another prompt."""
+        segments, fresh, turns = run.segments(), run.take_fresh(), run.take_fresh_turns()
         state.last_flush = time.monotonic()
-        if not (fresh or segments):
+        if not (fresh or turns or segments):
             return
         # Nanoseconds name it: unique across flushes, runs and restarts of a same-named worker.
         key = checkpoint_key(run.job, run.index, time.time_ns(), run.worker)
-        data = encode_checkpoint(fresh, self.ctx.identity_hash, [seg for _, seg in segments])
+        data = encode_checkpoint(fresh, self.ctx.identity_hash, [seg for _, seg in segments], turns)
         spool = self.ctx.spool
         try:
             self.ctx.store.put(key, data)
         except StoreError:
             if not (last and spool is not None):
-                run.keep_fresh(fresh)
+                run.keep_fresh(fresh, turns)
                 raise
             spool.put(Kind.CHECKPOINT, key, data)
             spool.refused()
