@@ -69,6 +69,7 @@ def test_dense_kwargs_have_no_speculation_and_keep_the_prefix_cache(tiny_model: 
         "enable_prefix_caching": True,
         "enforce_eager": False,
         "disable_log_stats": True,
+        "stream_interval": 16,
         "kv_cache_memory_bytes": KV_BYTES,
     }
     assert "vllm" not in sys.modules
