@@ -19,7 +19,7 @@ from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupanc
 from fleet.bench.model import model_occupancy
 from fleet.bench.overhead import chunk_cycles, percentile
 from fleet.bench.pairs import Pairs, run_pairs, window_prompts
-from fleet.bench.procs import child_pids, cpu_seconds
+from fleet.bench.procs import child_pids, cpu_between, cpu_seconds
 from fleet.bench.reference import REFERENCE
 from fleet.bench.workerprof import short, thread_group
 
@@ -145,7 +145,11 @@ def test_pairs_report_each_ratio_their_median_and_whether_they_repeat():
     assert not pairs.repeats and "NOT within 5%" in pairs.figures("r", None, "", "f", "b")[1].note
     # And close pairs repeat; fewer than three never do
     close = Pairs(fleet=runs[3:6], bare=runs[3:6], prompts=8)
-    assert close.repeats and close.median == 1.0
+    assert close.repeats and close.median == 1.0 and close.cpu_ratios is None
+    # And where both sides counted their CPU, tokens per CPU-second are compared too
+    fleet_runs, bare_runs = [{**r, "cpu_s": 2.0} for r in runs[3:6]], [{**r, "cpu_s": 1.0} for r in runs[3:6]]
+    cpu = Pairs(fleet=fleet_runs, bare=bare_runs, prompts=8)
+    assert cpu.cpu_ratios == [0.5, 0.5, 0.5] and cpu.figures("r", None, "", "f", "b")[-1].value == 0.5
     assert not Pairs(fleet=runs[:1], bare=runs[:1], prompts=8).repeats
 
 
@@ -156,7 +160,7 @@ def test_window_grows_to_the_minimum_in_whole_chunks():
     assert window_prompts(384, seconds=0.1, min_window_s=12, step=64, cap=3072) == 3072
 
 
-def test_run_pairs_interleaves_fleet_first_after_one_bare_probe():
+def test_run_pairs_interleaves_fleet_first_after_one_bare_probe(tmp_path):
     calls: list[tuple[str, int, int]] = []
 
     def side(name: str, seconds: float):
@@ -165,9 +169,18 @@ def test_run_pairs_interleaves_fleet_first_after_one_bare_probe():
             return {"tok_s": 10.0, "tokens": n, "seconds": seconds}
         return run
 
-    pairs = run_pairs(side("fleet", 6.0), side("bare", 3.0), 3, 16, min_window_s=6.0, step=16)
+    log = tmp_path / "runs.jsonl"
+    pairs = run_pairs(side("fleet", 6.0), side("bare", 3.0), 3, 16, min_window_s=6.0, step=16, log=log)
     assert calls == [("bare", 16, -1)] + [(s, 32, i) for i in range(3) for s in ("fleet", "bare")]
     assert pairs.prompts == 32 and pairs.probe is not None and pairs.repeats
+    # And every run is on disk as it ends, in order
+    assert [json.loads(line)["side"] for line in log.read_text().splitlines()] == ["probe"] + ["fleet", "bare"] * 3
+
+
+def test_cpu_between_interpolates_samples_and_refuses_uncovered_windows():
+    samples = [(10.0, 1.0), (11.0, 2.0), (13.0, 2.0)]
+    assert cpu_between(samples, 10.5, 12.0) == pytest.approx(0.5)
+    assert cpu_between(samples, 9.0, 12.0) is None
 
 
 def test_worker_cpu_reads_a_process_own_time_and_children():

@@ -4,7 +4,9 @@
 Both sides run the same engine code, batch size, max tokens and torch threads and decode
 greedily, so the ratio of their output tok/s is what the worker costs around the engine:
 Celery, the broker, chunk reads, the stream reading and checkpoints, the commit, the
-worker's other threads taking the GIL from the batching loop. (Before issue 24 the bare
+worker's other threads taking the GIL from the batching loop. Both sides also count their
+process's CPU seconds over the window (the worker's, sampled; the engine is in-process on
+both sides), whose tokens-per-CPU-second ratio other processes on the machine barely move. (Before issue 24 the bare
 side was a plain `model.generate` loop, which also counted the engine's own per-row
 sampler and stopper as fleet's.) Interleaved pairs, their median ratio: fleet.bench.pairs.
 
@@ -26,7 +28,15 @@ from typing import Any
 
 from fleet.bench.jobstats import read_job, throughput
 from fleet.bench.pairs import run_pairs
-from fleet.bench.procs import clean_env, json_from_stdout, read_requests, run_fleet, write_prompts
+from fleet.bench.procs import (
+    clean_env,
+    cpu_between,
+    json_from_stdout,
+    read_requests,
+    run_fleet,
+    run_fleet_watching_workers,
+    write_prompts,
+)
 from fleet.bench.profile import Profile
 from fleet.bench.report import Section
 from fleet.errors import FleetError
@@ -52,15 +62,17 @@ def bare_engine(model_dir: str, prompts_path: str, batch: int, max_tokens: int) 
     async def run() -> tuple[int, float]:
         await engine.start()
         try:
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             results = await asyncio.gather(*(engine.generate(r) for r in requests))
+            used.append(time.process_time() - cpu)
             return sum(r.completion_tokens for r in results), time.perf_counter() - began
         finally:
             await engine.shutdown()
 
+    used: list[float] = []
     tokens, seconds = asyncio.run(run())
     return {"prompts": len(requests), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
-            "batches": getattr(engine, "batches", None)}  # fmt: skip
+            "cpu_s": used[0], "batches": getattr(engine, "batches", None)}  # fmt: skip
 
 
 def run_bare(workdir: Path, model: Path, prompts: Path, profile: Profile) -> dict[str, Any]:
@@ -85,12 +97,12 @@ def run_fleet_hf(workdir: Path, model: Path, prompts: Path, profile: Profile, n:
         **TORCH_THREADS,
     })
     job = f"hf-{i}"
-    run_fleet(["run", str(prompts), "--job", job, "--engine", "hf", "--model", str(model), "--workers", "1"],
-              env, 600, workdir)
+    args = ["run", str(prompts), "--job", job, "--engine", "hf", "--model", str(model), "--workers", "1"]
+    cpu = run_fleet_watching_workers(args, env, 600, workdir)
     chunks = -(-n // profile.hf_chunk_size)
     run = read_job(open_store(str(data_dir / "store")), job, chunks)
     return {"prompts": n, "tokens": run.tokens, "seconds": run.makespan_s, "tok_s": throughput(run),
-            "chunks": chunks}
+            "cpu_s": cpu_between(cpu, run.first_start, run.last_finish), "chunks": chunks}
 
 
 def measure_hf(profile: Profile, workdir: Path) -> Section:

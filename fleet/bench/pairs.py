@@ -9,10 +9,12 @@ pair lies within `REPEAT_TOLERANCE` of it: if not, the windows are too short for
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fleet.bench.report import Figure, at_least
@@ -46,7 +48,16 @@ class Pairs:
     @property
     def spread(self) -> float:
         """The largest distance of a pair's ratio from the median, as a fraction of it."""
-        return max(abs(r / self.median - 1) for r in self.ratios)
+        return spread(self.ratios)
+
+    @property
+    def cpu_ratios(self) -> list[float] | None:
+        """Fleet's tokens per CPU-second over the bare side's, per pair, where both sides counted
+        their CPU: what the machine's other load barely moves, unlike tok/s."""
+        if not all(r.get("cpu_s") for r in self.fleet + self.bare):
+            return None
+        pairs = zip(self.fleet, self.bare, strict=True)
+        return [(f["tokens"] / f["cpu_s"]) / (b["tokens"] / b["cpu_s"]) for f, b in pairs]
 
     @property
     def repeats(self) -> bool:
@@ -59,6 +70,12 @@ class Pairs:
         head = at_least(what, ratio, target, note=note) if target is not None else Figure(what, ratio, "x", note=note)
         pairs = ", ".join(f"{r:.3f}" for r in self.ratios)
         verdict = "within" if self.repeats else "NOT within"
+        cpu = self.cpu_ratios
+        extra = [] if cpu is None else [
+            Figure("fleet / bare, tokens per CPU-second", round(statistics.median(cpu), 4), "x",
+                   note=f"median; pairs {', '.join(f'{r:.3f}' for r in cpu)}, largest from the median "
+                        f"{spread(cpu):.1%}"),
+        ]  # fmt: skip
         return [
             head,
             Figure("largest pair ratio from the median", round(self.spread * 100, 2), "%",
@@ -67,12 +84,18 @@ class Pairs:
                    note=f"median; {self.fleet[0]['tokens']:,} tokens, {median_seconds(self.fleet):.1f} s windows"),
             Figure(bare_name, round(statistics.median(b["tok_s"] for b in self.bare), 1), "tok/s",
                    note=f"median; {self.bare[0]['tokens']:,} tokens, {median_seconds(self.bare):.1f} s windows"),
+            *extra,
         ]  # fmt: skip
 
     def data(self) -> dict[str, Any]:
         return {"prompts": self.prompts, "ratio": self.median, "ratios": self.ratios, "spread": self.spread,
                 "repeats_within": REPEAT_TOLERANCE, "repeats": self.repeats, "order": "fleet, bare, ...",
-                "probe": self.probe, "fleet": self.fleet, "bare": self.bare}  # fmt: skip
+                "cpu_ratios": self.cpu_ratios, "probe": self.probe, "fleet": self.fleet, "bare": self.bare}  # fmt: skip
+
+
+def spread(ratios: list[float]) -> float:
+    middle = statistics.median(ratios)
+    return max(abs(r / middle - 1) for r in ratios)
 
 
 def median_seconds(runs: list[dict[str, Any]]) -> float:
@@ -89,15 +112,24 @@ def window_prompts(prompts: int, seconds: float, min_window_s: float, step: int,
 
 
 def run_pairs(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: float = 0.0,
-              step: int = 1, cap: int = 1 << 20) -> Pairs:  # fmt: skip
+              step: int = 1, cap: int = 1 << 20, log: Path | None = None) -> Pairs:  # fmt: skip
     """A bare probe sizes the window (also the untimed warm-up of caches), then `pairs`
-    pairs run fleet first, bare second, one after the other."""
+    pairs run fleet first, bare second, one after the other. Each run is appended to `log`
+    (JSON lines) as it ends: a run that dies an hour in keeps the pairs before it."""
+
+    def logged(side: str, run: dict[str, Any]) -> dict[str, Any]:
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("a") as f:
+                f.write(json.dumps({"side": side, **run}) + "\n")
+        return run
+
     probe = None
     if min_window_s > 0:
-        probe = bare(prompts, -1)
+        probe = logged("probe", bare(prompts, -1))
         prompts = window_prompts(prompts, probe["seconds"], min_window_s, step, cap)
     fleets, bares = [], []
     for i in range(pairs):
-        fleets.append(fleet(prompts, i))
-        bares.append(bare(prompts, i))
+        fleets.append(logged("fleet", fleet(prompts, i)))
+        bares.append(logged("bare", bare(prompts, i)))
     return Pairs(fleets, bares, prompts, probe)

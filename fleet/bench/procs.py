@@ -99,6 +99,53 @@ def child_pids(pid: int) -> list[int]:
     return sorted(set(found))
 
 
+def descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = child_pids(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: float,
+                               cwd: Path) -> list[tuple[float, float]]:  # fmt: skip
+    """Run one `fleet ...` command (as run_fleet) while sampling its worker processes' own CPU
+    seconds (fleet.worker.main, their children not counted): (epoch time, CPU seconds) pairs."""
+    samples: list[tuple[float, float]] = []
+    with open(cwd / "fleet-cmd.err", "w+b") as err:
+        proc = subprocess.Popen(fleet_argv(*args), env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err)
+        began = time.monotonic()
+        while proc.poll() is None:
+            if time.monotonic() - began > timeout_s:
+                proc.kill()
+                proc.wait()
+                raise FleetError(f"`fleet {' '.join(args)}` ran past {timeout_s:.0f}s")
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                workers = [p for p in descendants(proc.pid)
+                           if b"fleet.worker.main" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+                samples.append((time.time(), sum(cpu_seconds(p) for p in workers)))
+            time.sleep(0.2)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise FleetError(f"`fleet {' '.join(args)}` exited {proc.returncode}:\n{err.read().decode()[-3000:]}")
+    return samples
+
+
+def cpu_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """CPU seconds between two epoch times, interpolated from (time, CPU) samples; None when the
+    samples do not cover the window."""
+
+    def at(t: float) -> float | None:
+        for (t0, c0), (t1, c1) in zip(samples, samples[1:], strict=False):
+            if t0 <= t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
+        return None
+
+    a, b = at(start), at(end)
+    return None if a is None or b is None else b - a
+
+
 class WorkerHost:
     """One `fleet worker --workers N` launcher (N supervised worker processes), as one host; or,
     given `direct` (the argv of one worker process), that worker alone without a launcher."""

@@ -106,7 +106,8 @@ def run_fleet_side(workdir: Path, prompts: Path, n: int, max_tokens: int, chunk_
 
 
 def measure_sglang_vs_bare(workdir: Path, env: dict[str, str], prompts_n: int, max_tokens: int,
-                           chunk_size: int, pairs: int = 3, min_window_s: float = 0.0) -> Section:  # fmt: skip
+                           chunk_size: int, pairs: int = 3, min_window_s: float = 0.0,
+                           log: Path | None = None) -> Section:  # fmt: skip
     """Interleaved pairs on the same prompts and settings (fleet.bench.pairs), their median ratio."""
     require_sglang()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +119,7 @@ def measure_sglang_vs_bare(workdir: Path, env: dict[str, str], prompts_n: int, m
     def bare(n: int, i: int) -> dict[str, Any]:
         return run_bare(workdir, write_prompts(workdir / f"prompts-{n}.jsonl", n), max_tokens, env)
 
-    result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk_size, cap=8 * prompts_n)
+    result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk_size, cap=8 * prompts_n, log=log)
     note = (f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk_size}, "
             f"S={result.bare[0]['max_running_requests']}")  # fmt: skip
     figures = result.figures("fleet tok/s / bare Engine tok/s", None, note, "fleet", "bare sglang.Engine (streamed)")

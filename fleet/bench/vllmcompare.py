@@ -111,7 +111,7 @@ def run_fleet_vllm(workdir: Path, model: Path, prompts: Path, n: int, max_tokens
 
 
 def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pairs: int = 3,
-                 min_window_s: float = 0.0) -> Section:  # fmt: skip
+                 min_window_s: float = 0.0, log: Path | None = None) -> Section:  # fmt: skip
     """Interleaved pairs on the same prompts and engine (fleet.bench.pairs), their median ratio."""
     model = workdir / "tiny-model"
     if not (model / "config.json").exists():
@@ -123,7 +123,7 @@ def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pai
     def bare(n: int, i: int) -> dict[str, Any]:
         return run_bare(workdir, model, write_prompts(workdir / f"prompts-{n}.jsonl", n), max_tokens)
 
-    result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk, cap=8 * prompts_n)
+    result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk, cap=8 * prompts_n, log=log)
     note = f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk}"
     figures = result.figures("fleet tok/s / bare AsyncLLM tok/s", VLLM_TARGET, note, "fleet",
                              "bare AsyncLLM loop (DELTA streams)")

@@ -88,7 +88,8 @@ def _vllm(out: Path | None, quick: bool, pairs: int, min_window_s: float) -> Non
     prompts, max_tokens, chunk = (32, 32, 16) if quick else (256, 64, 64)
     with tempfile.TemporaryDirectory(prefix="fleet-bench-vllm-") as tmp:
         try:
-            section = measure_vllm(prompts, max_tokens, chunk, Path(tmp), 1 if quick else pairs, min_window_s)
+            section = measure_vllm(prompts, max_tokens, chunk, Path(tmp), 1 if quick else pairs, min_window_s,
+                                   log=(out or DEFAULT_OUT) / "vllm.runs.jsonl")
         except FleetError as e:
             fail(str(e))
             return
@@ -118,7 +119,7 @@ def _sglang_vs_bare(out: Path | None, requests: int | None, max_tokens: int | No
     try:
         with tempfile.TemporaryDirectory(prefix="fleet-bench-sglang-") as tmp:
             section = measure_sglang_vs_bare(Path(tmp), dict(os.environ), requests or 128, max_tokens or 96, 16,
-                                             pairs, min_window_s)
+                                             pairs, min_window_s, log=(out or DEFAULT_OUT) / "sglang-cpu.runs.jsonl")
     except FleetError as e:
         fail(str(e))
         return
