@@ -4,12 +4,15 @@ the pure pieces the figures rest on."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,7 @@ from fleet.bench.overhead import chunk_cycles, percentile
 from fleet.bench.pairs import Pairs, run_pairs, window_prompts
 from fleet.bench.procs import child_pids, cpu_between, cpu_seconds
 from fleet.bench.reference import REFERENCE
-from fleet.bench.workerprof import short, thread_group
+from fleet.bench.workerprof import LOOP_THREAD, Sampler, short, thread_group
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -79,9 +82,6 @@ def test_quick_bench_computes_every_figure(tmp_path):
     assert [p["S"] for p in overhead["worker_cpu"]] == [16]
     for p in overhead["worker_cpu"]:
         assert p["tokens"] > 0 and 0 < p["fleet_cpu_s_per_mtok"] < p["cpu_s_per_mtok"]
-    prof = overhead["worker_profile"]
-    assert "fleet-engine-loop" in prof["threads_s"] and prof["loop_cprofile"]["by_file_self_s"]
-    assert prof["attributed_cpu_s"] <= prof["process_cpu_s"] - prof["sampler_cpu_s"] + 0.05
     # And fleet against the bare engine is reported as pairs, their ratios and the median
     hf = sections["hf"]["data"]
     assert len(hf["ratios"]) == len(hf["fleet"]) == len(hf["bare"]) >= 1 and hf["ratio"] == hf["ratios"][0]
@@ -192,6 +192,37 @@ def test_worker_cpu_reads_a_process_own_time_and_children():
     finally:
         child.kill()
         child.wait()
+
+
+def test_sampler_charges_busy_threads_and_profiles_the_engine_loop(tmp_path):
+    # Given a sampler counting while its gate file exists, and a busy engine loop in its thread
+    gate = tmp_path / "prof.on"
+    sampler = Sampler(gate, interval_s=0.002)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name=LOOP_THREAD, daemon=True)
+    thread.start()
+
+    async def busy() -> None:
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:
+            sum(i * i for i in range(2000))
+            await asyncio.sleep(0)
+
+    try:
+        gate.touch()
+        sampler.thread.start()
+        time.sleep(0.1)  # the sampler sees the gate and enables cProfile on the loop
+        asyncio.run_coroutine_threadsafe(busy(), loop).result(timeout=30)
+        gate.unlink()
+        report = sampler.report()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    # Then the loop's thread carries the CPU, within the process total, and cProfile saw the coroutine
+    assert report["threads_s"][LOOP_THREAD] > 0.1
+    assert report["attributed_cpu_s"] <= report["process_cpu_s"] - report["sampler_cpu_s"] + 0.05
+    assert any("test_bench.py" in name for name in report["loop_cprofile"]["by_self_s"])
+    assert report["loop_cprofile"]["by_area_self_s"]
 
 
 def test_profile_names_are_short_and_pools_grouped():

@@ -89,12 +89,17 @@ class Sampler:
                     if self.loop is not None:
                         self.loop.call_soon_threadsafe(self.loop_prof.enable)
                 elif not on and self.window:
-                    self._mark()
-                    if self.loop is not None:
-                        self.loop.call_soon_threadsafe(self.loop_prof.disable)
+                    self._close()
                     return
             if self.window:
                 self._sample()
+        if len(self.window) == 1:  # stopped while counting: the window ends now
+            self._close()
+
+    def _close(self) -> None:
+        self._mark()
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.loop_prof.disable)
 
     def _sample(self, record: bool = True) -> None:
         me = threading.get_ident()
@@ -125,8 +130,6 @@ class Sampler:
     def report(self) -> dict[str, Any]:
         self.stopped.set()
         self.thread.join(1)
-        if len(self.window) == 1:  # stopped while counting: the window ends now
-            self._mark()
         (cpu0, wall0, own0), (cpu1, wall1, own1) = (self.window + [(0.0, 0.0, 0.0)] * 2)[:2]
         return {
             "process_cpu_s": cpu1 - cpu0, "wall_s": wall1 - wall0, "sampler_cpu_s": own1 - own0,
