@@ -4,12 +4,15 @@ the pure pieces the figures rest on."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,10 @@ from fleet.bench import MEASUREMENTS
 from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupancy, timeline
 from fleet.bench.model import model_occupancy
 from fleet.bench.overhead import chunk_cycles, percentile
+from fleet.bench.pairs import Pairs, run_pairs, window_prompts
+from fleet.bench.procs import child_pids, cpu_between, cpu_seconds
 from fleet.bench.reference import REFERENCE
+from fleet.bench.workerprof import LOOP_THREAD, Sampler, short, thread_group
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -71,6 +77,14 @@ def test_quick_bench_computes_every_figure(tmp_path):
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000, png
     rows = (out / "table.md").read_text().splitlines()
     assert len(rows) == 2 + sum(len(s["figures"]) for s in sections.values())
+    # And the worker's own CPU per M tokens is measured at each S, and its profile adds up
+    overhead = sections["overhead"]["data"]
+    assert [p["S"] for p in overhead["worker_cpu"]] == [16]
+    for p in overhead["worker_cpu"]:
+        assert p["tokens"] > 0 and 0 < p["fleet_cpu_s_per_mtok"] < p["cpu_s_per_mtok"]
+    # And fleet against the bare engine is reported as pairs, their ratios and the median
+    hf = sections["hf"]["data"]
+    assert len(hf["ratios"]) == len(hf["fleet"]) == len(hf["bare"]) >= 1 and hf["ratio"] == hf["ratios"][0]
 
 
 def test_sglang_bench_refuses_clearly_without_sglang(tmp_path):
@@ -119,6 +133,103 @@ def test_model_matches_the_design_tables_shape():
     assert model_occupancy([[10, 1, 1, 1]] * 4, workers=1, slots=4, k=1) == pytest.approx(13 / 40)
     # And more chunks in flight hide the straggler
     assert model_occupancy([[10, 1, 1, 1]] * 8, workers=1, slots=4, k=4) > 0.5
+
+
+def test_pairs_report_each_ratio_their_median_and_whether_they_repeat():
+    # Given three interleaved pairs, one of them 10% off the others
+    runs = [{"tok_s": t, "tokens": 100, "seconds": 1.0} for t in (100, 90, 110, 100, 100, 100)]
+    pairs = Pairs(fleet=runs[0::2], bare=runs[1::2], prompts=8)
+    # Then each pair's ratio, their median and the largest distance from it are reported
+    assert pairs.ratios == pytest.approx([100 / 90, 110 / 100, 1.0])
+    assert pairs.median == pytest.approx(1.1) and pairs.spread == pytest.approx(1 - 1 / 1.1)
+    assert not pairs.repeats and "NOT within 5%" in pairs.figures("r", None, "", "f", "b")[1].note
+    # And close pairs repeat; fewer than three never do
+    close = Pairs(fleet=runs[3:6], bare=runs[3:6], prompts=8)
+    assert close.repeats and close.median == 1.0 and close.cpu_ratios is None
+    # And where both sides counted their CPU, tokens per CPU-second are compared too
+    fleet_runs, bare_runs = [{**r, "cpu_s": 2.0} for r in runs[3:6]], [{**r, "cpu_s": 1.0} for r in runs[3:6]]
+    cpu = Pairs(fleet=fleet_runs, bare=bare_runs, prompts=8)
+    assert cpu.cpu_ratios == [0.5, 0.5, 0.5] and cpu.figures("r", None, "", "f", "b")[-1].value == 0.5
+    assert not Pairs(fleet=runs[:1], bare=runs[:1], prompts=8).repeats
+
+
+def test_window_grows_to_the_minimum_in_whole_chunks():
+    assert window_prompts(384, seconds=20.0, min_window_s=12, step=64, cap=3072) == 384
+    assert window_prompts(384, seconds=4.0, min_window_s=12, step=64, cap=3072) == 1152
+    assert window_prompts(100, seconds=4.0, min_window_s=12, step=64, cap=3072) == 320
+    assert window_prompts(384, seconds=0.1, min_window_s=12, step=64, cap=3072) == 3072
+
+
+def test_run_pairs_interleaves_fleet_first_after_one_bare_probe(tmp_path):
+    calls: list[tuple[str, int, int]] = []
+
+    def side(name: str, seconds: float):
+        def run(n: int, i: int) -> dict:
+            calls.append((name, n, i))
+            return {"tok_s": 10.0, "tokens": n, "seconds": seconds}
+        return run
+
+    log = tmp_path / "runs.jsonl"
+    pairs = run_pairs(side("fleet", 6.0), side("bare", 3.0), 3, 16, min_window_s=6.0, step=16, log=log)
+    assert calls == [("bare", 16, -1)] + [(s, 32, i) for i in range(3) for s in ("fleet", "bare")]
+    assert pairs.prompts == 32 and pairs.probe is not None and pairs.repeats
+    # And every run is on disk as it ends, in order
+    assert [json.loads(line)["side"] for line in log.read_text().splitlines()] == ["probe"] + ["fleet", "bare"] * 3
+
+
+def test_cpu_between_interpolates_samples_and_refuses_uncovered_windows():
+    samples = [(10.0, 1.0), (11.0, 2.0), (13.0, 2.0)]
+    assert cpu_between(samples, 10.5, 12.0) == pytest.approx(0.5)
+    assert cpu_between(samples, 9.0, 12.0) is None
+
+
+def test_worker_cpu_reads_a_process_own_time_and_children():
+    # This process's own CPU from /proc, and a child found under it
+    assert cpu_seconds(os.getpid()) > 0
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert child.pid in child_pids(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_sampler_charges_busy_threads_and_profiles_the_engine_loop(tmp_path):
+    # Given a sampler counting while its gate file exists, and a busy engine loop in its thread
+    gate = tmp_path / "prof.on"
+    sampler = Sampler(gate, interval_s=0.002)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name=LOOP_THREAD, daemon=True)
+    thread.start()
+
+    async def busy() -> None:
+        end = time.monotonic() + 0.6
+        while time.monotonic() < end:
+            sum(i * i for i in range(2000))
+            await asyncio.sleep(0)
+
+    try:
+        gate.touch()
+        sampler.thread.start()
+        time.sleep(0.1)  # the sampler sees the gate and enables cProfile on the loop
+        asyncio.run_coroutine_threadsafe(busy(), loop).result(timeout=30)
+        gate.unlink()
+        report = sampler.report()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    # Then the loop's thread carries the CPU, within the process total, and cProfile saw the coroutine
+    assert report["threads_s"][LOOP_THREAD] > 0.1
+    assert report["attributed_cpu_s"] <= report["process_cpu_s"] - report["sampler_cpu_s"] + 0.05
+    assert any("test_bench.py" in name for name in report["loop_cprofile"]["by_self_s"])
+    assert report["loop_cprofile"]["by_area_self_s"]
+
+
+def test_profile_names_are_short_and_pools_grouped():
+    assert thread_group("ThreadPoolExecutor-0_13") == "ThreadPoolExecutor-N_N"
+    assert short("/x/.venv/lib/python3.11/site-packages/celery/app/trace.py") == "celery/app/trace.py"
+    assert short("/work/wt/fleet/worker/generate.py") == "fleet/worker/generate.py"
+    assert short("/usr/lib/python3.11/asyncio/tasks.py") == "asyncio/tasks.py"
 
 
 def test_percentile_and_cycles():

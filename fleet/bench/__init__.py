@@ -14,7 +14,7 @@ MEASUREMENTS = {
     "makespan": "makespan of a 6-worker job against its ideal",
     "projection": "the zero-overhead model at the reference job's shape",
     "scaling": "throughput of 1, 2, 4, 8 workers on one broker",
-    "overhead": "per-chunk overhead with the S3 store",
+    "overhead": "per-chunk overhead with the S3 store; the worker's CPU per M tokens, and its profile",
     "producer": "producer prompts/s and peak memory",
-    "hf": "fleet vs a bare generate loop, hf tiny model",
+    "hf": "fleet vs the bare HfEngine, interleaved pairs, hf tiny model",
 }

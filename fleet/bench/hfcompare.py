@@ -1,19 +1,23 @@
-"""Fleet against the bare engine: the tiny `hf` model through `fleet run` versus a plain
-batched `model.generate` loop over the same prompts, batch size and max tokens.
+"""Fleet against the bare engine: the tiny `hf` model through `fleet run` versus fleet's own
+`HfEngine` object fed every prompt at once, in a process of its own, with no worker around it.
 
-Both sides decode greedily, so they produce (nearly) the same tokens and the ratio of
-their output tok/s is what fleet's machinery costs: the broker, chunk reads and
-commits, the engine's batching loop and its per-row sampler and stopper. The bare loop
-runs in its own process like the worker does, with the same torch threads; each side's
-best of `repeats` runs is compared, because two shared cores make single runs noisy.
+Both sides run the same engine code, batch size, max tokens and torch threads and decode
+greedily, so the ratio of their output tok/s is what the worker costs around the engine:
+Celery, the broker, chunk reads, the stream reading and checkpoints, the commit, the
+worker's other threads taking the GIL from the batching loop. Both sides also count their
+process's CPU seconds over the window (the worker's, sampled; the engine is in-process on
+both sides), whose tokens-per-CPU-second ratio other processes on the machine barely move. (Before issue 24 the bare
+side was a plain `model.generate` loop, which also counted the engine's own per-row
+sampler and stopper as fleet's.) Interleaved pairs, their median ratio: fleet.bench.pairs.
 
-Run alone, this module is the bare loop: `python -m fleet.bench.hfcompare --model DIR
+Run alone, this module is the bare side: `python -m fleet.bench.hfcompare --model DIR
 --input PROMPTS --batch 16 --max-tokens 96` prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 import subprocess
@@ -23,9 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from fleet.bench.jobstats import read_job, throughput
-from fleet.bench.procs import clean_env, json_from_stdout, run_fleet, write_prompts
+from fleet.bench.pairs import run_pairs
+from fleet.bench.procs import (
+    clean_env,
+    cpu_between,
+    json_from_stdout,
+    read_requests,
+    run_fleet,
+    run_fleet_watching_workers,
+    write_prompts,
+)
 from fleet.bench.profile import Profile
-from fleet.bench.report import Figure, Section, at_least, best_of_each
+from fleet.bench.report import Section
 from fleet.errors import FleetError
 from fleet.store import open_store
 
@@ -35,35 +48,31 @@ HF_TARGET = 0.95
 TORCH_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "FLEET_HF__THREADS": "1"}
 
 
-def bare_generate(model_dir: str, prompts_path: str, batch: int, max_tokens: int) -> dict[str, Any]:
-    """A plain transformers loop: template, left-pad, generate, decode; timed after loading."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+def bare_engine(model_dir: str, prompts_path: str, batch: int, max_tokens: int) -> dict[str, Any]:
+    """fleet's HfEngine as the worker drives it (every request a stream read to its end, all at
+    once on one loop), timed after the model is loaded."""
+    from fleet.engines.specs import build_engine
+    from fleet.settings import Settings
 
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
-    pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos_ids)
-    config = GenerationConfig(do_sample=False, max_new_tokens=max_tokens, eos_token_id=sorted(eos_ids),
-                              pad_token_id=pad)
-    records = [json.loads(line) for line in Path(prompts_path).read_text().splitlines() if line]
-    began = time.perf_counter()
-    prompts = [tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True,
-                                       return_dict=True)["input_ids"] for r in records]
-    tokens = 0
-    with torch.inference_mode():
-        for start in range(0, len(prompts), batch):
-            enc = tok.pad({"input_ids": prompts[start:start + batch]}, return_tensors="pt")
-            out = model.generate(**enc, generation_config=config)
-            for row in out[:, enc["input_ids"].shape[1]:].tolist():
-                n = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
-                tokens += n
-                tok.decode(row[:n], skip_special_tokens=True)
-    seconds = time.perf_counter() - began
-    return {"prompts": len(prompts), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
-            "threads": torch.get_num_threads()}
+    settings = Settings(engine="hf", model=model_dir, hf={"max_batch": batch, "threads": 1})
+    requests = read_requests(prompts_path, max_tokens)
+
+    engine = build_engine(settings)
+
+    async def run() -> tuple[int, float]:
+        await engine.start()
+        try:
+            began, cpu = time.perf_counter(), time.process_time()
+            results = await asyncio.gather(*(engine.generate(r) for r in requests))
+            used.append(time.process_time() - cpu)
+            return sum(r.completion_tokens for r in results), time.perf_counter() - began
+        finally:
+            await engine.shutdown()
+
+    used: list[float] = []
+    tokens, seconds = asyncio.run(run())
+    return {"prompts": len(requests), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
+            "cpu_s": used[0], "batches": getattr(engine, "batches", None)}  # fmt: skip
 
 
 def run_bare(workdir: Path, model: Path, prompts: Path, profile: Profile) -> dict[str, Any]:
@@ -72,12 +81,12 @@ def run_bare(workdir: Path, model: Path, prompts: Path, profile: Profile) -> dic
     done = subprocess.run([sys.executable, "-m", "fleet.bench.hfcompare", *args], env=clean_env(workdir, TORCH_THREADS),
                           capture_output=True, text=True, timeout=600, cwd=workdir)
     if done.returncode != 0:
-        raise FleetError(f"bare generate loop exited {done.returncode}:\n{done.stderr[-2000:]}")
+        raise FleetError(f"bare HfEngine exited {done.returncode}:\n{done.stderr[-2000:]}")
     return json_from_stdout(done)
 
 
 def run_fleet_hf(workdir: Path, model: Path, prompts: Path, profile: Profile, n: int, i: int) -> dict[str, Any]:
-    data_dir = workdir / f"hf-fleet-{i}"
+    data_dir = workdir / "hf-fleet"
     shutil.rmtree(data_dir, ignore_errors=True)
     env = clean_env(workdir, {
         "FLEET_DATA_DIR": str(data_dir),
@@ -88,33 +97,31 @@ def run_fleet_hf(workdir: Path, model: Path, prompts: Path, profile: Profile, n:
         **TORCH_THREADS,
     })
     job = f"hf-{i}"
-    run_fleet(["run", str(prompts), "--job", job, "--engine", "hf", "--model", str(model), "--workers", "1"],
-              env, 600, workdir)
+    args = ["run", str(prompts), "--job", job, "--engine", "hf", "--model", str(model), "--workers", "1"]
+    cpu = run_fleet_watching_workers(args, env, 600, workdir)
     chunks = -(-n // profile.hf_chunk_size)
     run = read_job(open_store(str(data_dir / "store")), job, chunks)
     return {"prompts": n, "tokens": run.tokens, "seconds": run.makespan_s, "tok_s": throughput(run),
-            "chunks": chunks}
+            "cpu_s": cpu_between(cpu, run.first_start, run.last_finish), "chunks": chunks}
 
 
 def measure_hf(profile: Profile, workdir: Path) -> Section:
     model = workdir / "tiny-model"
     if not (model / "config.json").exists():
         run_fleet(["tiny-model", str(model)], clean_env(workdir), 300, workdir)
-    n = profile.hf_prompts
-    prompts = write_prompts(workdir / f"prompts-{n}.jsonl", n)
-    bare, fleet = [], []
-    for i in range(profile.hf_repeats):
-        bare.append(run_bare(workdir, model, prompts, profile))
-        fleet.append(run_fleet_hf(workdir, model, prompts, profile, n, i))
-    best_bare, best_fleet, ratio = best_of_each(bare, fleet)
-    figures = [
-        at_least("fleet tok/s / bare generate tok/s", round(ratio, 4), HF_TARGET,
-                 note=f"best of {profile.hf_repeats}; batch {profile.hf_batch}, {profile.hf_max_tokens} max tokens"),
-        Figure("fleet", best_fleet["tok_s"], "tok/s", note=f"{best_fleet['tokens']:,} tokens"),
-        Figure("bare generate loop", best_bare["tok_s"], "tok/s", note=f"{best_bare['tokens']:,} tokens"),
-    ]
-    data = {"prompts": n, "batch": profile.hf_batch, "torch_threads": 1, "max_tokens": profile.hf_max_tokens,
-            "chunk_size": profile.hf_chunk_size, "ratio": ratio, "bare": bare, "fleet": fleet}
+
+    def fleet(n: int, i: int) -> dict[str, Any]:
+        return run_fleet_hf(workdir, model, write_prompts(workdir / f"prompts-{n}.jsonl", n), profile, n, i)
+
+    def bare(n: int, i: int) -> dict[str, Any]:
+        return run_bare(workdir, model, write_prompts(workdir / f"prompts-{n}.jsonl", n), profile)
+
+    pairs = run_pairs(fleet, bare, profile.hf_repeats, profile.hf_prompts, profile.hf_min_window_s,
+                      profile.hf_chunk_size, cap=8 * profile.hf_prompts)
+    note = f"{pairs.prompts} prompts, batch {profile.hf_batch}, {profile.hf_max_tokens} max tokens"
+    figures = pairs.figures("fleet tok/s / bare HfEngine tok/s", HF_TARGET, note, "fleet", "bare HfEngine")
+    data = {"batch": profile.hf_batch, "torch_threads": 1, "max_tokens": profile.hf_max_tokens,
+            "chunk_size": profile.hf_chunk_size, **pairs.data()}
     return Section("hf", "fleet vs bare engine (hf tiny model, CPU)", figures, data)
 
 
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args(argv)
-    print(json.dumps(bare_generate(args.model, args.input, args.batch, args.max_tokens)))
+    print(json.dumps(bare_engine(args.model, args.input, args.batch, args.max_tokens)))
 
 
 if __name__ == "__main__":

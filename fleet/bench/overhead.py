@@ -1,4 +1,5 @@
-"""Per-chunk overhead with the S3 store: dequeue, lease, read chunk, commit result, ack.
+"""Fleet's own overhead: per chunk with the S3 store (dequeue, lease, read chunk, commit
+result, ack), and per token as the worker's CPU seconds (fleet.bench.workercpu).
 
 One worker with one chunk slot runs chunks whose generation takes no time (step 0,
 prefill 0, one token per record), so the gap between consecutive chunk starts on that
@@ -22,6 +23,7 @@ from fleet.bench.profile import Profile
 from fleet.bench.reference import REFERENCE
 from fleet.bench.report import Figure, Section
 from fleet.bench.simjob import SimJob, SimShape, run_sim_job
+from fleet.bench.workercpu import measure_worker_cpu, profile_figures, profile_worker
 from fleet.engines.sim.engine import sim_text
 from fleet.store import open_store
 from fleet.store.results import ChunkStats, encode_result
@@ -94,4 +96,10 @@ def measure_overhead(profile: Profile, workdir: Path) -> Section:
         "fraction_median": frac_median, "fraction_p99": frac_p99,
         "cycles_s": [round(c, 5) for c in cycles],
     }
-    return Section("overhead", "per-chunk overhead (S3 store, moto)", figures, data)
+    cpu_figures, data["worker_cpu"] = measure_worker_cpu(profile, workdir)
+    figures += cpu_figures
+    if profile.cpu_profile_slots:
+        data["worker_profile"] = profile_worker(profile, workdir)
+        figures += profile_figures(data["worker_profile"])
+    return Section("overhead", "fleet's own overhead (per chunk: S3 store, moto; per token: worker CPU)", figures,
+                   data)

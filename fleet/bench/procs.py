@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
@@ -71,18 +72,101 @@ def write_prompts(path: Path, n: int) -> Path:
     return path
 
 
-class WorkerHost:
-    """One `fleet worker --workers N` launcher (N supervised worker processes), as one host."""
+def read_requests(path: Path | str, max_tokens: int, enable_thinking: bool = True) -> list[Any]:
+    """write_prompts' records as the greedy GenRequests a worker makes of them, for the bare sides."""
+    from fleet.records import GenRequest, Message, Sampling, derive_seed
 
-    def __init__(self, env: dict[str, str], workers: int, log_path: Path, host: str = "bench"):
+    records = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+    return [GenRequest(record_id=r["id"], chunk=0, sample=0, enable_thinking=enable_thinking,
+                       sampling=Sampling(temperature=0.0, max_tokens=max_tokens, seed=derive_seed(0, r["id"], 0)),
+                       messages=[Message(**m) for m in r["messages"]])
+            for r in records]  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far, its threads included and its children
+    (an engine's scheduler processes) not: /proc/<pid>/stat's utime and stime."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process, from every one of its threads' children lists."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return sorted(set(found))
+
+
+def descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = child_pids(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: float,
+                               cwd: Path) -> list[tuple[float, float]]:  # fmt: skip
+    """Run one `fleet ...` command (as run_fleet) while sampling its worker processes' own CPU
+    seconds (fleet.worker.main, their children not counted): (epoch time, CPU seconds) pairs."""
+    samples: list[tuple[float, float]] = []
+    with open(cwd / "fleet-cmd.err", "w+b") as err:
+        proc = subprocess.Popen(fleet_argv(*args), env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err)
+        began = time.monotonic()
+        while proc.poll() is None:
+            if time.monotonic() - began > timeout_s:
+                proc.kill()
+                proc.wait()
+                raise FleetError(f"`fleet {' '.join(args)}` ran past {timeout_s:.0f}s")
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                workers = [p for p in descendants(proc.pid)
+                           if b"fleet.worker.main" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+                samples.append((time.time(), sum(cpu_seconds(p) for p in workers)))
+            time.sleep(0.2)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise FleetError(f"`fleet {' '.join(args)}` exited {proc.returncode}:\n{err.read().decode()[-3000:]}")
+    return samples
+
+
+def cpu_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """CPU seconds between two epoch times, interpolated from (time, CPU) samples; None when the
+    samples do not cover the window."""
+
+    def at(t: float) -> float | None:
+        for (t0, c0), (t1, c1) in zip(samples, samples[1:], strict=False):
+            if t0 <= t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
+        return None
+
+    a, b = at(start), at(end)
+    return None if a is None or b is None else b - a
+
+
+class WorkerHost:
+    """One `fleet worker --workers N` launcher (N supervised worker processes), as one host; or,
+    given `direct` (the argv of one worker process), that worker alone without a launcher."""
+
+    def __init__(self, env: dict[str, str], workers: int, log_path: Path, host: str = "bench",
+                 direct: list[str] | None = None):  # fmt: skip
         self.env, self.workers, self.log_path, self.host = env, workers, log_path, host
+        self.direct = direct
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def worker_pids(self) -> list[int]:
+        """The worker processes (whose children, if any, are their engines)."""
+        assert self.proc is not None
+        return [self.proc.pid] if self.direct else child_pids(self.proc.pid)
 
     def start(self) -> WorkerHost:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = self.direct or fleet_argv("worker", "--workers", str(self.workers), "--host-name", self.host)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                fleet_argv("worker", "--workers", str(self.workers), "--host-name", self.host),
+                argv,
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 cwd=self.log_path.parent,
             )

@@ -37,6 +37,16 @@ class Profile:
     scaling_chunks_per_worker: int = 12
     overhead_chunks: int = 150
     overhead_chunk_size: int = 512
+    #: worker CPU per M tokens (fleet.bench.workercpu): S values at one offered token rate
+    cpu_slots: tuple[int, ...] = (64, 256, 1024)
+    cpu_token_rate: float = 40_000
+    cpu_mean_tokens: float = 200
+    cpu_chunk_size: int = 512
+    #: records per job: at least this, and at least cpu_waves x S
+    cpu_records: int = 5_000
+    cpu_waves: int = 12
+    #: S of the profiled run (fleet.bench.workerprof); 0: no profile
+    cpu_profile_slots: int = 256
     producer_sizes: tuple[int, ...] = (100_000, 1_000_000)
     producer_s3_sizes: tuple[int, ...] = (100_000,)
     producer_chunk_size: int = 512
@@ -44,7 +54,10 @@ class Profile:
     hf_max_tokens: int = 96
     hf_batch: int = 16
     hf_chunk_size: int = 64
-    hf_repeats: int = 2
+    #: interleaved fleet/bare pairs (fleet.bench.pairs); the median ratio is the figure
+    hf_repeats: int = 3
+    #: a bare probe grows the prompts until a side's window lasts this long (0: no probe)
+    hf_min_window_s: float = 20.0
 
 
 FULL = Profile(name="full")
@@ -63,6 +76,13 @@ QUICK = Profile(
     scaling_chunks_per_worker=6,
     overhead_chunks=12,
     overhead_chunk_size=64,
+    cpu_slots=(16,),
+    cpu_token_rate=10_000,
+    cpu_mean_tokens=50,
+    cpu_chunk_size=64,
+    cpu_records=256,
+    cpu_waves=4,
+    cpu_profile_slots=0,  # one more worker start; the sampler is tested in-process (tests/test_bench.py)
     producer_sizes=(5_000, 20_000),
     producer_s3_sizes=(5_000,),
     producer_chunk_size=512,
@@ -71,6 +91,7 @@ QUICK = Profile(
     hf_batch=8,
     hf_chunk_size=16,
     hf_repeats=1,
+    hf_min_window_s=0.0,
 )
 
 PROFILES = {"full": FULL, "quick": QUICK}

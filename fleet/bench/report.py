@@ -44,14 +44,6 @@ def at_most(name: str, value: float, bound: float, unit: str = "", note: str = "
     return Figure(name, value, unit, f"<= {bound:g}", value <= bound, note)
 
 
-def best_of_each(bares: list[dict[str, Any]], fleets: list[dict[str, Any]]) -> tuple[dict, dict, float]:
-    """The fastest run of each side and fleet's tok/s over the bare engine's: the machine is noisy,
-    so each side is judged by its best run, measured alternately in one process."""
-    bare = max(bares, key=lambda run: run["tok_s"])
-    fleet = max(fleets, key=lambda run: run["tok_s"])
-    return bare, fleet, fleet["tok_s"] / bare["tok_s"]
-
-
 def fmt(value: float | None, unit: str = "") -> str:
     if value is None:
         return "-"

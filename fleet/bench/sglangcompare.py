@@ -1,11 +1,13 @@
 """Fleet against the bare SGLang Engine: the same prompts through `fleet run --engine sglang`
-and through a plain `sglang.Engine` fed every request at once, both greedy, same max tokens
-and the same engine kwargs (the worker's `engine_kwargs`, from the usual FLEET_* settings).
+and through a plain `sglang.Engine` fed every request at once as streams, as the worker feeds it,
+both greedy, same max tokens and the same engine kwargs (the worker's `engine_kwargs`, from the
+usual FLEET_* settings: incremental streaming output, its stream interval).
 
 The ratio of their output tok/s is what fleet's machinery costs around SGLang: the broker,
 chunk reads and commits, templating on the worker, the admission gate. Each side's clock
 starts after its engine is up (the bare loop times from its first request; fleet's from its
-first chunk's start). Each side runs in its own process, because `Engine.shutdown()` kills
+first chunk's start). Interleaved pairs, their median ratio (fleet.bench.pairs). Each side runs
+in its own process, because `Engine.shutdown()` kills
 every child of its caller.
 
 On a machine without a GPU this runs the real Engine on the CPU where SGLang can be made to
@@ -27,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from fleet.bench.jobstats import read_job, throughput
-from fleet.bench.procs import json_from_stdout, run_fleet, write_prompts
-from fleet.bench.report import Figure, Section, best_of_each
+from fleet.bench.pairs import run_pairs
+from fleet.bench.procs import json_from_stdout, read_requests, run_fleet, write_prompts
+from fleet.bench.report import Section
 from fleet.errors import ConfigError, FleetError
 from fleet.store import open_store
 
@@ -43,36 +46,39 @@ def require_sglang() -> None:
 
 
 def bare_generate(prompts_path: str, max_tokens: int) -> dict[str, Any]:
-    """A plain Engine with the worker's kwargs: render every prompt as fleet does, hand them all
-    to one `Engine.generate` call (SGLang batches them itself), count output tokens; timed from
-    rendering, after the engine is up."""
+    """A plain Engine with the worker's kwargs (incremental streaming, its stream interval), used
+    as the worker uses it: every prompt rendered as fleet renders it, one streamed
+    `async_generate` per request, all at once on the Engine's loop; timed from rendering, after
+    the engine is up."""
+    import asyncio
+
     import sglang
 
     from fleet.engines.sglang.engine import engine_kwargs
     from fleet.model.prompting import load_tokenizer, model_facts, render_ids
-    from fleet.records import GenRequest, Message, Sampling
     from fleet.settings import load_settings
 
     settings = load_settings()
     kwargs = engine_kwargs(settings)
     engine = sglang.Engine(**kwargs)
+
+    async def one(ids: list[int], params: dict[str, Any]) -> int:
+        tokens = 0
+        async for out in await engine.async_generate(input_ids=ids, sampling_params=params, stream=True):
+            tokens += len(out.get("output_ids") or [])  # incremental: only the new ids
+        return tokens
+
     try:
         tok = load_tokenizer(settings.model or "")
         eos = model_facts(settings)["sampling"]["eos_token_ids"]
-        records = [json.loads(line) for line in Path(prompts_path).read_text().splitlines() if line]
+        requests = read_requests(prompts_path, max_tokens, settings.enable_thinking)
         params = {"temperature": 0.0, "max_new_tokens": max_tokens, "stop_token_ids": eos}
         began = time.perf_counter()
-        prompts = [  # write_prompts' chat records, templated as the worker templates them
-            render_ids(tok, GenRequest(record_id=r["id"], chunk=0, sample=0, sampling=Sampling(),
-                                       messages=[Message(**m) for m in r["messages"]],
-                                       enable_thinking=settings.enable_thinking))
-            for r in records
-        ]  # fmt: skip
-        outs = engine.generate(input_ids=prompts, sampling_params=params)
+        prompts = [render_ids(tok, r) for r in requests]  # templated as the worker templates them
+        tokens = sum(engine.loop.run_until_complete(asyncio.gather(*(one(p, params) for p in prompts))))
         seconds = time.perf_counter() - began
     finally:
         engine.shutdown()
-    tokens = sum(int(o["meta_info"]["completion_tokens"]) for o in outs)
     return {"prompts": len(prompts), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
             "max_running_requests": kwargs["max_running_requests"]}  # fmt: skip
 
@@ -100,26 +106,24 @@ def run_fleet_side(workdir: Path, prompts: Path, n: int, max_tokens: int, chunk_
 
 
 def measure_sglang_vs_bare(workdir: Path, env: dict[str, str], prompts_n: int, max_tokens: int,
-                           chunk_size: int, repeats: int = 2) -> Section:  # fmt: skip
-    """Both sides `repeats` times, alternating, in one run, on the same prompts and settings;
-    each side's best run is compared (a shared CPU makes single runs noisy)."""
+                           chunk_size: int, pairs: int = 3, min_window_s: float = 0.0,
+                           log: Path | None = None) -> Section:  # fmt: skip
+    """Interleaved pairs on the same prompts and settings (fleet.bench.pairs), their median ratio."""
     require_sglang()
     workdir.mkdir(parents=True, exist_ok=True)
-    prompts = write_prompts(workdir / f"prompts-{prompts_n}.jsonl", prompts_n)
-    bares, fleets = [], []
-    for i in range(repeats):
-        bares.append(run_bare(workdir, prompts, max_tokens, env))
-        fleets.append(run_fleet_side(workdir, prompts, prompts_n, max_tokens, chunk_size, env, i))
-    bare, fleet, ratio = best_of_each(bares, fleets)
-    note = (f"best of {repeats}; {prompts_n} prompts, {max_tokens} max tokens, chunks of {chunk_size}, "
-            f"S={bare['max_running_requests']}")  # fmt: skip
-    figures = [
-        Figure("fleet tok/s / bare Engine tok/s", round(ratio, 4), "x", note=note),
-        Figure("fleet", round(fleet["tok_s"], 1), "tok/s", note=f"{fleet['tokens']:,} tokens"),
-        Figure("bare sglang.Engine", round(bare["tok_s"], 1), "tok/s", note=f"{bare['tokens']:,} tokens"),
-    ]
-    data = {"prompts": prompts_n, "max_tokens": max_tokens, "chunk_size": chunk_size, "ratio": ratio,
-            "bare": bares, "fleet": fleets}  # fmt: skip
+
+    def fleet(n: int, i: int) -> dict[str, Any]:
+        prompts = write_prompts(workdir / f"prompts-{n}.jsonl", n)
+        return run_fleet_side(workdir, prompts, n, max_tokens, chunk_size, env, i)
+
+    def bare(n: int, i: int) -> dict[str, Any]:
+        return run_bare(workdir, write_prompts(workdir / f"prompts-{n}.jsonl", n), max_tokens, env)
+
+    result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk_size, cap=8 * prompts_n, log=log)
+    note = (f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk_size}, "
+            f"S={result.bare[0]['max_running_requests']}")  # fmt: skip
+    figures = result.figures("fleet tok/s / bare Engine tok/s", None, note, "fleet", "bare sglang.Engine (streamed)")
+    data = {"max_tokens": max_tokens, "chunk_size": chunk_size, **result.data()}
     return Section("sglang", "fleet vs the bare SGLang Engine", figures, data)
 
 

@@ -8,11 +8,12 @@ its last result, as the occupancy definition asks.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.bench.jobstats import JobRun, read_job
-from fleet.bench.procs import WorkerHost, clean_env, run_fleet, wait_until, write_prompts
+from fleet.bench.procs import WorkerHost, clean_env, cpu_seconds, run_fleet, wait_until, write_prompts
 from fleet.coord.localredis import LocalRedis
 from fleet.errors import FleetError
 from fleet.settings import Settings
@@ -49,10 +50,11 @@ class SimShape:
             "FLEET_REAPER_INTERVAL_S": "1",
         }
 
-    def default_slots(self) -> int:
-        """The K a worker derives by itself for this engine and chunk size."""
+    def default_slots(self, in_flight_factor: float | None = None) -> int:
+        """The K a worker derives by itself for this engine and chunk size (and in-flight factor)."""
+        factor = {"in_flight_factor": in_flight_factor} if in_flight_factor else {}
         return Settings(engine="sim", chunk_size=self.chunk_size,
-                        sim={"max_running": self.max_running}).resolved_slots()
+                        sim={"max_running": self.max_running}, **factor).resolved_slots()
 
     def describe(self) -> dict[str, float]:
         return {"S": self.max_running, "C": self.chunk_size, "mean_tokens": self.mean_output_tokens,
@@ -69,6 +71,11 @@ class SimJob:
     slots: int | None = None
     store_url: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: run one worker process by this argv instead of `fleet worker` (a profiler around it)
+    direct: list[str] | None = None
+    #: called once the workers are ready, and once every result exists (a profiler's window)
+    on_ready: Callable[[], object] | None = None
+    on_done: Callable[[], object] | None = None
 
     @property
     def records(self) -> int:
@@ -85,6 +92,8 @@ class SimJobResult:
     run: JobRun
     startup_s: float
     wall_s: float
+    #: each worker process's own CPU seconds (not its children's) from ready to the last result
+    worker_cpu_s: list[float] = field(default_factory=list)
 
 
 def run_sim_job(job: SimJob, workdir: Path, timeout_s: float = 600) -> SimJobResult:
@@ -103,16 +112,23 @@ def run_sim_job(job: SimJob, workdir: Path, timeout_s: float = 600) -> SimJobRes
             **({"FLEET_SLOTS": str(job.slots)} if job.slots else {}),
             **job.extra_env,
         })
-        host = WorkerHost(env, job.workers, base / "workers.log").start()
+        host = WorkerHost(env, job.workers, base / "workers.log", direct=job.direct).start()
         try:
             startup = host.wait_ready()
+            pids = host.worker_pids()
+            cpu = [cpu_seconds(p) for p in pids]
+            if job.on_ready:
+                job.on_ready()
             run_fleet(["enqueue", str(prompts), "--job", job.name], env, timeout_s, base)
             wait_results(store_url, job, host, timeout_s)
+            cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu, strict=True)]
+            if job.on_done:
+                job.on_done()
         finally:
             host.stop()
     wall = time.monotonic() - began
     run = read_job(open_store(store_url), job.name, job.chunks, job.shape.step_s, job.shape.prefill_s)
-    return SimJobResult(job, run, startup, wall)
+    return SimJobResult(job, run, startup, wall, cpu)
 
 
 def wait_results(store_url: str, job: SimJob, host: WorkerHost, timeout_s: float) -> None:

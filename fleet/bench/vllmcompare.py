@@ -1,12 +1,13 @@
 """Fleet against the bare vLLM engine: the tiny model through `fleet run --engine vllm` versus a
-plain AsyncLLM loop that submits the same prompt ids at once, with the same engine args.
+plain AsyncLLM loop that submits the same prompt ids at once and reads their DELTA streams, as
+the worker does, with the same engine args (its stream interval included).
 
 Both sides decode greedily with the same max tokens, so the ratio of their output tok/s is
 what fleet's machinery costs on top of vLLM: the broker, chunk reads and commits, templating
 on the worker, the admission gate and K chunk slots feeding one engine. Timing starts once
 each engine has started: fleet's is its job window (first chunk start to last result), the
 bare loop's from its first submit to its last output. The bare loop runs in its own process
-like the worker does.
+like the worker does. Interleaved pairs, their median ratio: fleet.bench.pairs.
 
 Run alone, this module is the bare loop: `python -m fleet.bench.vllmcompare --model DIR
 --input PROMPTS --max-tokens 64 --out RESULT.json` (FLEET_VLLM__* set the engine) writes one JSON object.
@@ -26,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from fleet.bench.jobstats import read_job, throughput
-from fleet.bench.procs import clean_env, run_fleet, write_prompts
-from fleet.bench.report import Figure, Section, at_least, best_of_each
+from fleet.bench.pairs import run_pairs
+from fleet.bench.procs import clean_env, read_requests, run_fleet, write_prompts
+from fleet.bench.report import Section
 from fleet.errors import FleetError
 from fleet.store import open_store
 
@@ -51,27 +53,23 @@ def bare_generate(model: str, prompts_path: str, max_tokens: int) -> dict[str, A
 
     from fleet.engines.vllm.plan import engine_kwargs
     from fleet.model.prompting import load_tokenizer, model_facts, render_ids
-    from fleet.records import GenRequest, Message, Sampling
     from fleet.settings import Settings
 
     settings = Settings(engine="vllm", model=model)
     tok = load_tokenizer(model)
     eos = model_facts(settings)["sampling"]["eos_token_ids"]
-    records = [json.loads(line) for line in Path(prompts_path).read_text().splitlines() if line]
-    ids = [render_ids(tok, GenRequest(record_id=r["id"], chunk=0, sample=0, sampling=Sampling(),
-                                      messages=[Message(**m) for m in r["messages"]], enable_thinking=True))
-           for r in records]
+    ids = [render_ids(tok, r) for r in read_requests(prompts_path, max_tokens)]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=eos,
-                            output_kind=RequestOutputKind.FINAL_ONLY)
+                            output_kind=RequestOutputKind.DELTA)  # streamed, as the worker reads it
 
     async def run() -> tuple[int, float]:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(settings)))
 
         async def one(i: int, prompt: list[int]) -> int:
-            last = None
+            tokens = 0
             async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, f"bare-{i}"):
-                last = out
-            return len(last.outputs[0].token_ids) if last else 0
+                tokens += len(out.outputs[0].token_ids)  # DELTA: only the new ids
+            return tokens
 
         try:
             await one(-1, ids[0])  # the first request pays one-time warm-up, as fleet's engine start does
@@ -112,26 +110,24 @@ def run_fleet_vllm(workdir: Path, model: Path, prompts: Path, n: int, max_tokens
     return {"prompts": n, "tokens": run.tokens, "seconds": run.makespan_s, "tok_s": throughput(run), "chunks": chunks}
 
 
-def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, repeats: int = 2) -> Section:
-    """Each side `repeats` times, alternating, and the best of each compared: two shared cores
-    make single runs noisy."""
+def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pairs: int = 3,
+                 min_window_s: float = 0.0, log: Path | None = None) -> Section:  # fmt: skip
+    """Interleaved pairs on the same prompts and engine (fleet.bench.pairs), their median ratio."""
     model = workdir / "tiny-model"
     if not (model / "config.json").exists():
         run_fleet(["tiny-model", str(model)], clean_env(workdir), 300, workdir)
-    prompts = write_prompts(workdir / f"prompts-{prompts_n}.jsonl", prompts_n)
-    bares, fleets = [], []
-    for _ in range(repeats):
-        bares.append(run_bare(workdir, model, prompts, max_tokens))
-        fleets.append(run_fleet_vllm(workdir, model, prompts, prompts_n, max_tokens, chunk))
-    bare, fleet, ratio = best_of_each(bares, fleets)
-    figures = [
-        at_least("fleet tok/s / bare AsyncLLM tok/s", round(ratio, 4), VLLM_TARGET,
-                 note=f"best of {repeats}; {prompts_n} prompts, {max_tokens} max tokens, chunks of {chunk}"),
-        Figure("fleet", fleet["tok_s"], "tok/s", note=f"{fleet['tokens']:,} tokens"),
-        Figure("bare AsyncLLM loop", bare["tok_s"], "tok/s", note=f"{bare['tokens']:,} tokens"),
-    ]
-    data = {"prompts": prompts_n, "max_tokens": max_tokens, "chunk_size": chunk, "engine": ENGINE_ENV,
-            "ratio": ratio, "bare": bares, "fleet": fleets}
+
+    def fleet(n: int, i: int) -> dict[str, Any]:
+        return run_fleet_vllm(workdir, model, write_prompts(workdir / f"prompts-{n}.jsonl", n), n, max_tokens, chunk)
+
+    def bare(n: int, i: int) -> dict[str, Any]:
+        return run_bare(workdir, model, write_prompts(workdir / f"prompts-{n}.jsonl", n), max_tokens)
+
+    result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk, cap=8 * prompts_n, log=log)
+    note = f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk}"
+    figures = result.figures("fleet tok/s / bare AsyncLLM tok/s", VLLM_TARGET, note, "fleet",
+                             "bare AsyncLLM loop (DELTA streams)")
+    data = {"max_tokens": max_tokens, "chunk_size": chunk, "engine": ENGINE_ENV, **result.data()}
     return Section("vllm", "fleet vs bare engine (vllm tiny model, CPU)", figures, data)
 
 

@@ -52,26 +52,30 @@ def bench(
     requests: Annotated[int | None, typer.Option("--requests", help="sglang: requests per side "
                                                  "(default 2 x max_running_requests)")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sglang: max tokens per request")] = None,
+    pairs: Annotated[int, typer.Option("--pairs", min=1, help="vllm, sglang on the CPU: interleaved fleet/bare "
+                                       "pairs (the median ratio is the figure)")] = 3,
+    min_window_s: Annotated[float, typer.Option("--min-window-s", help="vllm, sglang on the CPU: a bare probe "
+                                                "grows the prompts until a window lasts this long (0: none)")] = 0.0,
 ) -> None:
     """Run every measurement (or the one named) and print the table."""
     ctx.obj = {"quick": quick, "out": out, "keep": keep}
     if ctx.invoked_subcommand is not None:
         return
     if engine == "sglang" and _sglang_on_cpu():
-        _sglang_vs_bare(out, requests, max_tokens)
+        _sglang_vs_bare(out, requests, max_tokens, pairs, min_window_s)
     elif engine == "sglang":
         _mtp(out, requests, max_tokens)
     elif engine == "hf":
         _run(["hf"], quick, out, keep)
     elif engine == "vllm":
-        _vllm(out, quick)
+        _vllm(out, quick, pairs, min_window_s)
     elif engine == "sim":
         _run(list(MEASUREMENTS), quick, out, keep)
     else:
         fail(f"unknown engine {engine!r}: sim, hf, vllm or sglang")
 
 
-def _vllm(out: Path | None, quick: bool) -> None:
+def _vllm(out: Path | None, quick: bool, pairs: int, min_window_s: float) -> None:
     import tempfile
 
     from rich.console import Console
@@ -81,10 +85,11 @@ def _vllm(out: Path | None, quick: bool) -> None:
     from fleet.errors import FleetError
 
     console = Console()
-    prompts, max_tokens, chunk, repeats = (32, 32, 16, 1) if quick else (256, 64, 64, 2)
+    prompts, max_tokens, chunk = (32, 32, 16) if quick else (256, 64, 64)
     with tempfile.TemporaryDirectory(prefix="fleet-bench-vllm-") as tmp:
         try:
-            section = measure_vllm(prompts, max_tokens, chunk, Path(tmp), repeats)
+            section = measure_vllm(prompts, max_tokens, chunk, Path(tmp), 1 if quick else pairs, min_window_s,
+                                   log=(out or DEFAULT_OUT) / "vllm.runs.jsonl")
         except FleetError as e:
             fail(str(e))
             return
@@ -100,7 +105,8 @@ def _sglang_on_cpu() -> bool:
     return load_settings().sglang.engine_kwargs.get("device") == "cpu"
 
 
-def _sglang_vs_bare(out: Path | None, requests: int | None, max_tokens: int | None) -> None:
+def _sglang_vs_bare(out: Path | None, requests: int | None, max_tokens: int | None, pairs: int,
+                    min_window_s: float) -> None:  # fmt: skip
     import os
     import tempfile
 
@@ -112,7 +118,8 @@ def _sglang_vs_bare(out: Path | None, requests: int | None, max_tokens: int | No
 
     try:
         with tempfile.TemporaryDirectory(prefix="fleet-bench-sglang-") as tmp:
-            section = measure_sglang_vs_bare(Path(tmp), dict(os.environ), requests or 64, max_tokens or 64, 16)
+            section = measure_sglang_vs_bare(Path(tmp), dict(os.environ), requests or 128, max_tokens or 96, 16,
+                                             pairs, min_window_s, log=(out or DEFAULT_OUT) / "sglang-cpu.runs.jsonl")
     except FleetError as e:
         fail(str(e))
         return
