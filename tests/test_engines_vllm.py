@@ -349,6 +349,7 @@ STALL_TOKENS = 2000
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(1200)  # three engine starts: ~2 min each on 2 loaded cores
 def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_on_the_restarted_engine(
     real_vllm, tmp_path, tiny_model, redis_server, clean_env
 ):

@@ -250,7 +250,7 @@ def test_real_sglang_sync_server_info_fails_on_a_running_loop(real_job: dict[str
 
 
 
-@pytest.mark.timeout(1200)  # three engine starts: 20-45 s each on an idle CPU, minutes on a loaded one
+@pytest.mark.timeout(1200)  # three engine starts (the bare one in real_job): 20-45 s each, minutes on loaded cores
 def test_real_sglang_frozen_scheduler_is_declared_stalled_and_the_job_finishes_on_the_restarted_engine(
     tmp_path: Path, tiny_model: Path, redis_server: Any, clean_env: None, real_job: dict[str, Any]
 ) -> None:
