@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -179,3 +181,110 @@ def clean_reference(tmp: Path, sim: dict[str, str], job: str, records: int) -> t
     exp = run_fleet("export", "--job", job, "--out", str(out), "--stable", env=env, cwd=tmp)
     assert exp.returncode == 0, exp.stderr
     return prompts, out.read_bytes()
+
+
+@dataclass
+class Frozen:
+    """What `freeze_engine` saw, its times in seconds after the SIGSTOP."""
+
+    pid: int
+    declared: float
+    killed: float
+    done: float
+    #: `fleet status --json` just after the stall was declared (a commit clears it from there)
+    status: dict
+    successors: list[int]
+    #: processes left stopped (state T) below the launcher once the job was done
+    stopped: list[int]
+    #: seconds each of the host's engines took to start, as its worker logged them
+    ready_s: list[float]
+
+
+def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str], prompts: Path, job: str,
+                  chunks: int, made: int, timeout: float = 600) -> Frozen:
+    """Enqueue a job, start one `fleet worker` host for it, and SIGSTOP the engine process below its
+    worker (`command` in its command line) once its engine has made `made` tokens of the job, i.e.
+    mid-generation; then wait for the worker to declare it stalled, the stopped process to end and
+    the job's results. The job is enqueued first so that nothing stands between its first tokens
+    and the SIGSTOP: the tiny model finishes a short job in seconds."""
+    from fleet.coord import keys
+    from fleet.store import open_store
+    from fleet.store.layout import results_prefix
+    from fleet.worker.proctree import stat
+    from tests.conftest import run_fleet
+
+    store, r = open_store(env["FLEET_STORE_URL"]), redis.Redis.from_url(env["FLEET_BROKER_URL"])
+    assert run_fleet("enqueue", str(prompts), "--job", job, env=env).returncode == 0
+    launcher = workers.start(host)
+    wait_for(lambda: len(worker_pids(launcher.pid)) == 1, timeout, f"the worker of {host}")
+    [worker] = worker_pids(launcher.pid)
+    wait_for(lambda: len(processes_below(worker, command)) == 1, timeout, f"{command} below the worker")
+    [pid] = processes_below(worker, command)
+    wait_for(lambda: sum(int(n) for n in r.hvals(keys.made(job))) >= made, timeout, f"{made} tokens made",
+             interval=0.02)
+    os.kill(pid, signal.SIGSTOP)
+    frozen = time.monotonic()
+    name = f"cpu0@{host}"
+    wait_for(lambda: r.hexists(keys.worker_stalls(), name), timeout, f"{name} declared stalled")
+    declared = time.monotonic() - frozen
+
+    def ended() -> bool:
+        st = stat(pid)
+        return st is None or not st.running
+
+    wait_for(ended, 60, f"the stopped {command} killed", interval=0.02)
+    killed = time.monotonic() - frozen
+    status = json.loads(run_fleet("status", "--job", job, "--json", env=env).stdout)
+    wait_for(lambda: len(list(store.list(results_prefix(job)))) == chunks, timeout, f"the {chunks} results")
+    done = time.monotonic() - frozen
+    successors = [p for p in worker_pids(launcher.pid) if p != worker]
+    stopped = [p for p in processes_below(launcher.pid, "") if (st := stat(p)) is not None and st.state == "T"]
+    ready_s = [float(x) for x in re.findall(r"engine ready in ([0-9.]+)s", workers.logs())]
+    return Frozen(pid, declared, killed, done, status, successors, stopped, ready_s)
+
+
+def frozen_engine_job(tmp: Path, env: dict[str, str], host: str, command: str, records: list[dict],
+                      stall_s: float, lease_s: float, rest_s: float) -> list[dict]:
+    """A greedy job of two chunks on one `fleet worker` host whose engine process (`command`) is frozen
+    mid-generation (`freeze_engine`), checked as issue #25 asks: the worker is named stalled within
+    stall_s and a check, the frozen process is killed (a stopped process ends only by SIGKILL) once
+    the chunks are back, nothing stays stopped, the job ends on the restarted engine within stall_s,
+    a lease, its start and `rest_s` (the frozen worker's exit, what is left to generate), no attempt
+    is spent, every record comes exactly once, some continued from what the frozen engine made.
+    Returns the exported rows, in input order, for the caller to compare with its bare engine."""
+    from fleet.coord import keys
+    from fleet.worker.proctree import stat
+    from tests.conftest import run_fleet
+
+    env = {**env, "FLEET_STORE_URL": str(tmp / "s"), "FLEET_STALL_S": str(stall_s), "FLEET_LEASE_TTL_S": str(lease_s),
+           "FLEET_CHECKPOINT_INTERVAL_S": "1", "FLEET_GRACE_S": "0.5", "FLEET_CHUNK_SIZE": str(-(-len(records) // 2)),
+           "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_ASSIST": "false"}
+    # A delta per token: the watchdog's clock ticks on deltas, and 16 steps of SGLang on 2 loaded cores
+    # (~1-3 steps/s) would outlast this short stall_s on a healthy engine
+    env[f"FLEET_{env['FLEET_ENGINE'].upper()}__STREAM_INTERVAL"] = "1"
+    prompts = tmp / "p.jsonl"
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in records))
+    workers = Workers(env, tmp / "logs")
+    try:
+        frozen = freeze_engine(workers, host, command, env, prompts, "fz", chunks=2, made=10 * len(records))
+    finally:
+        workers.stop(timeout=120)
+    print(f"\nfrozen {command}: stall declared {frozen.declared:.1f}s after SIGSTOP (stall_s {stall_s}), "
+          f"killed at {frozen.killed:.1f}s, the job done at {frozen.done:.1f}s on the restarted engine "
+          f"(its start {frozen.ready_s[-1]:.1f}s)")
+    assert [w["worker"] for w in frozen.status["stalled_workers"]] == [f"cpu0@{host}"]
+    # stall_s after its last token: an engine as slow as SGLang's on 2 loaded cores (~3 steps/s) made it
+    # up to a step before the SIGSTOP; then a check of the watchdog (stall_s / 4) and a Redis write
+    assert frozen.status["stalled_workers"][0]["stalled_s"] >= stall_s and stall_s - 2 <= frozen.declared < stall_s + 10
+    assert "declaring it hung" in workers.logs() and frozen.successors and not frozen.stopped
+    assert stat(frozen.pid) is None or not stat(frozen.pid).running
+    assert frozen.killed - frozen.declared < 3 and len(frozen.ready_s) == 2
+    assert frozen.done < stall_s + lease_s + frozen.ready_s[-1] + rest_s
+    assert sum(int(v) for v in redis.Redis.from_url(env["FLEET_BROKER_URL"]).hvals(keys.attempts("fz"))) == 0
+    out = tmp / "o.jsonl"
+    export = run_fleet("export", "--job", "fz", "--out", str(out), env=env)
+    assert export.returncode == 0, export.stderr[-2000:]
+    rows = read_jsonl(out)
+    assert [row["id"] for row in rows] == [x["id"] for x in records]
+    assert any(row["continued_at"] for row in rows), f"no record was running when {command} froze"
+    return rows

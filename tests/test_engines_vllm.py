@@ -27,6 +27,7 @@ from fleet.settings import Settings
 from tests.conftest import run_fleet
 from tests.fleetproc import (
     Workers,
+    frozen_engine_job,
     gone_before_successor,
     processes_below,
     read_jsonl,
@@ -188,8 +189,9 @@ def prompt_ids(model: Path, rows: list[dict], lines: list[dict]) -> list[list[in
     tok = load_tokenizer(str(model))
     out = []
     for row, line in zip(rows, lines, strict=True):
-        req = GenRequest(record_id=line["id"], chunk=0, sample=0, sampling=Sampling(),
-                         messages=[Message(**m) for m in line["messages"]], enable_thinking=True)
+        messages = [Message(**m) for m in line["messages"]] if "messages" in line else None
+        req = GenRequest(record_id=line["id"], chunk=0, sample=0, sampling=Sampling(), messages=messages,
+                         prompt=line.get("prompt"), enable_thinking=True)
         ids = render_ids(tok, req)
         assert prompt_digest(ids) == row["prompt_digest"]
         out.append(ids)
@@ -338,3 +340,32 @@ def test_real_vllm_engine_reads_back_clips_aborts_and_shuts_down(real_vllm, tiny
         return alive
 
     wait_for(lambda: not engine_children(), 30, "vLLM's processes to exit")
+
+
+
+
+STALL_S = 10  #: FLEET_STALL_S of the frozen-engine test: longer than a prefill of its prompts here
+#: its records' max tokens: near the context, the tiny model makes ~300 tokens/s per request on 2 loaded cores
+STALL_TOKENS = 2000
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1200)  # three engine starts: ~2 min each on 2 loaded cores
+def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_on_the_restarted_engine(
+    real_vllm, tmp_path, tiny_model, redis_server, clean_env
+):
+    # Given a greedy job of two chunks on one `fleet worker --engine vllm` host; raw prompts, after
+    # which the tiny model writes no EOS for 600 tokens and more
+    env = {"FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
+           "FLEET_VLLM__DTYPE": "float32", "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES),
+           "FLEET_VLLM__MAX_NUM_SEQS": "8"}
+    lines = [{"id": f"r{i}", "prompt": f"class A{i}:\n    def run(self):",
+              "sampling": {"temperature": 0, "max_tokens": STALL_TOKENS}} for i in range(6)]
+    # When its EngineCore is frozen (SIGSTOP) mid-generation; then it is declared stalled, killed,
+    # and the job ends on the restarted engine, each record once (tests/fleetproc.py)
+    rows = frozen_engine_job(tmp_path, env, "v", "EngineCore", lines, STALL_S, lease_s=10, rest_s=60)
+    # and the greedy records equal a bare vllm.LLM's uninterrupted ones
+    settings = Settings(engine="vllm", model=str(tiny_model),
+                        vllm={"dtype": "float32", "kv_cache_memory_bytes": KV_BYTES, "max_num_seqs": 8})
+    bare = bare_ids(tiny_model, engine_kwargs(settings), prompt_ids(tiny_model, rows, lines), STALL_TOKENS, tmp_path)
+    assert [row["output_ids"] for row in rows] == bare

@@ -204,6 +204,26 @@ def test_kill_tree_ends_a_descendant_in_its_own_session_that_ignores_sigterm(tmp
             parent.wait()
 
 
+def test_kill_tree_kills_a_stopped_process_at_once(tmp_path):
+    # Given a process frozen by SIGSTOP (as the real-engine tests freeze an engine): it acts on no
+    # SIGTERM until it is continued
+    frozen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        os.kill(frozen.pid, signal.SIGSTOP)
+        wait_for(lambda: proctree.stat(frozen.pid).stopped, 10, "the process stopped", interval=0.01)
+        # When its tree is killed with the default grace
+        began = time.monotonic()
+        assert proctree.kill_tree([frozen.pid]) == [frozen.pid]
+        took = time.monotonic() - began
+        # Then it is SIGKILLed at once, not after the SIGTERM grace, and never continued
+        assert frozen.wait(timeout=5) == -signal.SIGKILL
+        assert took < proctree.GRACE_S / 2
+    finally:
+        if frozen.poll() is None:
+            frozen.kill()
+            frozen.wait()
+
+
 def leaky_workers(tmp_path: Path, redis_url: str) -> Workers:
     """Workers whose engine starts a process (`sleep 3600`) in a session of its own and never ends it."""
     env = {"FLEET_ENGINE": "sim", "FLEET_SIM__LEAK_PROCESS": "true", "FLEET_BROKER_URL": redis_url,

@@ -43,6 +43,11 @@ ABORT_AFTER_S = 3  #: SGLANG_REQ_RUNNING_TIMEOUT: SGLang aborts a request runnin
 LONG_OUTPUT = 2000  #: the record that runs into that timeout asks for this many tokens (~2,000 steps)
 CLIPPED_PROMPT = 2036  #: pre-tokenized: 12 tokens of room left in the 2,048-token context, 500 asked
 EOS_FREE = 400  #: the bare engine shows that record's prompt gives no EOS this early
+STALL_S = 10  #: FLEET_STALL_S of the frozen-scheduler test: longer than any prefill of its prompts here
+#: its records: raw prompts the tiny model writes no EOS after, decoding for seconds on 2 cores; the bare
+#: engine answers them beside the fixture's greedy ones (all in its 4,096-token pool at once)
+STALL_RECORDS = [{"id": f"r{i}", "prompt": f"class A{i}:\n    def run(self):", "sampling": {"max_tokens": 150}}
+                 for i in range(6)]  # fmt: skip
 
 
 def _procs_with(marker: str) -> list[int]:
@@ -117,6 +122,7 @@ def real_job(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict
     context = 2048  # the tiny model's max_position_embeddings
     greedy = [[ids[f"g{i}"], MAX_TOKENS] for i in range(GREEDY)]
     greedy += [[ids["clipped"], context - len(ids["clipped"])], [ids["aborted"], EOS_FREE]]
+    greedy += [[ids_of(r), r["sampling"]["max_tokens"]] for r in STALL_RECORDS]  # the frozen-scheduler test's
     kwargs = {"model_path": str(tiny_model), "dtype": "float32", "mem_fraction_static": 0.05,
               "max_running_requests": ASKED, "log_level": "warning", **CPU_KWARGS}  # fmt: skip
     spec = {"kwargs": kwargs, "greedy": greedy, "eos": [2, 0], "context_probe": [5] * (context + 10)}
@@ -236,3 +242,27 @@ def test_real_sglang_sync_server_info_fails_on_a_running_loop(real_job: dict[str
     # why fleet awaits get_internal_state on its loop, as the stand-in forces it to
     failed = real_job["bare"]["server_info_on_a_running_loop"]
     assert failed is not None and failed["type"] == "RuntimeError", failed
+
+
+
+
+# -- a frozen scheduler: the engine watchdog (fleet.worker.watchdog) -----------------------------
+
+
+
+@pytest.mark.timeout(1200)  # three engine starts (the bare one in real_job): 20-45 s each, minutes on loaded cores
+def test_real_sglang_frozen_scheduler_is_declared_stalled_and_the_job_finishes_on_the_restarted_engine(
+    tmp_path: Path, tiny_model: Path, redis_server: Any, clean_env: None, real_job: dict[str, Any]
+) -> None:
+    from tests.fleetproc import frozen_engine_job
+
+    # Given a greedy job of two chunks on one `fleet worker --engine sglang` host
+    env = process_env({**CPU_SETTINGS_ENV, "FLEET_ENGINE": "sglang", "FLEET_MODEL": str(tiny_model),
+                       "FLEET_BROKER_URL": redis_server.url, "FLEET_SAMPLING__TEMPERATURE": "0"})  # fmt: skip
+    # When its scheduler is frozen (SIGSTOP) mid-generation; then it is declared stalled, killed, and
+    # the job ends on the restarted engine, each record once (tests/fleetproc.py)
+    rows = frozen_engine_job(tmp_path, env, "s", "sglang::scheduler", STALL_RECORDS, STALL_S, lease_s=10, rest_s=90)
+    # and the greedy records equal the bare engine's uninterrupted ones
+    bare = real_job["bare"]["greedy"][GREEDY + 2 :]
+    assert [row["output_ids"] for row in rows] == [g["output_ids"] for g in bare]
+    assert all(g["finish_reason"]["type"] == "length" for g in bare)  # no EOS: each ran to its max tokens

@@ -160,7 +160,8 @@ class _Settings(BaseSettings):
         DEFAULT_STALL_S, gt=0,
         description="seconds an engine may make no token while requests run before the worker declares it hung: "
         "its chunks are handed back (no attempt spent, their ids kept), its process tree killed and restarted. "
-        "Longer than the slowest prefill a job's prompts need and than SGLang's own watchdog (300 s)",
+        "Longer than the slowest prefill a job's prompts need, than `stream_interval` decode steps (the clock "
+        "ticks on each delta) and than SGLang's own watchdog (300 s)",
     )
     checkpoint_interval_s: float = Field(
         DEFAULT_CHECKPOINT_INTERVAL_S, gt=0,

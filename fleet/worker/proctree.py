@@ -55,6 +55,11 @@ class Stat:
         # wait is missing.
         return self.state not in ("Z", "X")
 
+    @property
+    def stopped(self) -> bool:
+        """Stopped by a signal (T) or a tracer (t): it acts on no signal but SIGKILL until continued."""
+        return self.state in ("T", "t")
+
 
 def stat(pid: int) -> Stat | None:
     """None when no such process exists (or this is not Linux)."""
@@ -177,7 +182,13 @@ def kill_tree(pids: Iterable[int], grace_s: float = GRACE_S) -> list[int]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
 
-    send(signal.SIGTERM, live())
+    # A stopped process (SIGSTOP, a debugger's stop) runs no handler until it is continued: a SIGTERM
+    # would only wait out grace_s, and continuing it could wake a frozen engine. It gets SIGKILL now.
+    stopped = [pid for pid in live() if (st := stat(pid)) is not None and st.stopped]
+    if stopped:
+        log.warning("processes %s are stopped: killing", stopped)
+        send(signal.SIGKILL, stopped)
+    send(signal.SIGTERM, [pid for pid in live() if pid not in stopped])
     left = _wait(live, grace_s)
     if left:
         # Those that ignore SIGTERM go last: one may be waiting for the others to exit, as

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 STALL_EXIT_S = 30.0
 #: its exit status then (EX_SOFTWARE): the launcher restarts it like any death
 STALL_EXIT_CODE = 70
+#: seconds a stalled worker waits for its chunks to be handed back before it kills its engine
+STALL_HAND_BACK_S = 10.0
 
 
 class Runtime:
@@ -208,13 +210,22 @@ class Runtime:
             log.critical("worker %s: %d stall(s) since it last committed", self.name, stalls)
         except Exception as e:
             log.warning("could not record the stall: %s", e)
-        # A hung engine's processes (vLLM's EngineCore, SGLang's scheduler) may ignore everything
-        # but SIGKILL; whatever runs in this process ends with it (the restart below).
-        threading.Thread(target=kill_tree, args=(descendants(os.getpid()),), daemon=True).start()
+        threading.Thread(target=self._end_engine, name="fleet-stall-kill", daemon=True).start()
         # The hand-back takes a poll (0.5 s) and a flush; a process that cannot exit after that
         # (a thread stuck inside the engine) is ended outright, and its launcher starts a fresh one.
         threading.Timer(STALL_EXIT_S, os._exit, args=(STALL_EXIT_CODE,)).start()
         self.restart("engine stalled")
+
+    def _end_engine(self) -> None:
+        """Kill what the hung engine started, once its chunks are handed back: vLLM's client notices
+        its EngineCore's death at once (its monitor thread) and fails every open stream with
+        EngineDeadError, which would fail the chunks as an engine death (suspects, a second death)
+        before the stop gate's next poll (0.5 s) hands them back. A hung engine's processes (vLLM's EngineCore, SGLang's
+        scheduler) may ignore everything but SIGKILL; whatever runs in this process ends with it."""
+        deadline = time.monotonic() + STALL_HAND_BACK_S
+        while self.active and time.monotonic() < deadline:
+            time.sleep(0.05)
+        kill_tree(descendants(os.getpid()))
 
     def restart(self, why: str) -> None:
         """The engine is gone: stop this process so its supervisor starts a fresh one."""
