@@ -3,7 +3,8 @@
 The `real_vllm` tests need vllm installed (ops/vllm-venv.sh); .ci/run runs them in that venv with
 `-k real_vllm`. They run `fleet run --engine vllm` through real worker processes on the dense
 tiny model (float32) and the hybrid one (bf16, MTP on, greedy), and compare every record token
-for token with a bare `vllm.LLM` given the same prompt ids (tests/vllm_bare.py).
+for token with a bare `vllm.LLM` given the same prompt ids (tests/vllm_bare.py); one more job is
+stopped mid-generation on one worker and continued on another, and compared the same way.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typer.testing import CliRunner
 from fleet.engines.identity import engine_identity, identity_hash
 from fleet.engines.vllm.plan import engine_kwargs, mtp_layers
 from fleet.engines.vllm.spec import SPEC
+from fleet.model.prompting import split_reasoning
 from fleet.records import GenRequest, Sampling
 from fleet.settings import Settings
 from tests.conftest import run_fleet
-from tests.fleetproc import read_jsonl, wait_for
+from tests.fleetproc import hand_over, read_jsonl, wait_for
 from tests.modelkit import LoopThread, chat, tiny_model_fixture  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +61,7 @@ def test_dense_kwargs_have_no_speculation_and_keep_the_prefix_cache(tiny_model: 
         "enable_prefix_caching": True,
         "enforce_eager": False,
         "disable_log_stats": True,
+        "stream_interval": 16,
         "kv_cache_memory_bytes": KV_BYTES,
     }
     assert "vllm" not in sys.modules
@@ -156,8 +159,8 @@ def real_vllm():
     return pytest.importorskip("vllm")
 
 
-def bare_ids(model: Path, kwargs: dict, prompts: list[list[int]], max_tokens: int, tmp: Path) -> list[list[int]]:
-    """Greedy output ids from a bare vllm.LLM (its own process: vLLM spawns its engine core)."""
+def bare_outputs(model: Path, kwargs: dict, prompts: list[list[int]], max_tokens: int, tmp: Path) -> list[dict]:
+    """Greedy outputs, {"ids", "text"}, from a bare vllm.LLM (its own process: vLLM spawns its engine core)."""
     spec = tmp / "bare.json"
     eos = json.loads((model / "generation_config.json").read_text())["eos_token_id"]
     spec.write_text(json.dumps({"kwargs": kwargs, "prompts": prompts, "max_tokens": max_tokens,
@@ -169,28 +172,60 @@ def bare_ids(model: Path, kwargs: dict, prompts: list[list[int]], max_tokens: in
     return json.loads(out.read_text())
 
 
-def prompt_ids(model: Path, rows: list[dict], lines: list[dict]) -> list[list[int]]:
-    """The ids fleet sent for each record: its own template rendering (the records' digest checks it)."""
+def prompt_ids(model: Path, lines: list[dict], rows: list[dict] | None = None) -> list[list[int]]:
+    """The ids fleet sends for each record: its own template rendering (the records' digests check it)."""
     from fleet.model.prompting import load_tokenizer, render_ids
     from fleet.records import GenRequest, Message, Sampling, prompt_digest
 
     tok = load_tokenizer(str(model))
     out = []
-    for row, line in zip(rows, lines, strict=True):
+    for row, line in zip(rows or [None] * len(lines), lines, strict=True):
         req = GenRequest(record_id=line["id"], chunk=0, sample=0, sampling=Sampling(),
                          messages=[Message(**m) for m in line["messages"]], enable_thinking=True)
         ids = render_ids(tok, req)
-        assert prompt_digest(ids) == row["prompt_digest"]
+        assert row is None or prompt_digest(ids) == row["prompt_digest"]
         out.append(ids)
     return out
 
 
+def chat_lines(n: int, max_tokens: int, prefix: str = "r") -> list[dict]:
+    """n greedy chat records; the dense model answers each of them 600 tokens long, without an EOS."""
+    return [{"id": f"{prefix}{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
+             "sampling": {"temperature": 0, "max_tokens": max_tokens}} for i in range(n)]
+
+
+def settings_of(model: Path, env: dict[str, str]) -> Settings:
+    """The vllm settings that FLEET_VLLM__* in `env` give a worker."""
+    return Settings(engine="vllm", model=str(model),
+                    vllm={k.removeprefix("FLEET_VLLM__").lower(): v for k, v in env.items()
+                          if k.startswith("FLEET_VLLM__")})
+
+
+#: the dense model's engine in every dense test, and in their bare reference
+DENSE_ENV = {"FLEET_VLLM__DTYPE": "float32", "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES),
+             "FLEET_VLLM__MAX_NUM_SEQS": "8"}
+#: long enough that a record still runs when its worker is stopped (~2 s a record on a loaded 2-core box)
+DENSE_BARE_TOKENS = 600
+
+
+@pytest.fixture(scope="module")
+def dense_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """A bare vllm.LLM's greedy answers to the six chat records, DENSE_BARE_TOKENS long: the reference of
+    every dense test (a greedy answer cut at fewer max tokens is a prefix of it), one engine start for all."""
+    tmp = tmp_path_factory.mktemp("dense-bare")
+    lines = chat_lines(6, DENSE_BARE_TOKENS)
+    bare = bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, DENSE_ENV)), prompt_ids(tiny_model, lines),
+                        DENSE_BARE_TOKENS, tmp)
+    assert [len(b["ids"]) for b in bare] == [DENSE_BARE_TOKENS] * len(lines)  # no EOS: they run long
+    return bare
+
+
 def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int,
-                    extra: tuple[dict, ...] = ()) -> list[dict]:
+                    extra: tuple[dict, ...] = (), bare: list[dict] | None = None) -> list[dict]:
     """`fleet run` over six greedy chat records (and `extra` ones, returned apart), exported and
-    checked; the greedy records must equal a bare vllm.LLM's output for the same prompt ids."""
-    lines = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
-              "sampling": {"temperature": 0, "max_tokens": max_tokens}} for i in range(6)]
+    checked; the greedy records must equal a bare vllm.LLM's output for the same prompt ids (`bare`
+    where the caller has it, cut at max_tokens)."""
+    lines = chat_lines(6, max_tokens)
     prompts = tmp / "p.jsonl"
     prompts.write_text("".join(json.dumps(x) + "\n" for x in [*lines, *extra]))
     env = {"FLEET_DATA_DIR": str(tmp / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "3",
@@ -211,17 +246,17 @@ def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int
     # a row is flagged as ended in its thinking exactly when the model never wrote </think>
     tok = AutoTokenizer.from_pretrained(model)
     assert [r["in_thinking"] for r in rows] == ["</think>" not in tok.decode(r["output_ids"]) for r in rows]
-    settings = Settings(engine="vllm", model=str(model),
-                        vllm={k.removeprefix("FLEET_VLLM__").lower(): v for k, v in env.items()
-                              if k.startswith("FLEET_VLLM__")})
-    bare = bare_ids(model, engine_kwargs(settings), prompt_ids(model, rows, lines), max_tokens, tmp)
-    assert [r["output_ids"] for r in rows] == bare
+    ids = prompt_ids(model, lines, rows)
+    bare = bare or bare_outputs(model, engine_kwargs(settings_of(model, env)), ids, max_tokens, tmp)
+    assert [r["output_ids"] for r in rows] == [b["ids"][:max_tokens] for b in bare]
     return rows + extra_rows
 
 
 @pytest.mark.e2e
-def test_real_vllm_fleet_run_on_the_dense_model_equals_bare_vllm(real_vllm, tmp_path, tiny_model, clean_env):
-    rows = run_and_compare(tmp_path, tiny_model, {"FLEET_VLLM__DTYPE": "float32"}, max_tokens=24)
+def test_real_vllm_fleet_run_on_the_dense_model_equals_bare_vllm(
+    real_vllm, tmp_path, tiny_model, dense_bare, clean_env
+):
+    rows = run_and_compare(tmp_path, tiny_model, DENSE_ENV, max_tokens=24, bare=dense_bare)
     assert all(r["spec_accept_length"] is None for r in rows)  # no MTP head, no speculation
 
 
@@ -241,6 +276,26 @@ def test_real_vllm_fleet_run_on_the_hybrid_model_speculates_and_equals_bare_vllm
         assert 0 < r["spec_verify_ct"] <= r["completion_tokens"]
     status = run_fleet("status", "--job", "v", "--json", env={"FLEET_DATA_DIR": str(tmp_path / "data")})
     assert json.loads(status.stdout)["done"] is True
+
+
+@pytest.mark.e2e
+def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_token_for_token(
+    real_vllm, tmp_path, tiny_model, dense_bare, redis_server, clean_env
+):
+    # Given a greedy job of four long records in two chunks, against a real Redis; when host A gets
+    # SIGTERM while every record is generating, and host B finishes the job (tests/fleetproc.hand_over)
+    lines = chat_lines(4, DENSE_BARE_TOKENS, prefix="c")
+    env = {**DENSE_ENV, "FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
+           "FLEET_STORE_URL": str(tmp_path / "store")}
+    rows = hand_over(tmp_path, env, redis_server.port, lines).rows
+    # Then every record equals a bare vllm.LLM's greedy output for its prompt ids, token for token
+    assert prompt_ids(tiny_model, lines, rows) == prompt_ids(tiny_model, chat_lines(4, DENSE_BARE_TOKENS))
+    bare = dense_bare[:len(rows)]
+    assert [row["output_ids"] for row in rows] == [b["ids"] for b in bare]
+    # And a continued record's text, decoded from all its ids, is the bare engine's (the prompt opened <think>)
+    for row, b in zip(rows, bare, strict=True):
+        if row.get("continued_at"):
+            assert (row["reasoning"], row["output"]) == split_reasoning(b["text"], True), row["id"]
 
 
 async def unfinished(engine) -> int:
