@@ -131,10 +131,11 @@ class HandOver:
 
 
 def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dict], job: str = "cont",
-              timeout: float = 900) -> HandOver:
+              timeout: float = 900, stop_after_s: float | None = None) -> HandOver:
     """Four records in two chunks: host A starts them, gets SIGTERM once every chunk made `2 x 48`
-    tokens, and host B finishes the job; checks what every hand-over must show, on any engine."""
-    from fleet.coord import keys
+    tokens (or `stop_after_s` after it took both), and host B finishes the job; checks what every
+    hand-over must show, on any engine."""
+    from fleet.coord import chunks, keys
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
     from fleet.store.results import read_result
@@ -152,10 +153,20 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     def made() -> list[int]:
         return [int(v) for v in r.hvals(keys.made(job))]
 
+    held: list[float] = []
+
+    def generating() -> bool:
+        # Tokens made are published on a worker's 0.5 s poll, which vLLM on a free CPU can starve
+        # until its records end: `stop_after_s` after both chunks are taken, they are generating too.
+        if not held and all(chunks.holder(r, job, i) for i in range(2)):
+            held.append(time.monotonic())
+        now = made()
+        late = stop_after_s is not None and bool(held) and time.monotonic() - held[0] >= stop_after_s
+        return (len(now) == 2 and min(now) >= 2 * 48) or late
+
     a = workers.start("hostA")
     try:
-        wait_for(lambda: len(made()) == 2 and min(made()) >= 2 * 48, timeout, "both chunks generating",
-                 interval=0.05)  # fmt: skip
+        wait_for(generating, timeout, "both chunks generating", interval=0.05)
         began = time.monotonic()
         a.send_signal(signal.SIGTERM)
         a.wait(timeout=120)
