@@ -286,7 +286,7 @@ def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_to
     lines = chat_lines(4, DENSE_BARE_TOKENS, prefix="c")
     env = {**DENSE_ENV, "FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
            "FLEET_STORE_URL": str(tmp_path / "store")}
-    rows = hand_over(tmp_path, env, redis_server.port, lines, stop_after_s=1.0).rows
+    rows = hand_over(tmp_path, env, redis_server.port, lines, stop_after_s=0.3).rows
     # Then every record equals a bare vllm.LLM's greedy output for its prompt ids, token for token
     assert prompt_ids(tiny_model, lines, rows) == prompt_ids(tiny_model, chat_lines(4, DENSE_BARE_TOKENS))
     bare = dense_bare[:len(rows)]
