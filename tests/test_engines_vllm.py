@@ -3,7 +3,8 @@
 The `real_vllm` tests need vllm installed (ops/vllm-venv.sh); .ci/run runs them in that venv with
 `-k real_vllm`. They run `fleet run --engine vllm` through real worker processes on the dense
 tiny model (float32) and the hybrid one (bf16, MTP on, greedy), and compare every record token
-for token with a bare `vllm.LLM` given the same prompt ids (tests/vllm_bare.py).
+for token with a bare `vllm.LLM` given the same prompt ids (tests/vllm_bare.py); one more job is
+stopped mid-generation on one worker and continued on another, and compared the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 from fleet.engines.identity import engine_identity, identity_hash
 from fleet.engines.vllm.plan import engine_kwargs, mtp_layers
 from fleet.engines.vllm.spec import SPEC
+from fleet.model.prompting import split_reasoning
 from fleet.records import GenRequest, Sampling
 from fleet.settings import Settings
 from tests.conftest import run_fleet
@@ -29,6 +31,7 @@ from tests.fleetproc import (
     Workers,
     frozen_engine_job,
     gone_before_successor,
+    hand_over,
     processes_below,
     read_jsonl,
     wait_for,
@@ -168,8 +171,8 @@ def real_vllm():
     return pytest.importorskip("vllm")
 
 
-def bare_ids(model: Path, kwargs: dict, prompts: list[list[int]], max_tokens: int, tmp: Path) -> list[list[int]]:
-    """Greedy output ids from a bare vllm.LLM (its own process: vLLM spawns its engine core)."""
+def bare_outputs(model: Path, kwargs: dict, prompts: list[list[int]], max_tokens: int, tmp: Path) -> list[dict]:
+    """Greedy outputs, {"ids", "text"}, from a bare vllm.LLM (its own process: vLLM spawns its engine core)."""
     spec = tmp / "bare.json"
     eos = json.loads((model / "generation_config.json").read_text())["eos_token_id"]
     spec.write_text(json.dumps({"kwargs": kwargs, "prompts": prompts, "max_tokens": max_tokens,
@@ -181,29 +184,60 @@ def bare_ids(model: Path, kwargs: dict, prompts: list[list[int]], max_tokens: in
     return json.loads(out.read_text())
 
 
-def prompt_ids(model: Path, rows: list[dict], lines: list[dict]) -> list[list[int]]:
-    """The ids fleet sent for each record: its own template rendering (the records' digest checks it)."""
+def prompt_ids(model: Path, lines: list[dict], rows: list[dict] | None = None) -> list[list[int]]:
+    """The ids fleet sends for each record: its own template rendering (the records' digests check it)."""
     from fleet.model.prompting import load_tokenizer, render_ids
     from fleet.records import GenRequest, Message, Sampling, prompt_digest
 
     tok = load_tokenizer(str(model))
     out = []
-    for row, line in zip(rows, lines, strict=True):
+    for row, line in zip(rows or [None] * len(lines), lines, strict=True):
         messages = [Message(**m) for m in line["messages"]] if "messages" in line else None
         req = GenRequest(record_id=line["id"], chunk=0, sample=0, sampling=Sampling(), messages=messages,
                          prompt=line.get("prompt"), enable_thinking=True)
         ids = render_ids(tok, req)
-        assert prompt_digest(ids) == row["prompt_digest"]
+        assert row is None or prompt_digest(ids) == row["prompt_digest"]
         out.append(ids)
     return out
 
 
+def chat_lines(n: int, max_tokens: int, prefix: str = "r") -> list[dict]:
+    """n greedy chat records; the dense model answers the first six over 600 tokens long, without an EOS."""
+    return [{"id": f"{prefix}{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
+             "sampling": {"temperature": 0, "max_tokens": max_tokens}} for i in range(n)]
+
+
+def settings_of(model: Path, env: dict[str, str]) -> Settings:
+    """The vllm settings that FLEET_VLLM__* in `env` give a worker."""
+    return Settings(engine="vllm", model=str(model),
+                    vllm={k.removeprefix("FLEET_VLLM__").lower(): v for k, v in env.items()
+                          if k.startswith("FLEET_VLLM__")})
+
+
+#: the dense model's engine in every dense test, and in their bare reference
+DENSE_ENV = {"FLEET_VLLM__DTYPE": "float32", "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES),
+             "FLEET_VLLM__MAX_NUM_SEQS": "8"}
+#: long enough that a record still runs when its worker is stopped: a free 2-core box makes 1,500 tokens of
+#: four records in 2.4 s, and a worker notices a SIGTERM within its 0.5 s poll
+DENSE_BARE_TOKENS = 1500
+
+
+@pytest.fixture(scope="module")
+def dense_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """A bare vllm.LLM's greedy answers to the six chat records, DENSE_BARE_TOKENS long: the reference of
+    every dense test (a greedy answer cut at fewer max tokens is a prefix of it), one engine start for all."""
+    tmp = tmp_path_factory.mktemp("dense-bare")
+    lines = chat_lines(6, DENSE_BARE_TOKENS)
+    return bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, DENSE_ENV)), prompt_ids(tiny_model, lines),
+                        DENSE_BARE_TOKENS, tmp)
+
+
 def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int,
-                    extra: tuple[dict, ...] = ()) -> list[dict]:
+                    extra: tuple[dict, ...] = (), bare: list[dict] | None = None) -> list[dict]:
     """`fleet run` over six greedy chat records (and `extra` ones, returned apart), exported and
-    checked; the greedy records must equal a bare vllm.LLM's output for the same prompt ids."""
-    lines = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
-              "sampling": {"temperature": 0, "max_tokens": max_tokens}} for i in range(6)]
+    checked; the greedy records must equal a bare vllm.LLM's output for the same prompt ids (`bare`
+    where the caller has it, cut at max_tokens)."""
+    lines = chat_lines(6, max_tokens)
     prompts = tmp / "p.jsonl"
     prompts.write_text("".join(json.dumps(x) + "\n" for x in [*lines, *extra]))
     env = {"FLEET_DATA_DIR": str(tmp / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "3",
@@ -224,17 +258,17 @@ def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int
     # a row is flagged as ended in its thinking exactly when the model never wrote </think>
     tok = AutoTokenizer.from_pretrained(model)
     assert [r["in_thinking"] for r in rows] == ["</think>" not in tok.decode(r["output_ids"]) for r in rows]
-    settings = Settings(engine="vllm", model=str(model),
-                        vllm={k.removeprefix("FLEET_VLLM__").lower(): v for k, v in env.items()
-                              if k.startswith("FLEET_VLLM__")})
-    bare = bare_ids(model, engine_kwargs(settings), prompt_ids(model, rows, lines), max_tokens, tmp)
-    assert [r["output_ids"] for r in rows] == bare
+    ids = prompt_ids(model, lines, rows)
+    bare = bare or bare_outputs(model, engine_kwargs(settings_of(model, env)), ids, max_tokens, tmp)
+    assert [r["output_ids"] for r in rows] == [b["ids"][:max_tokens] for b in bare]
     return rows + extra_rows
 
 
 @pytest.mark.e2e
-def test_real_vllm_fleet_run_on_the_dense_model_equals_bare_vllm(real_vllm, tmp_path, tiny_model, clean_env):
-    rows = run_and_compare(tmp_path, tiny_model, {"FLEET_VLLM__DTYPE": "float32"}, max_tokens=24)
+def test_real_vllm_fleet_run_on_the_dense_model_equals_bare_vllm(
+    real_vllm, tmp_path, tiny_model, dense_bare, clean_env
+):
+    rows = run_and_compare(tmp_path, tiny_model, DENSE_ENV, max_tokens=24, bare=dense_bare)
     assert all(r["spec_accept_length"] is None for r in rows)  # no MTP head, no speculation
 
 
@@ -284,6 +318,26 @@ def test_real_vllm_engine_core_never_outlives_its_sigkilled_worker(
         workers.stop(timeout=120)
     assert launcher.returncode == 0 and (stat(cores[0]) is None or not stat(cores[0]).running)
     assert "killed by SIGKILL" in workers.logs()
+
+
+@pytest.mark.e2e
+def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_token_for_token(
+    real_vllm, tmp_path, tiny_model, dense_bare, redis_server, clean_env
+):
+    # Given a greedy job of four long records in two chunks, against a real Redis; when host A gets
+    # SIGTERM while every record is generating, and host B finishes the job (tests/fleetproc.hand_over)
+    lines = chat_lines(4, DENSE_BARE_TOKENS, prefix="c")
+    env = {**DENSE_ENV, "FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
+           "FLEET_STORE_URL": str(tmp_path / "store")}
+    rows = hand_over(tmp_path, env, redis_server.port, lines, stop_after_s=0.3).rows
+    # Then every record equals a bare vllm.LLM's greedy output for its prompt ids, token for token
+    assert prompt_ids(tiny_model, lines, rows) == prompt_ids(tiny_model, chat_lines(4, DENSE_BARE_TOKENS))
+    bare = dense_bare[:len(rows)]
+    assert [row["output_ids"] for row in rows] == [b["ids"] for b in bare]
+    # And a continued record's text, decoded from all its ids, is the bare engine's (the prompt opened <think>)
+    for row, b in zip(rows, bare, strict=True):
+        if row.get("continued_at"):
+            assert (row["reasoning"], row["output"]) == split_reasoning(b["text"], True), row["id"]
 
 
 async def unfinished(engine) -> int:
@@ -367,5 +421,6 @@ def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_o
     # and the greedy records equal a bare vllm.LLM's uninterrupted ones
     settings = Settings(engine="vllm", model=str(tiny_model),
                         vllm={"dtype": "float32", "kv_cache_memory_bytes": KV_BYTES, "max_num_seqs": 8})
-    bare = bare_ids(tiny_model, engine_kwargs(settings), prompt_ids(tiny_model, rows, lines), STALL_TOKENS, tmp_path)
+    bare = [b["ids"] for b in bare_outputs(tiny_model, engine_kwargs(settings), prompt_ids(tiny_model, lines, rows),
+                                           STALL_TOKENS, tmp_path)]
     assert [row["output_ids"] for row in rows] == bare

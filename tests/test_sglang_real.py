@@ -1,7 +1,8 @@
 """The real sglang 0.5.23 Engine, on a CPU, through fleet's real worker processes.
 
 One `fleet run --engine sglang` job and one bare `sglang.Engine` (tests/sglang_cpu/bare_engine.py)
-serve every assertion here: an engine takes 20-45 s to start on a CPU. The loader that lets the
+serve the assertions here: an engine takes 20-45 s to start on a CPU. One more job runs on two
+workers, the first stopped mid-generation, and is compared with that same bare engine. The loader that lets the
 CUDA-only kernel package import (tests/sglang_cpu/sitecustomize.py) is on every process's
 PYTHONPATH. Runs in the sglang virtualenv (.ci/run); elsewhere it skips.
 
@@ -21,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from fleet.model.prompting import load_tokenizer, render_ids
+from fleet.model.prompting import load_tokenizer, render_ids, split_reasoning
 from fleet.records import GenRequest, Message, Sampling, prompt_digest
 from fleet.worker.enginehost import admission_limit
-from tests.fleetproc import read_jsonl
+from tests.fleetproc import hand_over, read_jsonl
 from tests.modelkit import tiny_model_fixture  # noqa: F401
 from tests.sglangcpu import CPU_KWARGS, CPU_SETTINGS_ENV, have_real_sglang, process_env, run_bare
 
@@ -48,6 +49,11 @@ STALL_S = 10  #: FLEET_STALL_S of the frozen-scheduler test: longer than any pre
 #: engine answers them beside the fixture's greedy ones (all in its 4,096-token pool at once)
 STALL_RECORDS = [{"id": f"r{i}", "prompt": f"class A{i}:\n    def run(self):", "sampling": {"max_tokens": 150}}
                  for i in range(6)]  # fmt: skip
+CONTINUED_MAX_TOKENS = 600  #: greedy answers to CONTINUED's prompts run this long without an EOS (the bare engine)
+#: the records a worker's SIGTERM stops mid-generation and another worker finishes (their own job); the
+#: bare engine of `real_job` answers them too
+CONTINUED = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
+              "sampling": {"temperature": 0, "max_tokens": CONTINUED_MAX_TOKENS}} for i in range(4)]
 
 
 def _procs_with(marker: str) -> list[int]:
@@ -118,11 +124,12 @@ def real_job(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict
         )  # fmt: skip
         return render_ids(tok, request)
 
-    ids = {r["id"]: ids_of(r) for r in records}
+    ids = {r["id"]: ids_of(r) for r in [*records, *CONTINUED]}
     context = 2048  # the tiny model's max_position_embeddings
     greedy = [[ids[f"g{i}"], MAX_TOKENS] for i in range(GREEDY)]
     greedy += [[ids["clipped"], context - len(ids["clipped"])], [ids["aborted"], EOS_FREE]]
     greedy += [[ids_of(r), r["sampling"]["max_tokens"]] for r in STALL_RECORDS]  # the frozen-scheduler test's
+    greedy += [[ids[r["id"]], CONTINUED_MAX_TOKENS] for r in CONTINUED]
     kwargs = {"model_path": str(tiny_model), "dtype": "float32", "mem_fraction_static": 0.05,
               "max_running_requests": ASKED, "log_level": "warning", **CPU_KWARGS}  # fmt: skip
     spec = {"kwargs": kwargs, "greedy": greedy, "eos": [2, 0], "context_probe": [5] * (context + 10)}
@@ -190,6 +197,25 @@ def test_real_sglang_log_lines_survive_and_shutdown_leaves_no_process(real_job: 
     assert "engine ready" in real_job["logs"]
     # no worker, scheduler or detokenizer outlives the run
     assert real_job["left"] == []
+
+
+def test_real_sglang_records_stopped_by_sigterm_are_continued_by_another_worker_token_for_token(
+    real_job: dict[str, Any], tiny_model: Path, tmp_path: Path, redis_server: Any, clean_env: None
+) -> None:
+    # Given a greedy job of four long records in two chunks, against a real Redis; when host A gets
+    # SIGTERM while every record is generating, and host B finishes the job (tests/fleetproc.hand_over)
+    env = process_env({**CPU_SETTINGS_ENV, "FLEET_ENGINE": "sglang", "FLEET_MODEL": str(tiny_model),
+                       "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "store")})
+    rows = hand_over(tmp_path, env, redis_server.port, CONTINUED, timeout=600).rows
+    # Then every record equals the bare engine's greedy output for its prompt ids, token for token
+    bare = real_job["bare"]["greedy"][GREEDY + 2:]
+    assert [len(b["output_ids"]) for b in bare] == [CONTINUED_MAX_TOKENS] * len(CONTINUED)  # no EOS: they ran long
+    for row, b in zip(rows, bare, strict=True):
+        assert row["prompt_digest"] == prompt_digest(real_job["ids"][row["id"]])
+        assert row["output_ids"] == b["output_ids"], row["id"]
+        # And a continued record's text, decoded from all its ids, is the bare engine's (the prompt opened <think>)
+        if row.get("continued_at"):
+            assert (row["reasoning"], row["output"]) == split_reasoning(b["text"], True), row["id"]
 
 
 # -- the stand-in's edges, checked against the real engine ---------------------------------------

@@ -1,10 +1,11 @@
-"""A bare `vllm.LLM`, for the vllm tests to compare fleet's records with: greedy output ids for
-given prompt ids and engine kwargs. Its own script because vLLM spawns its engine core process,
-which re-imports the main module (hence the `__main__` guard).
+"""A bare `vllm.LLM`, for the vllm tests to compare fleet's records with: greedy output ids (and
+their text) for given prompt ids and engine kwargs. Its own script because vLLM spawns its engine
+core process, which re-imports the main module (hence the `__main__` guard).
 
     python tests/vllm_bare.py SPEC.json OUT.json
     # SPEC: {"kwargs": {...}, "prompts": [[ids]], "max_tokens": N, "stop_token_ids": [...]}
-    # OUT: [[output ids], ...] (a file: vLLM writes its own lines to stdout, even at exit)
+    # OUT: [{"ids": [output ids], "text": its text}, ...] (a file: vLLM writes its own lines to
+    # stdout, even at exit)
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def main(spec_path: str, out_path: str) -> None:
     llm = LLM(**spec["kwargs"])
     params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], stop_token_ids=spec["stop_token_ids"])
     outs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]], params, use_tqdm=False)
-    ids = [list(o.outputs[0].token_ids) for o in outs]
-    Path(out_path).write_text(json.dumps(ids))
+    got = [{"ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text} for o in outs]
+    Path(out_path).write_text(json.dumps(got))
 
 
 if __name__ == "__main__":

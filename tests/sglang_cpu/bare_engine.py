@@ -88,7 +88,7 @@ def main() -> None:
         results = engine.generate(input_ids=prompts, sampling_params=params)
         out["greedy_s"] = time.monotonic() - began
         out["greedy"] = [
-            {"output_ids": r["output_ids"], "finish_reason": r["meta_info"]["finish_reason"],
+            {"output_ids": r["output_ids"], "text": r["text"], "finish_reason": r["meta_info"]["finish_reason"],
              "meta_keys": sorted(r["meta_info"])}
             for r in results
         ]  # fmt: skip
