@@ -94,7 +94,7 @@ class OutputRecord(BaseModel):
     #: sha256 prefix of the prompt ids the engine saw: the tokens export checks its rebuild
     prompt_digest: str | None = None
     #: output positions at which an interrupted sample was continued from its checkpointed ids
-    #: (docs/architecture.md, Continuation); None: generated in one go
+    #: (docs/architecture.md, "Tokens as they are made"); None: generated in one go
     continued_at: list[int] | None = None
     #: the repeated block's length in tokens, when the repetition stop ended the sample
     repetition_period: int | None = None
@@ -145,7 +145,7 @@ class GenRequest:
     #: put token ids in the output record
     return_output_ids: bool = False
     #: output ids an earlier run made (from checkpoints): the engine continues after them, and
-    #: the result covers them too (docs/architecture.md, Continuation)
+    #: the result covers them too (docs/architecture.md, "Tokens as they are made")
     prefix_ids: list[int] = field(default_factory=list)
     #: the engine's id for this request (abort by id); unique per run of the sample
     request_id: str = ""

@@ -1,5 +1,5 @@
 """Continuation: a sample interrupted mid-generation goes on from its checkpointed ids, and ends
-as it would have in one go (docs/architecture.md, Continuation)."""
+as it would have in one go (docs/architecture.md, "Tokens as they are made")."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ A worker process owns one engine; K chunk slots submit requests to it concurrent
 the engine batches them (continuous batching in SGLang, vLLM and sim, micro-batches in hf).
 Streaming is what makes the token, not the record, the unit of progress: the worker
 checkpoints each running request's ids and a later run continues from them
-(docs/architecture.md, Continuation).
+(docs/architecture.md, "Tokens as they are made").
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class ModelEngine(Engine):
     ) -> GenResult:
         """The sample's result over its prefix ids and the new ones. A continued sample's text is
         decoded here from all its ids at once, never joined from two texts: the seam may fall
-        inside a multi-byte character, `</think>` or a stop string (docs/architecture.md, Continuation)."""
+        inside a multi-byte character, `</think>` or a stop string (docs/architecture.md, "Tokens as they are made")."""
         ids = request.prefix_ids + new_ids
         if request.prefix_ids or engine_text is None:
             ids, text, stopped = self.decode_output(ids, reason, request.sampling.stop)

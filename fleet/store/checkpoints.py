@@ -4,7 +4,7 @@ A checkpoint holds what a run of an unfinished chunk made since its last flush: 
 records, and for each sample still running the output ids it made since then (a segment).
 Segments chain: each names the digest of every id before it, so a reader rebuilds each
 sample's longest valid prefix from any mix of runs, workers and helpers, and a later run
-continues from it (docs/architecture.md, Continuation). A 32K-token sample is written once
+continues from it (docs/architecture.md, "Tokens as they are made"). A 32K-token sample is written once
 in pieces, never again whole at every flush.
 
 Resuming under another engine configuration would commit one result mixing two

@@ -2,7 +2,7 @@
 request's token stream as it is made.
 
 Each sample continues from its checkpointed prefix where one exists, and its new ids go
-into the run as they stream, for the next checkpoint (docs/architecture.md, Continuation).
+into the run as they stream, for the next checkpoint (docs/architecture.md, "Tokens as they are made").
 A record that fails alone becomes an error record and the chunk goes on; any other
 exception fails the whole run, so an incomplete chunk is never reported done.
 

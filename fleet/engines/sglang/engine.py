@@ -78,7 +78,7 @@ def engine_kwargs(settings: Settings, gpu: str | None = None) -> dict[str, Any]:
         "max_running_requests": s.max_running_requests or DEFAULT_SGLANG_RUNNING,
         "log_level": s.log_level,
         # Streams carry only the new ids of each step (not the whole output again), every
-        # stream_interval tokens: the worker checkpoints them (docs/architecture.md, Continuation).
+        # stream_interval tokens: the worker checkpoints them (docs/architecture.md, "Tokens as they are made").
         "incremental_streaming_output": True,
         "stream_interval": s.stream_interval,
     }

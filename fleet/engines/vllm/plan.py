@@ -72,7 +72,7 @@ def engine_kwargs(settings: Settings) -> dict[str, Any]:
         "enforce_eager": s.enforce_eager,
         # fleet logs its own progress; vLLM's periodic stats lines would drown it
         "disable_log_stats": True,
-        # a request's stream reports every stream_interval tokens (docs/architecture.md, Continuation)
+        # a request's stream reports every stream_interval tokens (docs/architecture.md, "Tokens as they are made")
         "stream_interval": s.stream_interval,
     }
     for name, arg in (
