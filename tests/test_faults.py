@@ -219,9 +219,12 @@ def test_sigterm_hands_chunk_back_from_checkpoint(tmp_path, redis_server, clean_
     # Then it re-ran at once (not after the 60 s TTL), resuming from the checkpoint
     stats, rows = read_result(store, "faults", 0)
     assert stats is not None
-    print(f"\nSIGTERM hand-over in {handover:.2f}s; resumed {stats.resumed} of {stats.samples} samples")
+    print(f"\nSIGTERM hand-over in {handover:.2f}s; resumed {stats.resumed} of {stats.samples} samples, "
+          f"continued {stats.tokens_continued} tokens; made twice {stats.tokens_made_twice}")
     assert handover < 10
-    assert stats.resumed > 0 and (stats.worker or "").endswith("hostB")
+    # what hostA made comes back: finished samples, and the running ones' ids (continued, not made again)
+    assert (stats.resumed > 0 or stats.tokens_continued > 0) and (stats.worker or "").endswith("hostB")
+    assert stats.tokens_made_twice == 0
     assert len(rows) == 16 and a.returncode == 0
     assert not list(store.list(checkpoint_prefix("faults", 0)))
     assert "handed back: on shutdown" in workers.logs()
