@@ -208,7 +208,7 @@ def test_real_sglang_records_stopped_by_sigterm_are_continued_by_another_worker_
                        "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "store")})
     rows = hand_over(tmp_path, env, redis_server.port, CONTINUED, timeout=600).rows
     # Then every record equals the bare engine's greedy output for its prompt ids, token for token
-    bare = real_job["bare"]["greedy"][GREEDY + 2:]
+    bare = real_job["bare"]["greedy"][GREEDY + 2 + len(STALL_RECORDS):]  # after the frozen-scheduler test's
     assert [len(b["output_ids"]) for b in bare] == [CONTINUED_MAX_TOKENS] * len(CONTINUED)  # no EOS: they ran long
     for row, b in zip(rows, bare, strict=True):
         assert row["prompt_digest"] == prompt_digest(real_job["ids"][row["id"]])
@@ -289,6 +289,6 @@ def test_real_sglang_frozen_scheduler_is_declared_stalled_and_the_job_finishes_o
     # the job ends on the restarted engine, each record once (tests/fleetproc.py)
     rows = frozen_engine_job(tmp_path, env, "s", "sglang::scheduler", STALL_RECORDS, STALL_S, lease_s=10, rest_s=90)
     # and the greedy records equal the bare engine's uninterrupted ones
-    bare = real_job["bare"]["greedy"][GREEDY + 2 :]
+    bare = real_job["bare"]["greedy"][GREEDY + 2 : GREEDY + 2 + len(STALL_RECORDS)]
     assert [row["output_ids"] for row in rows] == [g["output_ids"] for g in bare]
     assert all(g["finish_reason"]["type"] == "length" for g in bare)  # no EOS: each ran to its max tokens
