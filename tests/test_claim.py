@@ -16,7 +16,7 @@ from fleet.errors import InputError, JobConflict
 from fleet.producer.claim import claim_job
 from fleet.producer.digest import InputDigest
 from fleet.producer.enqueue import job_identity, prepare_job
-from fleet.producer.reader import validate
+from fleet.producer.inputs import validate
 from fleet.settings import Settings
 from fleet.store.layout import chunk_key, claim_key, manifest_key
 from fleet.store.local import LocalStore

@@ -18,7 +18,7 @@ import pytest
 from fleet.errors import InputError
 from fleet.producer.digest import InputDigest
 from fleet.producer.formats import input_format
-from fleet.producer.reader import read_records, validate
+from fleet.producer.inputs import read_records, validate
 from fleet.producer.source import local_input
 from fleet.store.local import LocalStore
 from tests.conftest import ROOT, run_fleet
@@ -251,7 +251,7 @@ MEASURE = """
 import json, sys
 from pathlib import Path
 import pyarrow as pa
-from fleet.producer.reader import validate
+from fleet.producer.inputs import validate
 import fleet.producer.formats  # noqa: F401 (imports counted before the baseline)
 
 def status(name):  # kB; VmHWM is this process's own peak (ru_maxrss would carry the parent's over exec)

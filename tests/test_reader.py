@@ -15,7 +15,8 @@ import pytest
 import zstandard
 
 from fleet.errors import ConfigError, InputError, InputUnusable
-from fleet.producer.reader import MAX_DEPTH, read_records, validate
+from fleet.producer.inputs import read_records, validate
+from fleet.producer.reader import MAX_DEPTH
 from fleet.producer.seen import SeenIds
 from fleet.producer.source import local_input
 

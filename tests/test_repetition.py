@@ -27,7 +27,7 @@ from fleet.engines.repetition import (
     RepetitionWatch,
     watch_for,
 )
-from fleet.producer.reader import read_records
+from fleet.producer.inputs import read_records
 from fleet.records import GenRequest, derive_seed
 from fleet.settings import load_settings
 from fleet.worker.generate import effective_sampling

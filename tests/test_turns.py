@@ -24,7 +24,7 @@ from fleet.engines.sim.engine import SimEngine
 from fleet.engines.specs import job_config
 from fleet.model.prompting import THINK_CLOSE, load_tokenizer
 from fleet.model.turns import conversation, turn_count, turn_prompt
-from fleet.producer.reader import read_records
+from fleet.producer.inputs import read_records
 from fleet.producer.redo import redo_settings
 from fleet.records import GenRequest, InputRecord, Message
 from fleet.settings import Settings, SimSettings, load_settings

@@ -27,7 +27,7 @@ from fleet.errors import FleetError, InputError, JobConflict
 from fleet.producer.chunker import write_chunks
 from fleet.producer.claim import JobIdentity, check_same_job, claim_job
 from fleet.producer.digest import InputDigest
-from fleet.producer.reader import read_records, validate
+from fleet.producer.inputs import read_records, validate
 from fleet.producer.redo import check_redo, redo_input, redo_settings
 from fleet.producer.source import local_input
 from fleet.progress import Progress, counted

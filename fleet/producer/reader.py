@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from fleet.errors import InputError, InputUnusable
+from fleet.errors import InputUnusable
 from fleet.producer.forms import check_input_ids, conversation_prompt, passthrough
-from fleet.producer.seen import SeenIds
 from fleet.records import InputRecord, SamplingOverrides
 
 SAMPLING_FIELDS = tuple(SamplingOverrides.model_fields)
@@ -344,56 +342,3 @@ def _parsed(
             except BadLine as bad:
                 yield line, bad
             pos += 1
-
-
-def validate(
-    path: Path, max_report: int | None = 100, on_record: Callable[[InputRecord], None] | None = None,
-    vocab: int | None = None, forms: Counter[str] | None = None, turns: str = "last",
-) -> int:
-    """Check every line; return the record count or raise InputError naming the bad lines.
-
-    Shows the first `max_report` problems (None: all of them) and counts them all.
-    `on_record` sees each good record in order (the producer digests the input in this same
-    pass); `vocab`, where the model's vocabulary size is known, bounds pre-tokenized input
-    ids; `forms` counts the good records by the form they came in; `turns` is the job's setting.
-    """
-    from fleet.producer.formats import input_format  # the formats parse with this module
-
-    source = input_format(path)
-    problems: list[str] = []
-    bad = records = 0
-    seen = SeenIds()
-    for line, parsed_form in source.parsed(vocab, turns):
-        problem = None
-        if isinstance(parsed_form, BadLine):
-            problem = str(parsed_form)
-        else:
-            parsed, form = parsed_form
-            records += 1
-            if forms is not None:
-                forms[form] += 1
-            if on_record is not None:
-                on_record(parsed)
-            first = seen.add(parsed.id, line)
-            if first is not None:
-                problem = f"duplicate id {parsed.id!r} (first on {source.where(first)})"
-        if problem is not None:
-            bad += 1
-            if max_report is None or len(problems) < max_report:
-                problems.append(f"{source.where(line)}: {problem}")
-    if bad:
-        raise InputError(problems, bad, source.unit)
-    if records == 0:
-        raise InputUnusable(f"{path}: no records (the input is empty or only blank lines)")
-    return records
-
-
-def read_records(path: Path, turns: str = "last") -> Iterator[InputRecord]:
-    """The input's records in order, normalised; `validate` first, this raises on a bad line."""
-    from fleet.producer.formats import input_format
-
-    source = input_format(path)
-    for line, parsed in source.parsed(turns=turns):
-        if isinstance(parsed, BadLine):
-            raise InputError([f"{source.where(line)}: {parsed}"], unit=source.unit)
-        yield parsed[0]

@@ -1,6 +1,6 @@
 """What an input holds, checked with nothing running (`fleet validate`).
 
-The checks are `fleet enqueue`'s own (fleet.producer.reader.validate, the one parser),
+The checks are `fleet enqueue`'s own (fleet.producer.inputs.validate over the one parser),
 with every bad line listed rather than the first hundred; no broker and no store are
 touched, so 902,087 prompts can be checked before the fleet is up. The figures are what
 `fleet plan` asks for: records, samples, the forms seen, and, with the model's tokenizer,
@@ -17,7 +17,7 @@ from typing import Any
 
 from fleet.errors import InputError, RecordError
 from fleet.producer.formats import input_format
-from fleet.producer.reader import validate
+from fleet.producer.inputs import validate
 from fleet.producer.source import local_input
 from fleet.records import GenRequest, InputRecord, Sampling
 from fleet.settings import Settings
