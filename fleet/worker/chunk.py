@@ -83,9 +83,8 @@ class ChunkRun:
     partials: dict[str, Partial] = field(default_factory=dict)
     #: samples running now, by sample_key
     live: dict[str, LiveSample] = field(default_factory=dict)
-    #: output tokens the engine made for this run, and checkpointed ones it continued from
+    #: output tokens the engine made for this run (the result's header sums `continued_at` instead)
     tokens_made: int = 0
-    tokens_continued: int = 0
     #: tokens made for this chunk by earlier runs (fleet.coord.chunks), for the result's header
     made_before: int = 0
     #: an end-of-job helper run: no chunk lease, first committed result wins
@@ -151,7 +150,6 @@ class ChunkRun:
         live = LiveSample(record_id, sample, ids, len(ids), IdsDigest(ids), continued, turn)
         with self.lock:
             self.live[key] = live
-            self.tokens_continued += len(ids)
         return live
 
     def extend(self, live: LiveSample, ids: list[int]) -> None:
