@@ -44,10 +44,16 @@ def have_real_sglang() -> bool:
     return importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("sgl_kernel") is not None
 
 
+#: the environment before any test built SGLang's ServerArgs in this process: that writes SGLANG_* variables
+#: into os.environ (SGLANG_USE_CUDA_IPC_TRANSPORT among them), and a child that inherits them is not the engine
+#: an operator starts (with that one preset, SGLANG_REQ_RUNNING_TIMEOUT never fires)
+SESSION_ENV = dict(os.environ)
+
+
 def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a process that runs the real engine: the loader first on PYTHONPATH,
-    then this checkout's fleet; no FLEET_* from the caller's shell."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
+    then this checkout's fleet; no FLEET_* from the caller's shell, nothing an in-process engine set."""
+    env = {k: v for k, v in SESSION_ENV.items() if not k.startswith("FLEET_")}
     env["PYTHONPATH"] = os.pathsep.join([str(LOADER_DIR), str(ROOT)])
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(extra or {})})
     return env

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -439,9 +440,9 @@ def real_server_args() -> type:
 
 
 def validate(server_args: type, kwargs: dict) -> None:
-    args = server_args(**kwargs, device="cpu")
-    args.resolve_once()
-    args.check_server_args()
+    from fleet.engines.sglang.spec import validate_server_args
+
+    validate_server_args(server_args, {**kwargs, "device": "cpu"})
 
 
 def test_real_sglang_accepts_what_engine_args_prints(real_server_args: type, tiny_model: Path) -> None:
@@ -450,7 +451,11 @@ def test_real_sglang_accepts_what_engine_args_prints(real_server_args: type, tin
     result = CliRunner().invoke(app, ["engine-args", "--model", str(tiny_model)], env={"FLEET_SGLANG__MTP": "false"})
     assert result.exit_code == 0, result.output
 
+    before = dict(os.environ)
     validate(real_server_args, json.loads(result.stdout))
+    # SGLang's resolve writes SGLANG_* variables into os.environ; fleet's check puts them back, so no
+    # engine started later by this process inherits them
+    assert dict(os.environ) == before
 
 
 def test_real_sglang_refuses_what_we_guard_against(real_server_args: type, tiny_model: Path) -> None:

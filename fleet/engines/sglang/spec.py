@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -62,15 +63,22 @@ class SglangSpec(ModelEngineSpec):
 
 def validate_server_args(server_args_cls: Callable[..., Any], kwargs: dict[str, Any]) -> None:
     """SGLang's own checks (docs/architecture.md: ServerArgs, resolve_once, check_server_args); on a
-    host without a GPU they run with device="cpu", which validates in seconds."""
+    host without a GPU they run with device="cpu", which validates in seconds. Resolving writes
+    SGLANG_* variables into os.environ; they are put back, so that an engine this process starts
+    later is not started with them preset (one of them turns SGLANG_REQ_RUNNING_TIMEOUT off)."""
     args = dict(kwargs)
     if "device" not in args and not query_gpus()[0]:
         args["device"] = "cpu"
-    server_args = server_args_cls(**args)
-    for step in ("resolve_once", "check_server_args"):
-        fn = getattr(server_args, step, None)
-        if callable(fn):
-            fn()
+    before = dict(os.environ)
+    try:
+        server_args = server_args_cls(**args)
+        for step in ("resolve_once", "check_server_args"):
+            fn = getattr(server_args, step, None)
+            if callable(fn):
+                fn()
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
 
 
 SPEC = SglangSpec()
