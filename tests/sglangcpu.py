@@ -46,7 +46,7 @@ def have_real_sglang() -> bool:
 
 #: the environment before any test built SGLang's ServerArgs in this process: that writes SGLANG_* variables
 #: into os.environ (SGLANG_USE_CUDA_IPC_TRANSPORT among them), and a child that inherits them is not the engine
-#: an operator starts (with that one preset, SGLANG_REQ_RUNNING_TIMEOUT never fires)
+#: an operator starts
 SESSION_ENV = dict(os.environ)
 
 

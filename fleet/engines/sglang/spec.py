@@ -64,8 +64,9 @@ class SglangSpec(ModelEngineSpec):
 def validate_server_args(server_args_cls: Callable[..., Any], kwargs: dict[str, Any]) -> None:
     """SGLang's own checks (docs/architecture.md: ServerArgs, resolve_once, check_server_args); on a
     host without a GPU they run with device="cpu", which validates in seconds. Resolving writes
-    SGLANG_* variables into os.environ; they are put back, so that an engine this process starts
-    later is not started with them preset (one of them turns SGLANG_REQ_RUNNING_TIMEOUT off)."""
+    SGLANG_* variables into os.environ; they are put back, so that a check leaves no trace in a
+    process that may start an engine later (a preset SGLANG_USE_CUDA_IPC_TRANSPORT takes SGLang's
+    deprecated path)."""
     args = dict(kwargs)
     if "device" not in args and not query_gpus()[0]:
         args["device"] = "cpu"
