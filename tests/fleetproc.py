@@ -290,7 +290,7 @@ def frozen_engine_job(tmp: Path, env: dict[str, str], host: str, command: str, r
     return rows
 
 
-#: a hand-over of two chunks of two records: tokens made published every 0.1 s (not 1 s), so a test
+#: a hand-over of two chunks: tokens made published every 0.1 s (not 1 s), so a test
 #: sees them while records run; no grace, which would let a stopped record run on to its end
 HANDOVER_ENV = {"FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "2", "FLEET_SLOTS": "2",
                 "FLEET_CHECKPOINT_INTERVAL_S": "1", "FLEET_ASSIST": "false", "FLEET_ASSIST_POLL_S": "0.2",
@@ -309,20 +309,20 @@ class HandOver:
 
 
 def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dict], job: str = "cont",
-              timeout: float = 900, stop_after_s: float | None = None) -> HandOver:
-    """Four records in two chunks: host A starts them, gets SIGTERM once every chunk made `2 x 48`
-    tokens (or `stop_after_s` after it took both), and host B finishes the job; checks what every
-    hand-over must show, on any engine."""
-    from fleet.coord import chunks, keys
+              timeout: float = 900) -> HandOver:
+    """Records in two chunks: host A starts them, gets SIGTERM once they made `4 x 48` tokens,
+    and host B finishes the job; checks what every hand-over must show, on any engine. The records
+    must outlast a poll or two after that (0.5 s each): vLLM's CPU build makes 4 x 1,500 tokens in 2 s."""
+    from fleet.coord import keys
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
     from fleet.store.results import read_result
     from tests.conftest import run_fleet
 
-    assert len(records) == 4
+    assert len(records) % 2 == 0
     prompts = tmp / "handover.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
-    env = {**env, **HANDOVER_ENV}
+    env = {**env, **HANDOVER_ENV, "FLEET_CHUNK_SIZE": str(len(records) // 2)}
     enqueue = run_fleet("enqueue", str(prompts), "--job", job, env=env)
     assert enqueue.returncode == 0, enqueue.stderr[-3000:]
     workers = Workers(env, tmp / "logs")
@@ -331,16 +331,9 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     def made() -> list[int]:
         return [int(v) for v in r.hvals(keys.made(job))]
 
-    held: list[float] = []
-
     def generating() -> bool:
-        # Tokens made are published on a worker's 0.5 s poll, which vLLM on a free CPU can starve
-        # until its records end: `stop_after_s` after both chunks are taken, they are generating too.
-        if not held and all(chunks.holder(r, job, i) for i in range(2)):
-            held.append(time.monotonic())
-        now = made()
-        late = stop_after_s is not None and bool(held) and time.monotonic() - held[0] >= stop_after_s
-        return (len(now) == 2 and min(now) >= 2 * 48) or late
+        # the engine may run one chunk's records first and queue the other's: any 4 x 48 tokens will do
+        return sum(made()) >= 4 * 48
 
     a = workers.start("hostA")
     try:
