@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,8 @@ from fleet.worker.middleware.base import Middleware
 from fleet.worker.outcome import Failed, Outcome
 
 log = logging.getLogger(__name__)
+#: a middleware's progress that takes this long is logged: a poll waits for it (docs/architecture.md)
+SLOW_PROGRESS_S = 1.0
 
 #: the task: given the run and a poll that returns an outcome when it must stop early
 Task = Callable[[ChunkRun, Callable[[], Outcome | None]], Outcome]
@@ -46,11 +49,16 @@ class Executor:
     @staticmethod
     def _progress(run: ChunkRun, states: dict[Middleware[Any], Any]) -> Outcome | None:
         for m, state in states.items():
+            began = time.monotonic()
             try:
                 stop = m.progress(run, state)
             except Exception:
                 log.exception("%s.progress failed for chunk %s", type(m).__name__, run.name)
                 continue
+            finally:
+                took = time.monotonic() - began
+                if took >= SLOW_PROGRESS_S:  # hand-backs, checkpoints and tokens made wait behind it
+                    log.warning("chunk %s: %s.progress took %.1fs", run.name, type(m).__name__, took)
             if stop is not None:
                 return stop
         return None

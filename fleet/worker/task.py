@@ -20,6 +20,8 @@ from fleet.worker.outcome import Committed, Outcome, Superseded
 from fleet.worker.spool import Kind, Spool
 
 POLL_S = 0.5
+#: a poll this much later than POLL_S is logged: hand-backs, checkpoints and tokens made waited
+LATE_POLL_S = 1.0
 #: seconds between tries to commit a spooled result while the store refuses it (doubling)
 COMMIT_RETRY_S, COMMIT_RETRY_MAX_S = 1.0, 30.0
 log = logging.getLogger(__name__)
@@ -45,7 +47,10 @@ class ChunkTask:
         while True:
             # wait(), not result(timeout=): on Python 3.11 an engine's own asyncio.TimeoutError
             # is concurrent.futures.TimeoutError, and would read as "not done yet" forever.
+            began = time.monotonic()
             concurrent.futures.wait([future], timeout=POLL_S)
+            if (late := time.monotonic() - began - POLL_S) >= LATE_POLL_S:
+                log.warning("chunk %s: its poll came %.1fs late (this thread did not run)", run.name, late)
             if future.done():
                 future.result()  # raises what the generation raised
                 return None

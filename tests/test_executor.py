@@ -1,0 +1,78 @@
+"""The executor's poll: a middleware that holds it up, and a poll that comes late, are logged (a
+hand-back or a checkpoint waits behind them)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from fleet.worker import executor, task
+from fleet.worker.chunk import ChunkRun
+from fleet.worker.executor import Executor
+from fleet.worker.middleware.base import Middleware
+from fleet.worker.outcome import Outcome, Superseded
+
+
+class Slow(Middleware[None]):
+    order = 10
+
+    def __init__(self, seconds: float):
+        super().__init__(None)  # type: ignore[arg-type]
+        self.seconds = seconds
+
+    def progress(self, run: ChunkRun, state: None) -> Outcome | None:
+        time.sleep(self.seconds)
+        return None
+
+
+def run_of() -> ChunkRun:
+    return ChunkRun(job="j", index=0, attempt=1, worker="w")
+
+
+def polled_once(run: ChunkRun, poll: Any) -> Outcome:
+    assert poll() is None
+    return Superseded("done")
+
+
+def test_a_slow_middleware_progress_is_logged_by_name(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    monkeypatch.setattr(executor, "SLOW_PROGRESS_S", 0.05)
+    with caplog.at_level(logging.WARNING, logger="fleet.worker.executor"):
+        Executor([Slow(0.1)]).execute(run_of(), polled_once)
+    assert "chunk j/0: Slow.progress took 0.1s" in caplog.text
+
+
+def test_a_quick_progress_is_not_logged(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    monkeypatch.setattr(executor, "SLOW_PROGRESS_S", 0.05)
+    with caplog.at_level(logging.WARNING, logger="fleet.worker.executor"):
+        Executor([Slow(0.0)]).execute(run_of(), polled_once)
+    assert "took" not in caplog.text
+
+
+def test_a_late_poll_is_logged(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    import concurrent.futures
+
+    class Host:
+        engine, gate, clock = None, None, None
+
+        def submit(self, coro: Any) -> concurrent.futures.Future:
+            coro.close()
+            return concurrent.futures.Future()  # never done: only the poll ends the run
+
+    def waits_long(fs: Any, timeout: float) -> None:
+        time.sleep(timeout + 0.2)  # the thread got no CPU (or no GIL) for 0.2 s past its timeout
+
+    monkeypatch.setattr(task, "LATE_POLL_S", 0.1)
+    monkeypatch.setattr(task.concurrent.futures, "wait", waits_long)
+    monkeypatch.setattr(task, "POLL_S", 0.01)
+    monkeypatch.setattr(task, "generate_chunk", lambda *a: _coro())
+    with caplog.at_level(logging.WARNING, logger="fleet.worker.task"):
+        stop = task.ChunkTask(None, Host()).generate(run_of(), lambda: Superseded("stop"))  # type: ignore[arg-type]
+    assert isinstance(stop, Superseded)
+    assert "chunk j/0: its poll came 0.2s late" in caplog.text
+
+
+async def _coro() -> None:
+    return None
