@@ -326,7 +326,7 @@ HANDOVER_RECORDS, HANDOVER_TOKENS = 16, 1900
 
 
 @pytest.mark.skipif(not os.environ.get("FLEET_VLLM_TIMING_TESTS"), reason=(
-    "passed in 4 of 5 runs; in a CI dry run host A's chunks went back only when its running records had "
+    "passed in 3 of 4 runs; in a CI dry run host A's chunks went back only when its running records had "
     "ended, 2.7 s after the SIGTERM, none of the worker's polls (0.5 s) running in between: not understood "
     "yet; FLEET_VLLM_TIMING_TESTS=1 runs it"))
 @pytest.mark.e2e
