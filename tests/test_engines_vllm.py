@@ -34,6 +34,7 @@ from tests.fleetproc import (
     hand_over,
     processes_below,
     read_jsonl,
+    timing_test,
     wait_for,
     worker_pids,
     worker_with,
@@ -325,10 +326,9 @@ def test_real_vllm_engine_core_never_outlives_its_sigkilled_worker(
 HANDOVER_RECORDS, HANDOVER_TOKENS = 16, 1900
 
 
-@pytest.mark.skipif(not os.environ.get("FLEET_VLLM_TIMING_TESTS"), reason=(
+@timing_test("FLEET_VLLM_TIMING_TESTS", (
     "passed in 3 of 4 runs; in a CI dry run host A's chunks went back only when its running records had "
-    "ended, 2.7 s after the SIGTERM, none of the worker's polls (0.5 s) running in between: not understood "
-    "yet; FLEET_VLLM_TIMING_TESTS=1 runs it"))
+    "ended, 2.7 s after the SIGTERM, none of the worker's polls (0.5 s) running in between: not understood yet"))
 @pytest.mark.e2e
 def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_token_for_token(
     real_vllm, tmp_path, tiny_model, redis_server, clean_env
@@ -411,10 +411,10 @@ STALL_S = 10  #: FLEET_STALL_S of the frozen-engine test: longer than a prefill 
 STALL_RECORDS, STALL_TOKENS = 16, 2000
 
 
-@pytest.mark.skipif(not os.environ.get("FLEET_VLLM_TIMING_TESTS"), reason=(
+@timing_test("FLEET_VLLM_TIMING_TESTS", (
     "the freeze waits for the tokens made that the worker's 0.5 s polls publish; with a delta per token on 2 "
     "contended cores those polls were seen 4 s apart, and the records ended before the freeze landed (then no "
-    "stall is due); FLEET_VLLM_TIMING_TESTS=1 runs it"))
+    "stall is due)"))
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)  # three engine starts: ~2 min each on 2 loaded cores
 def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_on_the_restarted_engine(
