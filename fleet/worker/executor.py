@@ -54,11 +54,9 @@ class Executor:
                 stop = m.progress(run, state)
             except Exception:
                 log.exception("%s.progress failed for chunk %s", type(m).__name__, run.name)
-                continue
-            finally:
-                took = time.monotonic() - began
-                if took >= SLOW_PROGRESS_S:  # hand-backs, checkpoints and tokens made wait behind it
-                    log.warning("chunk %s: %s.progress took %.1fs", run.name, type(m).__name__, took)
+                stop = None
+            if (took := time.monotonic() - began) >= SLOW_PROGRESS_S:  # the poll's hand-backs wait behind it
+                log.warning("chunk %s: %s.progress took %.1fs", run.name, type(m).__name__, took)
             if stop is not None:
                 return stop
         return None
