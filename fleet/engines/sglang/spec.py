@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 from fleet.engines.base import Engine
 from fleet.engines.model import ModelEngineSpec
@@ -70,16 +71,12 @@ def validate_server_args(server_args_cls: Callable[..., Any], kwargs: dict[str, 
     args = dict(kwargs)
     if "device" not in args and not query_gpus()[0]:
         args["device"] = "cpu"
-    before = dict(os.environ)
-    try:
+    with mock.patch.dict(os.environ):
         server_args = server_args_cls(**args)
         for step in ("resolve_once", "check_server_args"):
             fn = getattr(server_args, step, None)
             if callable(fn):
                 fn()
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
 
 
 SPEC = SglangSpec()
