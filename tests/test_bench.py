@@ -22,9 +22,10 @@ from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupanc
 from fleet.bench.model import model_occupancy
 from fleet.bench.overhead import chunk_cycles, percentile
 from fleet.bench.pairs import Pairs, run_pairs, window_prompts
-from fleet.bench.procs import child_pids, cpu_between, cpu_seconds
+from fleet.bench.procs import cpu_between, cpu_seconds
 from fleet.bench.reference import REFERENCE
 from fleet.bench.workerprof import LOOP_THREAD, Sampler, short, thread_group
+from fleet.worker.proctree import children
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -188,7 +189,7 @@ def test_worker_cpu_reads_a_process_own_time_and_children():
     assert cpu_seconds(os.getpid()) > 0
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
     try:
-        assert child.pid in child_pids(os.getpid())
+        assert child.pid in children(os.getpid())
     finally:
         child.kill()
         child.wait()

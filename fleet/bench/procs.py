@@ -23,6 +23,7 @@ from typing import Any
 
 from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
+from fleet.worker.proctree import children, descendants
 
 READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
@@ -90,24 +91,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def child_pids(pid: int) -> list[int]:
-    """The direct children of a process, from every one of its threads' children lists."""
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            found += [int(c) for c in (task / "children").read_text().split()]
-    return sorted(set(found))
-
-
-def descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        kids = child_pids(todo.pop())
-        found += kids
-        todo += kids
-    return found
-
-
 def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: float,
                                cwd: Path) -> list[tuple[float, float]]:  # fmt: skip
     """Run one `fleet ...` command (as run_fleet) while sampling its worker processes' own CPU
@@ -159,7 +142,7 @@ class WorkerHost:
     def worker_pids(self) -> list[int]:
         """The worker processes (whose children, if any, are their engines)."""
         assert self.proc is not None
-        return [self.proc.pid] if self.direct else child_pids(self.proc.pid)
+        return [self.proc.pid] if self.direct else sorted(set(children(self.proc.pid)))
 
     def start(self) -> WorkerHost:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
