@@ -22,6 +22,7 @@ from fleet.coord.localredis import LocalRedis
 from fleet.store import open_store
 from fleet.store.layout import checkpoint_prefix, failed_prefix, result_key, results_prefix
 from fleet.store.results import read_result
+from fleet.worker.proctree import children
 from tests.conftest import run_fleet
 from tests.faultproxy import FaultProxy
 from tests.fleetproc import Workers, clean_reference, wait_for, write_prompts
@@ -68,14 +69,6 @@ def assert_exact(env: dict[str, str], tmp: Path, reference: bytes) -> None:
     assert got == reference
 
 
-def child_pids(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        out += [int(p) for p in text]
-    return out
-
-
 def leases_of(r: redis.Redis, owner_pid: int) -> list[str]:
     held = []
     for key in r.scan_iter(f"{keys.PREFIX}:faults:lease:*"):
@@ -109,7 +102,7 @@ def test_kill_dash_nine_workers(tmp_path, redis_server, reference, clean_env):
             time.sleep(2.5)
             if len(list(store.list(results_prefix("faults")))) >= 95:
                 break
-            pids = child_pids(launcher.pid)
+            pids = children(launcher.pid)
             if not pids:
                 continue
             victim = rng.choice(pids)
