@@ -17,6 +17,11 @@ import requests
 from fleet.coord.localredis import LocalRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
+# Every process a test starts imports this checkout's fleet: tests chdir into tmp_path (clean_env),
+# where a relative PYTHONPATH such as "." would find an engine venv's own, older copy instead.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    dict.fromkeys([str(ROOT), *(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
+)
 
 
 @pytest.fixture

@@ -46,13 +46,9 @@ LONG_OUTPUT = 2000  #: the record that runs into that timeout asks for this many
 CLIPPED_PROMPT = 2036  #: pre-tokenized: 12 tokens of room left in the 2,048-token context, 500 asked
 EOS_FREE = 400  #: the bare engine shows that record's prompt gives no EOS this early
 STALL_S = 10  #: FLEET_STALL_S of the frozen-scheduler test: longer than any prefill of its prompts here
-#: its records: raw prompts the tiny model writes no EOS after, decoding for seconds on 2 cores; the bare
-#: engine answers them beside the fixture's greedy ones (all in its 4,096-token pool at once)
-STALL_RECORDS = [{"id": f"r{i}", "prompt": f"class A{i}:\n    def run(self):", "sampling": {"max_tokens": 150}}
-                 for i in range(6)]  # fmt: skip
 CONTINUED_MAX_TOKENS = 600  #: greedy answers to CONTINUED's prompts run this long without an EOS (the bare engine)
-#: the records a worker's SIGTERM stops mid-generation and another worker finishes (their own job); the
-#: bare engine of `real_job` answers them too
+#: the records a worker's SIGTERM stops mid-generation and another worker finishes, and the frozen-scheduler
+#: test's (each its own job); the bare engine of `real_job` answers them too
 CONTINUED = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
               "sampling": {"temperature": 0, "max_tokens": CONTINUED_MAX_TOKENS}} for i in range(4)]
 
@@ -129,7 +125,6 @@ def real_job(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict
     context = 2048  # the tiny model's max_position_embeddings
     greedy = [[ids[f"g{i}"], MAX_TOKENS] for i in range(GREEDY)]
     greedy += [[ids["clipped"], context - len(ids["clipped"])], [ids["aborted"], EOS_FREE]]
-    greedy += [[ids_of(r), r["sampling"]["max_tokens"]] for r in STALL_RECORDS]  # the frozen-scheduler test's
     greedy += [[ids[r["id"]], CONTINUED_MAX_TOKENS] for r in CONTINUED]
     kwargs = {"model_path": str(tiny_model), "dtype": "float32", "mem_fraction_static": 0.05,
               "max_running_requests": ASKED, "log_level": "warning", **CPU_KWARGS}  # fmt: skip
@@ -209,7 +204,7 @@ def test_real_sglang_records_stopped_by_sigterm_are_continued_by_another_worker_
                        "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "store")})
     rows = hand_over(tmp_path, env, redis_server.port, CONTINUED, timeout=600).rows
     # Then every record equals the bare engine's greedy output for its prompt ids, token for token
-    bare = real_job["bare"]["greedy"][GREEDY + 2 + len(STALL_RECORDS):]  # after the frozen-scheduler test's
+    bare = real_job["bare"]["greedy"][GREEDY + 2 :]
     assert [len(b["output_ids"]) for b in bare] == [CONTINUED_MAX_TOKENS] * len(CONTINUED)  # no EOS: they ran long
     for row, b in zip(rows, bare, strict=True):
         assert row["prompt_digest"] == prompt_digest(real_job["ids"][row["id"]])
@@ -288,8 +283,8 @@ def test_real_sglang_frozen_scheduler_is_declared_stalled_and_the_job_finishes_o
                        "FLEET_BROKER_URL": redis_server.url, "FLEET_SAMPLING__TEMPERATURE": "0"})  # fmt: skip
     # When its scheduler is frozen (SIGSTOP) mid-generation; then it is declared stalled, killed, and
     # the job ends on the restarted engine, each record once (tests/fleetproc.py)
-    rows = frozen_engine_job(tmp_path, env, "s", "sglang::scheduler", STALL_RECORDS, STALL_S, lease_s=10, rest_s=90)
+    rows = frozen_engine_job(tmp_path, env, "s", "sglang::scheduler", CONTINUED, STALL_S, lease_s=10, rest_s=90)
     # and the greedy records equal the bare engine's uninterrupted ones
-    bare = real_job["bare"]["greedy"][GREEDY + 2 : GREEDY + 2 + len(STALL_RECORDS)]
+    bare = real_job["bare"]["greedy"][GREEDY + 2 :]
     assert [row["output_ids"] for row in rows] == [g["output_ids"] for g in bare]
     assert all(g["finish_reason"]["type"] == "length" for g in bare)  # no EOS: each ran to its max tokens

@@ -26,14 +26,20 @@ from fleet.errors import FleetError
 from fleet.worker.proctree import children, descendants
 
 READY_TIMEOUT_S = 90.0
+#: where this fleet was imported from: the processes a benchmark starts (in their own cwd) import
+#: the same code, never an engine venv's installed copy of an older checkout
+FLEET_ROOT = Path(__file__).resolve().parents[2]
 STOP_TIMEOUT_S = 30.0
 
 
 def clean_env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The parent's environment without FLEET_*, pointed at a config file that does not exist."""
+    """The parent's environment without FLEET_*, pointed at a config file that does not exist, and
+    importing the parent's fleet."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env["FLEET_CONFIG"] = str(workdir / "no-fleet.toml")
     env["PYTHONUNBUFFERED"] = "1"
+    paths = [str(FLEET_ROOT), *(os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env.update(extra or {})
     return env
 
