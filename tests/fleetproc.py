@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import redis
 
 from fleet.coord.localredis import LocalRedis
@@ -147,11 +146,6 @@ def job_on_two_hosts(env: dict[str, str], prompts: Path, job: str, server: Local
     workers.start("host-a")
     workers.start("host-b")
     return store, r, workers
-
-
-def timing_test(env: str, why: str) -> pytest.MarkDecorator:
-    """A real-engine timing test that runs only where `env` is set: why it is not reliable in CI yet."""
-    return pytest.mark.skipif(not os.environ.get(env), reason=f"{why}; {env}=1 runs it")
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> float:

@@ -25,7 +25,7 @@ import pytest
 from fleet.model.prompting import load_tokenizer, render_ids, split_reasoning
 from fleet.records import GenRequest, Message, Sampling, prompt_digest
 from fleet.worker.enginehost import admission_limit
-from tests.fleetproc import hand_over, read_jsonl, timing_test
+from tests.fleetproc import hand_over, read_jsonl
 from tests.modelkit import tiny_model_fixture  # noqa: F401
 from tests.sglangcpu import CPU_KWARGS, CPU_SETTINGS_ENV, have_real_sglang, process_env, run_bare
 
@@ -269,9 +269,6 @@ def test_real_sglang_sync_server_info_fails_on_a_running_loop(real_job: dict[str
 # -- a frozen scheduler: the engine watchdog (fleet.worker.watchdog) -----------------------------
 
 
-@timing_test("FLEET_SGLANG_TIMING_TESTS", (
-    "the six records' 900 tokens take about a second of SGLang's CPU engine, so they may all end before the "
-    "freeze lands (then nothing is running and no stall is due); the 4,096-token pool holds too few longer ones"))
 @pytest.mark.timeout(1200)  # three engine starts (the bare one in real_job): 20-45 s each, minutes on loaded cores
 def test_real_sglang_frozen_scheduler_is_declared_stalled_and_the_job_finishes_on_the_restarted_engine(
     tmp_path: Path, tiny_model: Path, redis_server: Any, clean_env: None, real_job: dict[str, Any]
