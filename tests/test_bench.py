@@ -22,8 +22,9 @@ from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupanc
 from fleet.bench.model import model_occupancy
 from fleet.bench.overhead import chunk_cycles, percentile
 from fleet.bench.pairs import Pairs, run_pairs, window_prompts
-from fleet.bench.procs import cpu_between, cpu_seconds
+from fleet.bench.procs import cpu_between, cpu_seconds, is_worker
 from fleet.bench.reference import REFERENCE
+from fleet.bench.vllmcompare import front_end_figures
 from fleet.bench.workerprof import LOOP_THREAD, Sampler, short, thread_group
 from fleet.worker.proctree import children
 
@@ -182,6 +183,26 @@ def test_cpu_between_interpolates_samples_and_refuses_uncovered_windows():
     samples = [(10.0, 1.0), (11.0, 2.0), (13.0, 2.0)]
     assert cpu_between(samples, 10.5, 12.0) == pytest.approx(0.5)
     assert cpu_between(samples, 9.0, 12.0) is None
+
+
+def test_worker_processes_are_found_as_started_and_as_celery_retitles_them():
+    assert is_worker(b"/venv/bin/python\0-m\0fleet.worker.main\0--name\0cpu0@h\0")
+    assert is_worker(b"[celeryd: cpu0@h:MainProcess] -active- (--name cpu0@h --concurrency 2)")
+    assert not is_worker(b"VLLM::EngineCore") and not is_worker(b"/usr/bin/redis-server\0127.0.0.1:6379\0")
+
+
+def test_vllm_front_end_figures_take_the_bare_loops_cpu_off_fleets_per_request():
+    # Given two pairs whose worker used 3 s and 4 s of CPU against a bare loop's 1 s and 2 s, 1,000 requests
+    fleet = [{"prompts": 1000, "tokens": 64_000, "cpu_s": 3.0}, {"prompts": 1000, "tokens": 64_000, "cpu_s": 4.0}]
+    bare = [{"prompts": 1000, "tokens": 64_000, "cpu_s": 1.0}, {"prompts": 1000, "tokens": 64_000, "cpu_s": 2.0}]
+    figures = {f.name: f for f in front_end_figures(fleet, bare)}
+    # Then each side's median CPU per token, and fleet's extra: 2 s over 1,000 requests, 31.25 us a token
+    assert figures["fleet worker CPU per output token"].value == pytest.approx(3.5 / 64_000 * 1e6, abs=0.01)
+    assert figures["bare loop CPU per output token"].value == pytest.approx(1.5 / 64_000 * 1e6, abs=0.01)
+    assert figures["fleet's extra CPU per request"].value == pytest.approx(2.0)
+    assert "31.2 us per token" in figures["fleet's extra CPU per request"].note
+    # and none where a side did not count its CPU (a window the samples missed)
+    assert front_end_figures([{**fleet[0], "cpu_s": None}], bare[:1]) == []
 
 
 def test_worker_cpu_reads_a_process_own_time_and_children():

@@ -111,14 +111,18 @@ def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: 
                 proc.wait()
                 raise FleetError(f"`fleet {' '.join(args)}` ran past {timeout_s:.0f}s")
             with contextlib.suppress(OSError, ValueError, IndexError):
-                workers = [p for p in descendants(proc.pid)
-                           if b"fleet.worker.main" in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+                workers = [p for p in descendants(proc.pid) if is_worker(Path(f"/proc/{p}/cmdline").read_bytes())]
                 samples.append((time.time(), sum(cpu_seconds(p) for p in workers)))
             time.sleep(0.2)
         if proc.returncode != 0:
             err.seek(0)
             raise FleetError(f"`fleet {' '.join(args)}` exited {proc.returncode}:\n{err.read().decode()[-3000:]}")
     return samples
+
+
+def is_worker(cmdline: bytes) -> bool:
+    """A worker process by its command line: as started, or as Celery retitles it once it runs."""
+    return b"fleet.worker.main" in cmdline or cmdline.startswith(b"[celeryd: ")
 
 
 def cpu_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:

@@ -9,6 +9,13 @@ each engine has started: fleet's is its job window (first chunk start to last re
 bare loop's from its first submit to its last output. The bare loop runs in its own process
 like the worker does. Interleaved pairs, their median ratio: fleet.bench.pairs.
 
+Each side's front end is timed too, over the same window: the worker process's own CPU seconds
+(fleet.bench.procs.run_fleet_watching_workers) and the bare process's (its EngineCore, a child,
+counted on neither side). On two cores that vLLM's processes keep busy, every CPU second the
+front end spends is taken from the engine, so fleet's extra CPU per request and per token is the
+share that explains the ratio, and the figure that carries to a GPU host. Short records weigh
+the per-request part (`--max-tokens` sets their length).
+
 Run alone, this module is the bare loop: `python -m fleet.bench.vllmcompare --model DIR
 --input PROMPTS --max-tokens 64 --out RESULT.json` (FLEET_VLLM__* set the engine) writes one JSON object.
 """
@@ -20,6 +27,7 @@ import asyncio
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -28,8 +36,15 @@ from typing import Any
 
 from fleet.bench.jobstats import read_job, throughput
 from fleet.bench.pairs import run_pairs
-from fleet.bench.procs import clean_env, read_requests, run_fleet, write_prompts
-from fleet.bench.report import Section
+from fleet.bench.procs import (
+    clean_env,
+    cpu_between,
+    read_requests,
+    run_fleet,
+    run_fleet_watching_workers,
+    write_prompts,
+)
+from fleet.bench.report import Figure, Section
 from fleet.errors import FleetError
 from fleet.store import open_store
 
@@ -62,7 +77,7 @@ def bare_generate(model: str, prompts_path: str, max_tokens: int) -> dict[str, A
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=eos,
                             output_kind=RequestOutputKind.DELTA)  # streamed, as the worker reads it
 
-    async def run() -> tuple[int, float]:
+    async def run() -> tuple[int, float, float]:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(settings)))
 
         async def one(i: int, prompt: list[int]) -> int:
@@ -73,14 +88,14 @@ def bare_generate(model: str, prompts_path: str, max_tokens: int) -> dict[str, A
 
         try:
             await one(-1, ids[0])  # the first request pays one-time warm-up, as fleet's engine start does
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             tokens = sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(ids))))
-            return tokens, time.perf_counter() - began
+            return tokens, time.perf_counter() - began, time.process_time() - cpu
         finally:
             engine.shutdown()
 
-    tokens, seconds = asyncio.run(run())
-    return {"prompts": len(ids), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds}
+    tokens, seconds, cpu_s = asyncio.run(run())
+    return {"prompts": len(ids), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "cpu_s": cpu_s}
 
 
 def run_bare(workdir: Path, model: Path, prompts: Path, max_tokens: int) -> dict[str, Any]:
@@ -103,11 +118,13 @@ def run_fleet_vllm(workdir: Path, model: Path, prompts: Path, n: int, max_tokens
         "FLEET_CHUNK_SIZE": str(chunk),
         **ENGINE_ENV,
     })
-    run_fleet(["run", str(prompts), "--job", "vllm", "--engine", "vllm", "--model", str(model), "--workers", "1"],
-              env, 1200, workdir)
+    cpu = run_fleet_watching_workers(
+        ["run", str(prompts), "--job", "vllm", "--engine", "vllm", "--model", str(model), "--workers", "1"],
+        env, 1200, workdir)  # fmt: skip
     chunks = -(-n // chunk)
     run = read_job(open_store(str(data_dir / "store")), "vllm", chunks)
-    return {"prompts": n, "tokens": run.tokens, "seconds": run.makespan_s, "tok_s": throughput(run), "chunks": chunks}
+    return {"prompts": n, "tokens": run.tokens, "seconds": run.makespan_s, "tok_s": throughput(run), "chunks": chunks,
+            "cpu_s": cpu_between(cpu, run.first_start, run.last_finish)}
 
 
 def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pairs: int = 3,
@@ -126,9 +143,29 @@ def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pai
     result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk, cap=8 * prompts_n, log=log)
     note = f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk}"
     figures = result.figures("fleet tok/s / bare AsyncLLM tok/s", VLLM_TARGET, note, "fleet",
-                             "bare AsyncLLM loop (DELTA streams)")
+                             "bare AsyncLLM loop (DELTA streams)") + front_end_figures(result.fleet, result.bare)
     data = {"max_tokens": max_tokens, "chunk_size": chunk, "engine": ENGINE_ENV, **result.data()}
     return Section("vllm", "fleet vs bare engine (vllm tiny model, CPU)", figures, data)
+
+
+def front_end_figures(fleet: list[dict[str, Any]], bare: list[dict[str, Any]]) -> list[Figure]:
+    """Each side's front-end CPU per output token (medians), and what fleet adds per request and
+    per token: the worker's own work besides what vLLM's client does on both sides."""
+    if not all(r.get("cpu_s") for r in fleet + bare):
+        return []
+    per_token = [[r["cpu_s"] / r["tokens"] * 1e6 for r in runs] for runs in (fleet, bare)]
+    extra = [f["cpu_s"] - b["cpu_s"] for f, b in zip(fleet, bare, strict=True)]
+    prompts, tokens = fleet[0]["prompts"], fleet[0]["tokens"]
+    return [
+        Figure("fleet worker CPU per output token", round(statistics.median(per_token[0]), 2), "us",
+               note=f"median; the worker process over its job window, engine processes excluded; runs "
+                    f"{', '.join(f'{v:.1f}' for v in per_token[0])}"),
+        Figure("bare loop CPU per output token", round(statistics.median(per_token[1]), 2), "us",
+               note=f"median; runs {', '.join(f'{v:.1f}' for v in per_token[1])}"),
+        Figure("fleet's extra CPU per request", round(statistics.median(extra) / prompts * 1e3, 3), "ms",
+               note=f"median of the pairs' differences over {prompts:,} requests ({tokens / prompts:.0f} tokens "
+                    f"each): {statistics.median(extra) / tokens * 1e6:.1f} us per token"),
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -51,7 +51,7 @@ def bench(
                                         "Engine where sglang.engine_kwargs put it on the CPU")] = "sim",
     requests: Annotated[int | None, typer.Option("--requests", help="sglang: requests per side "
                                                  "(default 2 x max_running_requests)")] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sglang: max tokens per request")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sglang, vllm: max tokens per request")] = None,
     pairs: Annotated[int, typer.Option("--pairs", min=1, help="vllm, sglang on the CPU: interleaved fleet/bare "
                                        "pairs (the median ratio is the figure)")] = 3,
     min_window_s: Annotated[float, typer.Option("--min-window-s", help="vllm, sglang on the CPU: a bare probe "
@@ -68,14 +68,14 @@ def bench(
     elif engine == "hf":
         _run(["hf"], quick, out, keep)
     elif engine == "vllm":
-        _vllm(out, quick, pairs, min_window_s)
+        _vllm(out, quick, pairs, min_window_s, max_tokens)
     elif engine == "sim":
         _run(list(MEASUREMENTS), quick, out, keep)
     else:
         fail(f"unknown engine {engine!r}: sim, hf, vllm or sglang")
 
 
-def _vllm(out: Path | None, quick: bool, pairs: int, min_window_s: float) -> None:
+def _vllm(out: Path | None, quick: bool, pairs: int, min_window_s: float, max_tokens: int | None) -> None:
     import tempfile
 
     from rich.console import Console
@@ -85,7 +85,8 @@ def _vllm(out: Path | None, quick: bool, pairs: int, min_window_s: float) -> Non
     from fleet.errors import FleetError
 
     console = Console()
-    prompts, max_tokens, chunk = (32, 32, 16) if quick else (256, 64, 64)
+    prompts, default_tokens, chunk = (32, 32, 16) if quick else (256, 64, 64)
+    max_tokens = max_tokens or default_tokens
     with tempfile.TemporaryDirectory(prefix="fleet-bench-vllm-") as tmp:
         try:
             section = measure_vllm(prompts, max_tokens, chunk, Path(tmp), 1 if quick else pairs, min_window_s,
