@@ -431,3 +431,48 @@ def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_o
     bare = [b["ids"] for b in bare_outputs(tiny_model, engine_kwargs(settings), prompt_ids(tiny_model, lines, rows),
                                            STALL_TOKENS, tmp_path)]
     assert [row["output_ids"] for row in rows] == bare
+
+
+@pytest.fixture(scope="module")
+def loop_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fleet.cli import app
+
+    path = tmp_path_factory.mktemp("loop") / "tiny-loop"
+    result = CliRunner().invoke(app, ["tiny-model", str(path), "--loop"])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+@pytest.mark.e2e
+def test_real_vllm_job_on_the_loop_model_stops_greedy_loops_and_never_sampled_rows(
+    real_vllm, tmp_path, loop_model, clean_env
+):
+    # Given a job on the loop model (`fleet tiny-model --loop`): 4 greedy records, 4 sampled ones, 1,500 tokens allowed
+    from fleet.settings.repetition import MIN_TOKENS
+
+    lines = [{"id": f"g{i}", "messages": [{"role": "user", "content": f"Loop {i}?"}], "sampling": {"temperature": 0}}
+             for i in range(4)]
+    lines += [{"id": f"s{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(4)]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "4",
+           "FLEET_VLLM__DTYPE": "float32", "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES),
+           "FLEET_VLLM__MAX_NUM_SEQS": "8"}
+    # When it runs through a real worker on vLLM, whose stream reports every 16 tokens
+    run = run_fleet("run", str(prompts), "--job", "loops", "--engine", "vllm", "--model", str(loop_model),
+                    "--max-tokens", "1500", "--workers", "1", env=env, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp_path / "o.jsonl"
+    assert run_fleet("export", "--job", "loops", "--out", str(out), env=env).returncode == 0
+    rows = {r["id"]: r for r in read_jsonl(out)}
+    status = json.loads(run_fleet("status", "--job", "loops", "--json", env=env).stdout)
+    # Then every greedy row ended at the first delta past the threshold, marked as a loop of period 3,
+    # keeping what vLLM made
+    for i in range(4):
+        g = rows[f"g{i}"]
+        made = g["completion_tokens"]
+        assert (g["finish_reason"], g["repetition_period"]) == ("repetition", 3), (g["finish_reason"], made)
+        assert MIN_TOKENS <= made <= MIN_TOKENS + 64 and len(g["output_ids"]) == made
+    # And no sampled row was marked; the job counts the loops
+    assert all(rows[f"s{i}"]["finish_reason"] in ("stop", "length") for i in range(4)), rows
+    assert status["records_repetition"] == 4
