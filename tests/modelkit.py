@@ -29,6 +29,20 @@ def tiny_model_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", name="loop_model")
+def loop_model_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model whose greedy rows fall into a 3-token loop, built by `fleet tiny-model --loop`."""
+    from typer.testing import CliRunner
+
+    from fleet.cli import app
+
+    path = tmp_path_factory.getbasetemp() / "tiny-loop"
+    if not (path / "model.safetensors").is_file():
+        result = CliRunner().invoke(app, ["tiny-model", str(path), "--loop"])
+        assert result.exit_code == 0, result.output
+    return path
+
+
 class LoopThread:
     """One long-lived asyncio loop in its own thread, as the worker runs its engine."""
 

@@ -38,7 +38,7 @@ from tests.fleetproc import (
     worker_pids,
     worker_with,
 )
-from tests.modelkit import LoopThread, chat, tiny_model_fixture  # noqa: F401
+from tests.modelkit import LoopThread, chat, loop_model_fixture, tiny_model_fixture  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 #: small and bounded: the CPU build sizes its KV cache from this, not from free memory
@@ -431,16 +431,6 @@ def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_o
     bare = [b["ids"] for b in bare_outputs(tiny_model, engine_kwargs(settings), prompt_ids(tiny_model, lines, rows),
                                            STALL_TOKENS, tmp_path)]
     assert [row["output_ids"] for row in rows] == bare
-
-
-@pytest.fixture(scope="module")
-def loop_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fleet.cli import app
-
-    path = tmp_path_factory.mktemp("loop") / "tiny-loop"
-    result = CliRunner().invoke(app, ["tiny-model", str(path), "--loop"])
-    assert result.exit_code == 0, result.output
-    return path
 
 
 @pytest.mark.e2e

@@ -16,7 +16,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from fleet.engines.repetition import (
     MAX_PERIOD,
@@ -31,7 +30,7 @@ from fleet.producer.inputs import read_records
 from fleet.records import GenRequest, derive_seed
 from fleet.settings import load_settings
 from fleet.worker.generate import effective_sampling
-from tests.modelkit import chat, tiny_model_fixture  # noqa: F401
+from tests.modelkit import chat, loop_model_fixture, tiny_model_fixture  # noqa: F401
 from tests.test_engines_hf import Running, hf_settings, one_torch_thread  # noqa: F401
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "prompts.jsonl"
@@ -151,16 +150,6 @@ def test_the_settings_travel_with_the_job(monkeypatch):
 
 
 # -- the tiny models ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def loop_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from fleet.cli import app
-
-    path = tmp_path_factory.mktemp("loop") / "tiny-loop"
-    result = CliRunner().invoke(app, ["tiny-model", str(path), "--loop"])
-    assert result.exit_code == 0, result.output
-    return path
 
 
 def generated(model: Path, requests: list[GenRequest]) -> list[list[int]]:
