@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -243,6 +246,18 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     return Frozen(pid, declared, killed, done, status, successors, stopped, ready_s)
 
 
+def memory_dir(tmp: Path, name: str) -> Path:
+    """A directory in memory (tmpfs) for the store of a test that times a worker's polls: a checkpoint
+    flush's fsync on a disk still writing back gigabytes (a CI machine that has just built the engine
+    venvs) held both chunk threads 5.3 s. Removed at exit; `tmp / name` where there is no /dev/shm."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        return tmp / name
+    path = Path(tempfile.mkdtemp(prefix=f"fleet-{name}-", dir=shm))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 def frozen_engine_job(tmp: Path, env: dict[str, str], host: str, command: str, records: list[dict],
                       stall_s: float, lease_s: float, rest_s: float) -> list[dict]:
     """A greedy job of two chunks on one `fleet worker` host whose engine process (`command`) is frozen
@@ -256,7 +271,8 @@ def frozen_engine_job(tmp: Path, env: dict[str, str], host: str, command: str, r
     from fleet.worker.proctree import stat
     from tests.conftest import run_fleet
 
-    env = {**env, "FLEET_STORE_URL": str(tmp / "s"), "FLEET_STALL_S": str(stall_s), "FLEET_LEASE_TTL_S": str(lease_s),
+    env = {**env, "FLEET_STORE_URL": str(memory_dir(tmp, "s")), "FLEET_STALL_S": str(stall_s),
+           "FLEET_LEASE_TTL_S": str(lease_s),
            "FLEET_CHECKPOINT_INTERVAL_S": "1", "FLEET_GRACE_S": "0.5", "FLEET_CHUNK_SIZE": str(-(-len(records) // 2)),
            "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_ASSIST": "false"}
     # A delta per token: the watchdog's clock ticks on deltas, and 16 steps of SGLang on 2 loaded cores
@@ -322,7 +338,8 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     assert len(records) % 2 == 0
     prompts = tmp / "handover.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
-    env = {**env, **HANDOVER_ENV, "FLEET_CHUNK_SIZE": str(len(records) // 2)}
+    env = {**env, **HANDOVER_ENV, "FLEET_CHUNK_SIZE": str(len(records) // 2),
+           "FLEET_STORE_URL": str(memory_dir(tmp, "store"))}
     enqueue = run_fleet("enqueue", str(prompts), "--job", job, env=env)
     assert enqueue.returncode == 0, enqueue.stderr[-3000:]
     workers = Workers(env, tmp / "logs")
@@ -366,3 +383,26 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     assert 0 <= done.made_twice <= 16 * len(rows)
     assert exit_s < 60
     return done
+
+
+def loop_job_lines() -> list[dict]:
+    """A job for the loop model (`fleet tiny-model --loop`): 4 greedy records (they loop) and 4
+    sampled ones under the model's own sampling (they do not)."""
+    lines = [{"id": f"g{i}", "messages": [{"role": "user", "content": f"Loop {i}?"}], "sampling": {"temperature": 0}}
+             for i in range(4)]  # fmt: skip
+    return lines + [{"id": f"s{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(4)]
+
+
+def check_loops_stopped(rows: dict[str, dict], records_repetition: int) -> None:
+    """What the repetition stop must show on `loop_job_lines`' export, on any engine: every greedy row
+    ended at the first delta past the threshold, marked as a loop of period 3, keeping what the engine
+    made; no sampled row was marked; the job counted the loops."""
+    from fleet.settings.repetition import MIN_TOKENS
+
+    for i in range(4):
+        g = rows[f"g{i}"]
+        made = g["completion_tokens"]
+        assert (g["finish_reason"], g["repetition_period"]) == ("repetition", 3), (g["finish_reason"], made)
+        assert MIN_TOKENS <= made <= MIN_TOKENS + 64 and len(g["output_ids"]) == made
+    assert all(rows[f"s{i}"]["finish_reason"] in ("stop", "length") for i in range(4)), rows
+    assert records_repetition == 4

@@ -29,9 +29,11 @@ from fleet.settings import Settings
 from tests.conftest import run_fleet
 from tests.fleetproc import (
     Workers,
+    check_loops_stopped,
     frozen_engine_job,
     gone_before_successor,
     hand_over,
+    loop_job_lines,
     processes_below,
     read_jsonl,
     wait_for,
@@ -335,7 +337,7 @@ def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_to
     # while the records are generating, and host B finishes the job (tests/fleetproc.hand_over)
     lines = chat_lines(HANDOVER_RECORDS, HANDOVER_TOKENS, prefix="c")
     env = {**HANDOVER_ENGINE, "FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model),
-           "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "store")}
+           "FLEET_BROKER_URL": redis_server.url}  # the store: tests/fleetproc.memory_dir
     rows = hand_over(tmp_path, env, redis_server.port, lines).rows
     # Then every record equals a bare vllm.LLM's greedy output for its prompt ids, token for token
     bare = bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, HANDOVER_ENGINE)),
@@ -438,11 +440,7 @@ def test_real_vllm_job_on_the_loop_model_stops_greedy_loops_and_never_sampled_ro
     real_vllm, tmp_path, loop_model, clean_env
 ):
     # Given a job on the loop model (`fleet tiny-model --loop`): 4 greedy records, 4 sampled ones, 1,500 tokens allowed
-    from fleet.settings.repetition import MIN_TOKENS
-
-    lines = [{"id": f"g{i}", "messages": [{"role": "user", "content": f"Loop {i}?"}], "sampling": {"temperature": 0}}
-             for i in range(4)]
-    lines += [{"id": f"s{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(4)]
+    lines = loop_job_lines()
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "4",
@@ -456,13 +454,5 @@ def test_real_vllm_job_on_the_loop_model_stops_greedy_loops_and_never_sampled_ro
     assert run_fleet("export", "--job", "loops", "--out", str(out), env=env).returncode == 0
     rows = {r["id"]: r for r in read_jsonl(out)}
     status = json.loads(run_fleet("status", "--job", "loops", "--json", env=env).stdout)
-    # Then every greedy row ended at the first delta past the threshold, marked as a loop of period 3,
-    # keeping what vLLM made
-    for i in range(4):
-        g = rows[f"g{i}"]
-        made = g["completion_tokens"]
-        assert (g["finish_reason"], g["repetition_period"]) == ("repetition", 3), (g["finish_reason"], made)
-        assert MIN_TOKENS <= made <= MIN_TOKENS + 64 and len(g["output_ids"]) == made
-    # And no sampled row was marked; the job counts the loops
-    assert all(rows[f"s{i}"]["finish_reason"] in ("stop", "length") for i in range(4)), rows
-    assert status["records_repetition"] == 4
+    # Then the greedy rows are stopped as loops and the sampled ones never (tests/fleetproc.py)
+    check_loops_stopped(rows, status["records_repetition"])

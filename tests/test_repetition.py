@@ -30,6 +30,7 @@ from fleet.producer.inputs import read_records
 from fleet.records import GenRequest, derive_seed
 from fleet.settings import load_settings
 from fleet.worker.generate import effective_sampling
+from tests.fleetproc import check_loops_stopped, loop_job_lines
 from tests.modelkit import chat, loop_model_fixture, tiny_model_fixture  # noqa: F401
 from tests.test_engines_hf import Running, hf_settings, one_torch_thread  # noqa: F401
 
@@ -261,9 +262,7 @@ def test_a_job_on_the_loop_model_stops_greedy_loops_and_never_sampled_rows(loop_
     from tests.conftest import run_fleet
 
     prompts = tmp_path / "p.jsonl"
-    lines = [{"id": f"g{i}", "messages": [{"role": "user", "content": f"Loop {i}?"}], "sampling": {"temperature": 0}}
-             for i in range(4)]
-    lines += [{"id": f"s{i}", "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(4)]
+    lines = loop_job_lines()
     prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_HF__THREADS": "1"}
     # When it runs through real workers
@@ -274,14 +273,10 @@ def test_a_job_on_the_loop_model_stops_greedy_loops_and_never_sampled_rows(loop_
     assert run_fleet("export", "--job", "loops", "--out", str(out), env=env, cwd=tmp_path).returncode == 0
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     status = json.loads(run_fleet("status", "--job", "loops", "--json", env=env, cwd=tmp_path).stdout)
-    # Then every greedy row ended within a few hundred tokens, marked as a loop of period 3
-    for i in range(4):
-        g = rows[f"g{i}"]
-        assert (g["finish_reason"], g["repetition_period"]) == ("repetition", 3), g
-        assert g["completion_tokens"] <= MIN_TOKENS + 64 and len(g["output_ids"]) == g["completion_tokens"]
-    # And no sampled row was marked; the job counts the loops, and --only-finished leaves them out
-    assert all(rows[f"s{i}"]["finish_reason"] != "repetition" for i in range(4))
-    assert status["records_repetition"] == 4
+    # Then every greedy row ended within a few hundred tokens, marked as a loop of period 3, and no sampled
+    # row was marked; the job counts the loops (tests/fleetproc.py)
+    check_loops_stopped(rows, status["records_repetition"])
+    # and --only-finished leaves them out
     kept = tmp_path / "kept.jsonl"
     assert run_fleet("export", "--job", "loops", "--out", str(kept), "--only-finished", env=env,
                      cwd=tmp_path).returncode == 0

@@ -25,8 +25,8 @@ import pytest
 from fleet.model.prompting import load_tokenizer, render_ids, split_reasoning
 from fleet.records import GenRequest, Message, Sampling, prompt_digest
 from fleet.worker.enginehost import admission_limit
-from tests.fleetproc import hand_over, read_jsonl
-from tests.modelkit import tiny_model_fixture  # noqa: F401
+from tests.fleetproc import check_loops_stopped, hand_over, loop_job_lines, read_jsonl
+from tests.modelkit import loop_model_fixture, tiny_model_fixture  # noqa: F401
 from tests.sglangcpu import CPU_KWARGS, CPU_SETTINGS_ENV, have_real_sglang, process_env, run_bare
 
 pytestmark = [
@@ -201,7 +201,7 @@ def test_real_sglang_records_stopped_by_sigterm_are_continued_by_another_worker_
     # Given a greedy job of four long records in two chunks, against a real Redis; when host A gets
     # SIGTERM while every record is generating, and host B finishes the job (tests/fleetproc.hand_over)
     env = process_env({**CPU_SETTINGS_ENV, "FLEET_ENGINE": "sglang", "FLEET_MODEL": str(tiny_model),
-                       "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "store")})
+                       "FLEET_BROKER_URL": redis_server.url})  # the store: tests/fleetproc.memory_dir
     rows = hand_over(tmp_path, env, redis_server.port, CONTINUED, timeout=600).rows
     # Then every record equals the bare engine's greedy output for its prompt ids, token for token
     bare = real_job["bare"]["greedy"][GREEDY + 2 :]
@@ -285,3 +285,31 @@ def test_real_sglang_frozen_scheduler_is_declared_stalled_and_the_job_finishes_o
     bare = real_job["bare"]["greedy"][GREEDY + 2 :]
     assert [row["output_ids"] for row in rows] == [g["output_ids"] for g in bare]
     assert all(g["finish_reason"]["type"] == "length" for g in bare)  # no EOS: each ran to its max tokens
+
+
+# -- the repetition stop on the real engine (fleet.engines.repetition) -----------------------------
+
+
+def test_real_sglang_job_on_the_loop_model_stops_greedy_loops_and_never_sampled_rows(
+    tmp_path: Path, loop_model: Path, clean_env: None
+) -> None:
+    # Given a job on the loop model: 4 greedy records, 4 sampled ones, 1,024 tokens allowed
+    lines = loop_job_lines()
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    env = process_env({**CPU_SETTINGS_ENV, "FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_RETURN_OUTPUT_IDS": "true"})
+    fleet = [sys.executable, "-m", "fleet"]
+    # When it runs through a real worker on SGLang, whose stream reports every 16 tokens
+    run = subprocess.run([*fleet, "run", str(prompts), "--job", "loops", "--engine", "sglang", "--model",
+                          str(loop_model), "--workers", "1", "--chunk-size", "4", "--max-tokens", "1024"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = tmp_path / "o.jsonl"
+    export = subprocess.run([*fleet, "export", "--job", "loops", "--out", str(out)], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert export.returncode == 0, export.stderr[-3000:]
+    rows = {r["id"]: r for r in read_jsonl(out)}
+    status = subprocess.run([*fleet, "status", "--job", "loops", "--json"], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    # Then the greedy rows are stopped as loops and the sampled ones never (tests/fleetproc.py)
+    check_loops_stopped(rows, json.loads(status.stdout)["records_repetition"])
