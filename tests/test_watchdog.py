@@ -7,7 +7,9 @@ one host's engine while its process, loop and heartbeat stay alive, as a stuck G
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -18,6 +20,7 @@ from fleet.store.layout import results_prefix
 from fleet.worker.watchdog import EngineClock
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, clean_reference, wait_for
+from tests.modelkit import tiny_model_fixture  # noqa: F401
 
 SIM = {
     "FLEET_ENGINE": "sim",
@@ -82,3 +85,56 @@ def test_a_hung_engine_hands_its_chunks_back_and_the_job_finishes_on_the_other_w
     out = tmp_path / "out.jsonl"
     assert run_fleet("export", "--job", "hang", "--out", str(out), "--stable", env=env).returncode == 0
     assert out.read_bytes() == ref
+
+
+HANG_DIR = Path(__file__).parent / "hf_hang"  #: its sitecustomize hangs the hf engine's generating thread once
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_a_hung_hf_engine_hands_its_chunks_back_and_the_job_finishes_on_the_other_worker(
+        tmp_path, redis_server, tiny_model, clean_env):
+    # Given a greedy job of 8 long records in two chunks on the hf engine, and its clean run's records
+    lines = [{"id": f"h{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
+              "sampling": {"temperature": 0, "max_tokens": 400}} for i in range(8)]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    hf = {"FLEET_ENGINE": "hf", "FLEET_MODEL": str(tiny_model), "FLEET_HF__THREADS": "1", "FLEET_CHUNK_SIZE": "4",
+          "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_ASSIST": "false"}
+    clean = {**hf, "FLEET_DATA_DIR": str(tmp_path / "clean")}
+    assert run_fleet("run", str(prompts), "--job", "hfhang", "--workers", "1", env=clean, timeout=300).returncode == 0
+    assert run_fleet("export", "--job", "hfhang", "--out", str(tmp_path / "ref.jsonl"), env=clean).returncode == 0
+    ref = [json.loads(line)["output_ids"] for line in (tmp_path / "ref.jsonl").read_text().splitlines()]
+    # When hostA's engine hangs at its 40th decode step (its thread blocked, the process, loop and heartbeat
+    # alive), and a healthy hostB joins once hostA is declared stalled
+    store_url = str(tmp_path / "store")
+    env = {**hf, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url, "FLEET_STALL_S": "5",
+           "FLEET_LEASE_TTL_S": "5", "FLEET_REAPER_INTERVAL_S": "1", "FLEET_CHECKPOINT_INTERVAL_S": "1",
+           "FLEET_GRACE_S": "0.5"}
+    assert run_fleet("enqueue", str(prompts), "--job", "hfhang", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    store, r = open_store(store_url), redis.Redis(port=redis_server.port)
+    marker = tmp_path / "hung"
+    workers.start("hostA", extra_env={"FLEET_TEST_HF_HANG": str(marker), "FLEET_TEST_HF_HANG_AFTER_STEPS": "40",
+                                      "PYTHONPATH": os.pathsep.join([str(HANG_DIR), os.environ["PYTHONPATH"]])})
+    try:
+        wait_for(marker.exists, 180, "hostA's engine to hang")
+        hung = time.monotonic()
+        wait_for(lambda: r.hexists(keys.worker_stalls(), "cpu0@hostA"), 60, "hostA declared stalled")
+        declared = time.monotonic() - hung
+        st = json.loads(run_fleet("status", "--job", "hfhang", "--json", env=env).stdout)
+        workers.start("hostB")
+        wait_for(lambda: len(list(store.list(results_prefix("hfhang")))) == 2, 300, "both results")
+    finally:
+        workers.stop()
+    # Then hostA was named stalled within stall_s (+ its check period) of hanging, its chunks went back
+    # without an attempt spent, and every record equals the clean run's, some continued from hostA's ids
+    print(f"\nhf engine hung; stall declared {declared:.1f}s later (stall_s 5)")
+    assert [w["worker"] for w in st["stalled_workers"]] == ["cpu0@hostA"] and declared < 5 + 5
+    assert "declaring it hung" in workers.logs()
+    assert sum(int(v) for v in r.hvals(keys.attempts("hfhang"))) == 0
+    out = tmp_path / "out.jsonl"
+    assert run_fleet("export", "--job", "hfhang", "--out", str(out), env=env).returncode == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["output_ids"] for row in rows] == ref
+    assert any(row.get("continued_at") for row in rows)
