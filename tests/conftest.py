@@ -14,14 +14,13 @@ import boto3
 import pytest
 import requests
 
+from fleet.bench.procs import pythonpath_first
 from fleet.coord.localredis import LocalRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every process a test starts imports this checkout's fleet: tests chdir into tmp_path (clean_env),
 # where a relative PYTHONPATH such as "." would find an engine venv's own, older copy instead.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    dict.fromkeys([str(ROOT), *(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
-)
+os.environ["PYTHONPATH"] = pythonpath_first(ROOT, os.environ.get("PYTHONPATH", ""))
 
 
 @pytest.fixture

@@ -98,11 +98,10 @@ def processes_below(root: int, command: str) -> list[int]:
 
 
 def worker_pids(launcher: int) -> list[int]:
-    """The worker processes a `fleet worker` launcher runs now (not the orphans it adopted). Celery
-    retitles a worker `[celeryd: <name>:MainProcess]` where setproctitle is installed (vLLM's venv)."""
-    from fleet.worker.proctree import children
+    """The worker processes a `fleet worker` launcher runs now (not the orphans it adopted)."""
+    from fleet.worker.proctree import children, is_worker
 
-    return [pid for pid in children(launcher) if "fleet.worker.main" in (cmd := cmdline(pid)) or "[celeryd: " in cmd]
+    return [pid for pid in children(launcher) if is_worker(cmdline(pid).encode())]
 
 
 def worker_with(workers: Workers, host: str, command: str, ready: str = "ready.",

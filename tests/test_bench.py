@@ -22,11 +22,11 @@ from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupanc
 from fleet.bench.model import model_occupancy
 from fleet.bench.overhead import chunk_cycles, percentile
 from fleet.bench.pairs import Pairs, run_pairs, window_prompts
-from fleet.bench.procs import cpu_between, cpu_seconds, is_worker
+from fleet.bench.procs import cpu_between, cpu_seconds
 from fleet.bench.reference import REFERENCE
 from fleet.bench.vllmcompare import front_end_figures
 from fleet.bench.workerprof import LOOP_THREAD, Sampler, short, thread_group
-from fleet.worker.proctree import children
+from fleet.worker.proctree import children, is_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -23,7 +23,7 @@ from typing import Any
 
 from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
-from fleet.worker.proctree import children, descendants
+from fleet.worker.proctree import children, descendants, is_worker
 
 READY_TIMEOUT_S = 90.0
 #: where this fleet was imported from: the processes a benchmark starts (in their own cwd) import
@@ -38,10 +38,16 @@ def clean_env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, s
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     env["FLEET_CONFIG"] = str(workdir / "no-fleet.toml")
     env["PYTHONUNBUFFERED"] = "1"
-    paths = [str(FLEET_ROOT), *(os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["PYTHONPATH"] = pythonpath_first(FLEET_ROOT, env.get("PYTHONPATH", ""))
     env.update(extra or {})
     return env
+
+
+def pythonpath_first(root: Path, pythonpath: str) -> str:
+    """`pythonpath` with `root` first and every entry absolute: a child started in another cwd
+    imports the same code (a relative "." would find an engine venv's installed copy)."""
+    paths = [str(root), *(os.path.abspath(p) for p in pythonpath.split(os.pathsep) if p)]
+    return os.pathsep.join(dict.fromkeys(paths))
 
 
 def fleet_argv(*args: str) -> list[str]:
@@ -118,11 +124,6 @@ def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: 
             err.seek(0)
             raise FleetError(f"`fleet {' '.join(args)}` exited {proc.returncode}:\n{err.read().decode()[-3000:]}")
     return samples
-
-
-def is_worker(cmdline: bytes) -> bool:
-    """A worker process by its command line: as started, or as Celery retitles it once it runs."""
-    return b"fleet.worker.main" in cmdline or cmdline.startswith(b"[celeryd: ")
 
 
 def cpu_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:

@@ -102,6 +102,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def is_worker(cmdline: bytes) -> bool:
+    """A worker process by its raw command line: as the launcher starts it (`-m fleet.worker.main`),
+    or as Celery retitles it once it runs, where setproctitle is installed (vLLM's venv)."""
+    return b"fleet.worker.main" in cmdline or cmdline.startswith(b"[celeryd: ")
+
+
 def all_pids() -> list[int]:
     try:
         return [int(name) for name in os.listdir("/proc") if name.isdigit()]
