@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,36 +54,56 @@ def test_the_clock_counts_only_time_with_requests_and_no_token():
 
 
 @pytest.mark.e2e
+@dataclass
+class Hang:
+    """What `hang_then_recover` saw: seconds from the hang to hostA being named stalled, `fleet status
+    --json` then, the workers' logs, and the attempts the job's chunks spent."""
+
+    declared_s: float
+    status: dict
+    logs: str
+    attempts: int
+
+
+def hang_then_recover(tmp_path: Path, env: dict[str, str], redis_port: int, prompts: Path, job: str, chunks: int,
+                      host_a_env: dict[str, str], hung: Callable[[], bool]) -> Hang:  # fmt: skip
+    """The job enqueued; hostA started with `host_a_env` (its engine hangs); once `hung()` and hostA is
+    named stalled, a healthy hostB joins and the job's `chunks` results are awaited."""
+    assert run_fleet("enqueue", str(prompts), "--job", job, env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    store, r = open_store(env["FLEET_STORE_URL"]), redis.Redis(port=redis_port)
+    workers.start("hostA", extra_env=host_a_env)
+    try:
+        wait_for(hung, 180, "hostA's engine to hang")
+        began = time.monotonic()
+        wait_for(lambda: r.hexists(keys.worker_stalls(), "cpu0@hostA"), 60, "hostA declared stalled")
+        declared = time.monotonic() - began
+        status = json.loads(run_fleet("status", "--job", job, "--json", env=env).stdout)
+        workers.start("hostB")
+        wait_for(lambda: len(list(store.list(results_prefix(job)))) == chunks, 300, "all results")
+    finally:
+        workers.stop()
+    return Hang(declared, status, workers.logs(), sum(int(v) for v in r.hvals(keys.attempts(job))))
+
+
 @pytest.mark.slow
 def test_a_hung_engine_hands_its_chunks_back_and_the_job_finishes_on_the_other_worker(
         tmp_path, redis_server, clean_env):
     # Given a job, its clean run's export, and two hosts: hostA's engine hangs 2 s after it starts
     (tmp_path / "ref").mkdir()
     prompts, ref = clean_reference(tmp_path / "ref", SIM, "hang", 32)
-    store_url = str(tmp_path / "store")
-    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url}
-    assert run_fleet("enqueue", str(prompts), "--job", "hang", env=env).returncode == 0
-    workers = Workers(env, tmp_path / "logs")
-    store, r = open_store(store_url), redis.Redis(port=redis_server.port)
-    workers.start("hostA", extra_env={"FLEET_SIM__STALL_AFTER_S": "2"})
-    began = time.monotonic()
-    try:
-        wait_for(lambda: r.hexists(keys.worker_stalls(), "cpu0@hostA"), 60, "hostA declared stalled")
-        stalled_at = time.monotonic() - began
-        st = json.loads(run_fleet("status", "--job", "hang", "--json", env=env).stdout)
-        # When a healthy host joins
-        workers.start("hostB")
-        wait_for(lambda: len(list(store.list(results_prefix("hang")))) == 8, 120, "all results")
-    finally:
-        workers.stop()
-    logs = workers.logs()
+    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "store")}
+    # When a healthy host joins once hostA is named stalled (timed from hostA's start: `hung` holds at once)
+    hang = hang_then_recover(tmp_path, env, redis_server.port, prompts, "hang", 8,
+                             {"FLEET_SIM__STALL_AFTER_S": "2"}, lambda: True)
+    st = hang.status
     # Then hostA was named stalled within stall_s (+ its check period) of hanging, its chunks went
     # back without an attempt spent, and the export equals the clean run's
-    print(f"\nstall declared {stalled_at:.1f}s after hostA started (hangs at 2 s, stall_s 3 s)")
+    print(f"\nstall declared {hang.declared_s:.1f}s after hostA started (hangs at 2 s, stall_s 3 s)")
     assert [w["worker"] for w in st["stalled_workers"]] == ["cpu0@hostA"]
     assert st["stalled_workers"][0]["stalled_s"] >= 3
-    assert "declaring it hung" in logs
-    assert sum(int(v) for v in r.hvals(keys.attempts("hang"))) == 0
+    assert "declaring it hung" in hang.logs
+    assert hang.attempts == 0
     out = tmp_path / "out.jsonl"
     assert run_fleet("export", "--job", "hang", "--out", str(out), "--stable", env=env).returncode == 0
     assert out.read_bytes() == ref
@@ -107,32 +129,19 @@ def test_a_hung_hf_engine_hands_its_chunks_back_and_the_job_finishes_on_the_othe
     ref = [json.loads(line)["output_ids"] for line in (tmp_path / "ref.jsonl").read_text().splitlines()]
     # When hostA's engine hangs at its 40th decode step (its thread blocked, the process, loop and heartbeat
     # alive), and a healthy hostB joins once hostA is declared stalled
-    store_url = str(tmp_path / "store")
-    env = {**hf, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url, "FLEET_STALL_S": "5",
+    env = {**hf, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "store"), "FLEET_STALL_S": "5",
            "FLEET_LEASE_TTL_S": "5", "FLEET_REAPER_INTERVAL_S": "1", "FLEET_CHECKPOINT_INTERVAL_S": "1",
            "FLEET_GRACE_S": "0.5"}
-    assert run_fleet("enqueue", str(prompts), "--job", "hfhang", env=env).returncode == 0
-    workers = Workers(env, tmp_path / "logs")
-    store, r = open_store(store_url), redis.Redis(port=redis_server.port)
     marker = tmp_path / "hung"
-    workers.start("hostA", extra_env={"FLEET_TEST_HF_HANG": str(marker), "FLEET_TEST_HF_HANG_AFTER_STEPS": "40",
-                                      "PYTHONPATH": os.pathsep.join([str(HANG_DIR), os.environ["PYTHONPATH"]])})
-    try:
-        wait_for(marker.exists, 180, "hostA's engine to hang")
-        hung = time.monotonic()
-        wait_for(lambda: r.hexists(keys.worker_stalls(), "cpu0@hostA"), 60, "hostA declared stalled")
-        declared = time.monotonic() - hung
-        st = json.loads(run_fleet("status", "--job", "hfhang", "--json", env=env).stdout)
-        workers.start("hostB")
-        wait_for(lambda: len(list(store.list(results_prefix("hfhang")))) == 2, 300, "both results")
-    finally:
-        workers.stop()
+    hang = hang_then_recover(tmp_path, env, redis_server.port, prompts, "hfhang", 2, {
+        "FLEET_TEST_HF_HANG": str(marker), "FLEET_TEST_HF_HANG_AFTER_STEPS": "40",
+        "PYTHONPATH": os.pathsep.join([str(HANG_DIR), os.environ["PYTHONPATH"]])}, marker.exists)
     # Then hostA was named stalled within stall_s (+ its check period) of hanging, its chunks went back
     # without an attempt spent, and every record equals the clean run's, some continued from hostA's ids
-    print(f"\nhf engine hung; stall declared {declared:.1f}s later (stall_s 5)")
-    assert [w["worker"] for w in st["stalled_workers"]] == ["cpu0@hostA"] and declared < 5 + 5
-    assert "declaring it hung" in workers.logs()
-    assert sum(int(v) for v in r.hvals(keys.attempts("hfhang"))) == 0
+    print(f"\nhf engine hung; stall declared {hang.declared_s:.1f}s later (stall_s 5)")
+    assert [w["worker"] for w in hang.status["stalled_workers"]] == ["cpu0@hostA"] and hang.declared_s < 5 + 5
+    assert "declaring it hung" in hang.logs
+    assert hang.attempts == 0
     out = tmp_path / "out.jsonl"
     assert run_fleet("export", "--job", "hfhang", "--out", str(out), env=env).returncode == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
