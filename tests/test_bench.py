@@ -18,12 +18,15 @@ from pathlib import Path
 import pytest
 
 from fleet.bench import MEASUREMENTS
+from fleet.bench.feed import feed
 from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupancy, timeline
 from fleet.bench.model import model_occupancy
 from fleet.bench.overhead import chunk_cycles, percentile
-from fleet.bench.pairs import Pairs, run_pairs, window_prompts
-from fleet.bench.procs import cpu_between, cpu_seconds
+from fleet.bench.pairs import SHARED, Lane, Pairs, common_window, run_pairs, window_prompts
+from fleet.bench.procs import cpu_seconds
 from fleet.bench.reference import REFERENCE
+from fleet.bench.series import difference, overlap, value_at
+from fleet.bench.sharedcore import PERIOD_US, SharedCoreUnavailable, cpu_hierarchy, make_pen, open_pens
 from fleet.bench.vllmcompare import front_end_figures
 from fleet.bench.workerprof import LOOP_THREAD, Sampler, short, thread_group
 from fleet.worker.proctree import children, is_worker
@@ -166,25 +169,173 @@ def test_run_pairs_interleaves_fleet_first_after_one_bare_probe(tmp_path):
     calls: list[tuple[str, int, int]] = []
 
     def side(name: str, seconds: float):
-        def run(n: int, i: int) -> dict:
+        def run(n: int, i: int, lane: Lane) -> dict:
             calls.append((name, n, i))
+            assert lane == Lane()  # one after the other: nothing around the command, one pass
             return {"tok_s": 10.0, "tokens": n, "seconds": seconds}
         return run
 
     log = tmp_path / "runs.jsonl"
-    pairs = run_pairs(side("fleet", 6.0), side("bare", 3.0), 3, 16, min_window_s=6.0, step=16, log=log)
+    pairs = run_pairs(side("fleet", 6.0), side("bare", 3.0), 3, 16, min_window_s=6.0, step=16, log=log,
+                      scratch=tmp_path, together=False)  # fmt: skip
     assert calls == [("bare", 16, -1)] + [(s, 32, i) for i in range(3) for s in ("fleet", "bare")]
     assert pairs.prompts == 32 and pairs.probe is not None and pairs.repeats
+    assert pairs.how == "one after the other" and pairs.why_apart == "asked for one after the other"
     # And every run is on disk as it ends, in order
     assert [json.loads(line)["side"] for line in log.read_text().splitlines()] == ["probe"] + ["fleet", "bare"] * 3
 
 
-def test_cpu_between_interpolates_samples_and_refuses_uncovered_windows():
+def test_series_are_read_between_samples_and_refuse_uncovered_windows():
     samples = [(10.0, 1.0), (11.0, 2.0), (13.0, 2.0)]
-    assert cpu_between(samples, 10.5, 12.0) == pytest.approx(0.5)
-    assert cpu_between(samples, 9.0, 12.0) is None
+    assert difference(samples, 10.5, 12.0) == pytest.approx(0.5)
+    assert difference(samples, 9.0, 12.0) is None and difference(samples[:1], 10.0, 10.0) is None
+    assert value_at(samples, 5.0) == 1.0 and value_at(samples, 99.0) == 2.0
+    assert overlap(0.0, 4.0, 1.0, 2.0) == pytest.approx(0.25) and overlap(0.0, 1.0, 2.0, 3.0) == 0.0
 
 
+def test_the_common_window_is_fleets_steady_state_within_the_bare_run():
+    # Given fleet's four chunks (two slots: the last starts at 20) and a bare run from 5 to 40,
+    # 100 tokens a second
+    ramps = [[0.0, 10.0, 1000], [0.0, 10.0, 1000], [10.0, 20.0, 1000], [20.0, 30.0, 1000]]
+    fleet_run = {"prompts": 8, "ramps": ramps, "cpu_samples": [[0.0, 0.0], [40.0, 40.0]]}
+    progress = [[5.0 + t, 100.0 * t, 0.5 * t] for t in range(36)]
+    f, b = common_window(fleet_run, {"prompts": 8, "progress": progress})
+    # Then both are counted from 5 (the bare start) to 20 (fleet's last chunk start), chunks pro rata
+    assert f["window"] == b["window"] == [5.0, 20.0] and f["seconds"] == b["seconds"] == 15.0
+    assert f["tokens"] == pytest.approx(500 + 500 + 1000) and b["tokens"] == pytest.approx(1500)
+    assert f["tok_s"] / b["tok_s"] == pytest.approx(2000 / 1500)
+    assert f["cpu_s"] == pytest.approx(15.0) and b["cpu_s"] == pytest.approx(7.5)
+    # And a job of one wave of chunks (no steady state) is counted to its last result
+    short = {"prompts": 8, "ramps": ramps[:2], "cpu_samples": []}
+    f, b = common_window(short, {"prompts": 8, "progress": progress})
+    assert f["window"] == [5.0, 10.0] and f["tokens"] == pytest.approx(1000) and f["cpu_s"] is None
+    # And sides that never ran at once are refused, not divided by zero
+    with pytest.raises(ValueError, match="never ran at once"):
+        common_window(fleet_run, {"prompts": 8, "progress": [[50.0, 0, 0.0], [60.0, 10, 1.0]]})
+
+
+def test_feed_runs_every_prompt_at_once_and_replaces_them_until_told_to_stop(tmp_path):
+    running, peak, seen = 0, 0, []
+
+    async def one(i: int) -> int:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        seen.append(i)
+        await asyncio.sleep(0.01 * (1 + i % 3))
+        running -= 1
+        return 10
+
+    # One pass: every prompt at once, every token counted (concurrent ends must not lose any)
+    result = asyncio.run(feed(one, 8))
+    assert result["tokens"] == 80 and peak == 8 and sorted(seen) == list(range(8))
+    assert [p[1] for p in result["progress"]] == [10 * k for k in range(9)]
+    # With `until`: each end is replaced by the next request on the same prompt, still 8 at once,
+    # until the file appears
+    until, seen[:], peak = tmp_path / "stop", [], 0
+
+    async def stop_later() -> dict:
+        async def touch() -> None:
+            await asyncio.sleep(0.3)
+            until.touch()
+
+        stopper = asyncio.ensure_future(touch())
+        out = await feed(one, 8, until)
+        await stopper
+        return out
+
+    result = asyncio.run(stop_later())
+    assert peak == 8 and len(seen) > 40 and max(seen) >= 40 and result["tokens"] >= 320
+    assert result["seconds"] == pytest.approx(0.3, abs=0.2)
+    times = [p[0] for p in result["progress"]]
+    assert times == sorted(times) and result["progress"][-1][1] == result["tokens"]
+
+
+def test_pens_are_control_group_files_for_either_cgroup_version(tmp_path):
+    # cgroup v1: a cpu hierarchy with a CFS quota per period
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1")
+    pen = make_pen("a", (0, 1), 1.0, root=v1)
+    assert cpu_hierarchy(v1) == (v1 / "cpu", 1) and pen.path == v1 / "cpu" / "a"
+    assert (pen.path / "cpu.cfs_quota_us").read_text() == str(PERIOD_US)
+    assert (pen.path / "cpu.cfs_period_us").read_text() == str(PERIOD_US)
+    assert pen.prefix()[-3:] == [str(pen.path), "0,1", "--"]
+    # Uncapped (an engine whose processes spin): no quota, only the equal default weight
+    assert (make_pen("u", (0, 1), 1.0, root=v1, capped=False).path / "cpu.cfs_quota_us").read_text() == "-1"
+    # cgroup v2: cpu.max "quota period", the controller enabled for children
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory")
+    pen = make_pen("b", (3,), 0.5, root=v2)
+    assert (pen.path / "cpu.max").read_text() == f"{PERIOD_US // 2} {PERIOD_US}"
+    assert (v2 / "cgroup.subtree_control").read_text() == "+cpu"
+    assert (make_pen("u", (3,), 0.5, root=v2, capped=False).path / "cpu.max").read_text() == f"max {PERIOD_US}"
+    # Neither: a clear reason, which the benchmark prints before running its pairs apart
+    (v2 / "cgroup.controllers").write_text("memory")
+    with pytest.raises(SharedCoreUnavailable, match="cpu controller"):
+        make_pen("c", (0,), 1.0, root=v2)
+    with pytest.raises(SharedCoreUnavailable, match="no cpu control group"):
+        cpu_hierarchy(tmp_path / "none")
+
+
+SIDE = """
+import json, os, sys, time
+from pathlib import Path
+out, until = Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None
+info = {"cgroup": Path("/proc/self/cgroup").read_text(), "cpus": sorted(os.sched_getaffinity(0))}
+began = time.time()
+while (until is not None and not until.exists() and time.time() - began < 60) or time.time() - began < 1:
+    time.sleep(0.05)  # fleet's side (no stop file): a one-second job
+end = time.time()
+info["ramps"] = [[began, end, 100], [began + 0.6 * (end - began), end, 100]]
+info["progress"] = [[began - 1, 0, 0.0], [end + 1, 1000, 1.0]]
+out.write_text(json.dumps(info))
+"""
+
+
+def test_pairs_run_both_sides_at_once_each_in_its_own_pen(tmp_path):
+    # Given control groups can be made here (root, a cpu controller)
+    try:
+        with open_pens(("probe",)):
+            pass
+    except SharedCoreUnavailable as e:
+        pytest.skip(f"no control groups here: {e}")
+    script = tmp_path / "side.py"
+    script.write_text(SIDE)
+    seen: dict[str, list[dict]] = {"fleet": [], "bare": []}
+
+    def side(name: str):
+        def run(n: int, i: int, lane: Lane) -> dict:
+            out = tmp_path / f"{name}-{i}.json"
+            until = [str(lane.until)] if lane.until else []
+            subprocess.run([*lane.prefix(), sys.executable, str(script), str(out), *until], check=True, timeout=90)
+            info = json.loads(out.read_text())
+            seen[name].append(info)
+            if name == "fleet":
+                time.sleep(0.5)  # the bare side must still be running: it stops only after fleet's end
+            return {"prompts": n, **info}
+        return run
+
+    # When three pairs run together
+    pairs = run_pairs(side("fleet"), side("bare"), 3, 8, scratch=tmp_path)
+    # Then each side ran in its own control group, on the same CPUs, at the same time
+    assert pairs.how == SHARED and pairs.why_apart is None and len(pairs.raw) == 3
+    for f, b in zip(seen["fleet"], seen["bare"], strict=True):
+        fleet_group = [line for line in f["cgroup"].splitlines() if "fleet-bench-" in line]
+        bare_group = [line for line in b["cgroup"].splitlines() if "fleet-bench-" in line]
+        assert fleet_group and bare_group and fleet_group != bare_group
+        assert "-fleet" in fleet_group[0] and "-bare" in bare_group[0]
+        assert f["cpus"] == b["cpus"] and len(f["cpus"]) == min(2, os.cpu_count() or 1)
+    # And the bare side ran until fleet was done (its stop file), and both were counted over the
+    # window they shared: fleet's first to last chunk start, 0.6 of its first chunk's run
+    for f, b in zip(pairs.fleet, pairs.bare, strict=True):
+        assert f["window"] == b["window"] and f["tokens"] == pytest.approx(60)
+    # And the control groups are gone afterwards
+    base = cpu_hierarchy()[0]
+    for line in seen["fleet"][0]["cgroup"].splitlines() + seen["bare"][0]["cgroup"].splitlines():
+        if "fleet-bench-" in line:
+            assert not (base / line.rsplit("/", 1)[1]).exists()
 def test_worker_processes_are_found_as_started_and_as_celery_retitles_them():
     assert is_worker(b"/venv/bin/python\0-m\0fleet.worker.main\0--name\0cpu0@h\0")
     assert is_worker(b"[celeryd: cpu0@h:MainProcess] -active- (--name cpu0@h --concurrency 2)")

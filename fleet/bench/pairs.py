@@ -1,10 +1,13 @@
-"""Fleet against the bare engine as interleaved pairs: fleet, bare, fleet, bare, ...
+"""Fleet against the bare engine as pairs: both sides at once on a shared core, or one after the other.
 
-Two shared cores move a single run by a third, and the load changes over minutes, so each
-side's best run (what the comparisons used before) can pair a quiet minute of one side with a
-busy one of the other. A pair runs its two sides back to back under nearly the same load, so
-its ratio is the figure; the median of at least three pairs is reported, with whether every
-pair lies within `REPEAT_TOLERANCE` of it: if not, the windows are too short for this machine.
+Where control groups can be made (fleet.bench.sharedcore), a pair runs fleet and the bare engine
+at the same time on one core, each held to half of it, and compares their tok/s over the window
+both were running in: fleet's steady state (its first chunk's start to its last chunk's start,
+so its queue never ran dry) cut to the bare side's run. The core's own speed, which moves by a
+fifth within seconds on a cloud VM, is then the same for both and cancels out of the ratio.
+Elsewhere a pair runs fleet, then bare, back to back (the load can change between them).
+The median of at least three pairs is reported, with whether every pair lies within
+`REPEAT_TOLERANCE` of it: if not, the windows are too short for this machine.
 """
 
 from __future__ import annotations
@@ -13,18 +16,44 @@ import json
 import math
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleet.bench.report import Figure, at_least
+from fleet.bench.series import difference, overlap, value_at
+from fleet.bench.sharedcore import Pen, SharedCoreUnavailable, open_pens
 
 #: a pair's ratio "repeats" when it lies within this fraction of the median ratio
 REPEAT_TOLERANCE = 0.05
 MIN_PAIRS = 3
+#: how a pair's two sides ran (fleet.bench.sharedcore)
+SHARED = "at once on shared CPUs, each capped at half"
+WEIGHED = "at once on shared CPUs, weighed equally"
+APART = "one after the other"
 
-Side = Callable[[int, int], dict[str, Any]]
-"""One timed run of one side: (prompts, run index) -> {"tokens", "seconds", "tok_s", ...}."""
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Where one run of a side goes: its pen (None: run as is), and for the bare side the file
+    whose appearance ends it (None: one pass)."""
+
+    pen: Pen | None = None
+    until: Path | None = None
+
+    def prefix(self) -> list[str]:
+        """The argv that starts a command in this lane's pen (nothing without one)."""
+        return self.pen.prefix() if self.pen is not None else []
+
+
+ALONE = Lane()
+
+Side = Callable[[int, int, Lane], dict[str, Any]]
+"""One timed run of one side: (prompts, run index, lane) -> {"tokens", "seconds", "tok_s", ...}.
+Beside the other side, fleet's run also gives "ramps" ([start, finish, tokens] per chunk) and
+"cpu_samples" ([epoch, CPU seconds]); the bare run gives "progress" (fleet.bench.feed)."""
 
 
 @dataclass
@@ -36,6 +65,12 @@ class Pairs:
     prompts: int
     #: the bare probe that sized the window (None: the profile's size was used as is)
     probe: dict[str, Any] | None = None
+    #: SHARED or WEIGHED: both sides at once on the same CPUs; APART: one after the other
+    how: str = APART
+    #: why the pairs did not share a core (no control groups here), if they did not
+    why_apart: str | None = None
+    #: each pair's two raw runs (their whole job and pass) when the figures are from a common window
+    raw: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ratios(self) -> list[float]:
@@ -66,7 +101,8 @@ class Pairs:
     def figures(self, what: str, target: float | None, note: str, fleet_name: str, bare_name: str) -> list[Figure]:
         """The median ratio (against its target, if any), the spread, each side's median tok/s."""
         ratio = round(self.median, 4)
-        note = f"median of {len(self.ratios)} interleaved pairs; {note}"
+        how = self.how + (f": {self.why_apart}" if self.why_apart else "")
+        note = f"median of {len(self.ratios)} pairs ({how}); {note}"
         head = at_least(what, ratio, target, note=note) if target is not None else Figure(what, ratio, "x", note=note)
         pairs = ", ".join(f"{r:.3f}" for r in self.ratios)
         verdict = "within" if self.repeats else "NOT within"
@@ -88,9 +124,11 @@ class Pairs:
         ]  # fmt: skip
 
     def data(self) -> dict[str, Any]:
+        order = "fleet, bare, ..." if self.how == APART else "fleet and bare at once"
         return {"prompts": self.prompts, "ratio": self.median, "ratios": self.ratios, "spread": self.spread,
-                "repeats_within": REPEAT_TOLERANCE, "repeats": self.repeats, "order": "fleet, bare, ...",
-                "cpu_ratios": self.cpu_ratios, "probe": self.probe, "fleet": self.fleet, "bare": self.bare}  # fmt: skip
+                "repeats_within": REPEAT_TOLERANCE, "repeats": self.repeats, "how": self.how, "order": order,
+                "why_apart": self.why_apart, "cpu_ratios": self.cpu_ratios, "probe": self.probe, "fleet": self.fleet,
+                "bare": self.bare, "raw": self.raw}  # fmt: skip
 
 
 def spread(ratios: list[float]) -> float:
@@ -111,10 +149,17 @@ def window_prompts(prompts: int, seconds: float, min_window_s: float, step: int,
     return min(cap, max(prompts, step * math.ceil(wanted / step)))
 
 
+#: fleet's steady state (until its last chunk starts) counts when it is at least this share of its job
+STEADY_SHARE = 0.5
+
+
 def run_pairs(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: float = 0.0,
-              step: int = 1, cap: int = 1 << 20, log: Path | None = None) -> Pairs:  # fmt: skip
-    """A bare probe sizes the window (also the untimed warm-up of caches), then `pairs`
-    pairs run fleet first, bare second, one after the other. Each run is appended to `log`
+              step: int = 1, cap: int = 1 << 20, log: Path | None = None, scratch: Path | None = None,
+              together: bool = True, capped: bool = True) -> Pairs:  # fmt: skip
+    """A bare probe sizes the window (also the untimed warm-up of caches), then `pairs` pairs,
+    on shared CPUs where control groups can be made (and `together`, and a `scratch` directory
+    for the stop files is given; each side capped at its half, or only weighed equally), else
+    fleet first, bare second. Each run is appended to `log`
     (JSON lines) as it ends: a run that dies an hour in keeps the pairs before it."""
 
     def logged(side: str, run: dict[str, Any]) -> dict[str, Any]:
@@ -124,12 +169,73 @@ def run_pairs(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: f
                 f.write(json.dumps({"side": side, **run}) + "\n")
         return run
 
+    if together and scratch is not None:
+        try:
+            with open_pens(("fleet", "bare"), capped) as (fleet_pen, bare_pen):
+                lanes = Lane(fleet_pen), Lane(bare_pen)
+                return _together(fleet, bare, pairs, prompts, min_window_s, step, cap, logged, scratch, lanes, capped)
+        except SharedCoreUnavailable as e:
+            why = str(e)
+    else:
+        why = "asked for one after the other" if not together else "no scratch directory for the stop files"
     probe = None
     if min_window_s > 0:
-        probe = logged("probe", bare(prompts, -1))
+        probe = logged("probe", bare(prompts, -1, ALONE))
         prompts = window_prompts(prompts, probe["seconds"], min_window_s, step, cap)
     fleets, bares = [], []
     for i in range(pairs):
-        fleets.append(logged("fleet", fleet(prompts, i)))
-        bares.append(logged("bare", bare(prompts, i)))
-    return Pairs(fleets, bares, prompts, probe)
+        fleets.append(logged("fleet", fleet(prompts, i, ALONE)))
+        bares.append(logged("bare", bare(prompts, i, ALONE)))
+    return Pairs(fleets, bares, prompts, probe, why_apart=why)
+
+
+def _together(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: float, step: int, cap: int,
+              logged: Callable[[str, dict[str, Any]], dict[str, Any]], scratch: Path,
+              lanes: tuple[Lane, Lane], capped: bool) -> Pairs:  # fmt: skip
+    """Each pair: the bare side starts, fleet runs its job beside it, and the bare side stops
+    when fleet's job is done; both are counted over the window they shared."""
+    fleet_lane, bare_lane = lanes
+    probe = None
+    if min_window_s > 0:  # alone in its pen: the pace each side gets beside the other
+        probe = logged("probe", bare(prompts, -1, bare_lane))
+        prompts = window_prompts(prompts, probe["seconds"], min_window_s, step, cap)
+    fleets, bares, raw = [], [], []
+    for i in range(pairs):
+        until = scratch / f"pair-{i}.stop"
+        until.unlink(missing_ok=True)
+        with ThreadPoolExecutor(2) as pool:
+            bare_run = pool.submit(bare, prompts, i, Lane(bare_lane.pen, until))
+            try:
+                fleet_run = logged("fleet", fleet(prompts, i, fleet_lane))
+            finally:
+                until.touch()
+            bare_done = logged("bare", bare_run.result())
+        f, b = common_window(fleet_run, bare_done)
+        fleets.append(f)
+        bares.append(b)
+        raw.append({"fleet": fleet_run, "bare": bare_done})
+    return Pairs(fleets, bares, prompts, probe, how=SHARED if capped else WEIGHED, raw=raw)
+
+
+def common_window(fleet: dict[str, Any], bare: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both sides' tokens, tok/s and CPU over the window they shared: fleet's steady state (first
+    chunk start to last chunk start: every chunk slot held) within the bare side's run. A job of
+    a few chunks has no steady state worth the name (under STEADY_SHARE of it): its whole run."""
+    ramps, progress = fleet["ramps"], bare["progress"]
+    first, last_start, last_end = min(r[0] for r in ramps), max(r[0] for r in ramps), max(r[1] for r in ramps)
+    steady = last_start if last_start - first >= STEADY_SHARE * (last_end - first) else last_end
+    start, end = max(first, progress[0][0]), min(steady, progress[-1][0])
+    if end <= start:
+        raise ValueError("the sides never ran at once: fleet's steady state and the bare run do not overlap")
+    seconds = end - start
+    made = sum(t * overlap(s, e, start, end) for s, e, t in ramps)
+    bare_made = value_at([(p[0], p[1]) for p in progress], end) - value_at([(p[0], p[1]) for p in progress], start)
+    bare_cpu = [(p[0], p[2]) for p in progress]
+    fleet_cpu = [tuple(x) for x in fleet.get("cpu_samples") or []]
+    common = {"window": [start, end], "seconds": seconds}
+    return (
+        {"prompts": fleet["prompts"], "tokens": made, "tok_s": made / seconds, **common,
+         "cpu_s": difference(fleet_cpu, start, end)},
+        {"prompts": bare["prompts"], "tokens": bare_made, "tok_s": bare_made / seconds, **common,
+         "cpu_s": difference(bare_cpu, start, end)},
+    )  # fmt: skip

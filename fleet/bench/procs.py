@@ -16,11 +16,13 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from fleet.bench.sharedcore import Pen
 from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
 from fleet.worker.proctree import children, descendants, is_worker
@@ -76,12 +78,12 @@ def write_prompts(path: Path, n: int) -> Path:
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")  # both sides of a pair may write it
     line = '{"id":"r%07d","messages":[{"role":"user","content":"Question %d: explain one idea in detail."}]}\n'
     with open(tmp, "w") as f:
         for start in range(0, n, 10_000):
             f.write("".join(line % (i, i) for i in range(start, min(n, start + 10_000))))
-    tmp.rename(path)
+    tmp.replace(path)
     return path
 
 
@@ -103,11 +105,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: float,
-                               cwd: Path) -> list[tuple[float, float]]:  # fmt: skip
+def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: float, cwd: Path,
+                               pen: Pen | None = None) -> list[tuple[float, float]]:  # fmt: skip
     """Run one `fleet ...` command (as run_fleet) while sampling its worker processes' own CPU
-    seconds (fleet.worker.main, their children not counted): (epoch time, CPU seconds) pairs."""
+    seconds (fleet.worker.main, their children not counted): (epoch time, CPU seconds) pairs.
+    With a pen (fleet.bench.sharedcore), each worker and every process under it is moved into
+    it at the first look that finds it (every 0.2 s, before an engine is up)."""
     samples: list[tuple[float, float]] = []
+    adopted: set[int] = set()
     with open(cwd / "fleet-cmd.err", "w+b") as err:
         proc = subprocess.Popen(fleet_argv(*args), env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err)
         began = time.monotonic()
@@ -118,26 +123,16 @@ def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: 
                 raise FleetError(f"`fleet {' '.join(args)}` ran past {timeout_s:.0f}s")
             with contextlib.suppress(OSError, ValueError, IndexError):
                 workers = [p for p in descendants(proc.pid) if is_worker(Path(f"/proc/{p}/cmdline").read_bytes())]
+                if pen is not None:
+                    for p in {*workers, *(c for w in workers for c in descendants(w))} - adopted:
+                        pen.adopt(p)
+                        adopted.add(p)
                 samples.append((time.time(), sum(cpu_seconds(p) for p in workers)))
             time.sleep(0.2)
         if proc.returncode != 0:
             err.seek(0)
             raise FleetError(f"`fleet {' '.join(args)}` exited {proc.returncode}:\n{err.read().decode()[-3000:]}")
     return samples
-
-
-def cpu_between(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
-    """CPU seconds between two epoch times, interpolated from (time, CPU) samples; None when the
-    samples do not cover the window."""
-
-    def at(t: float) -> float | None:
-        for (t0, c0), (t1, c1) in zip(samples, samples[1:], strict=False):
-            if t0 <= t <= t1:
-                return c0 + (c1 - c0) * (t - t0) / max(t1 - t0, 1e-9)
-        return None
-
-    a, b = at(start), at(end)
-    return None if a is None or b is None else b - a
 
 
 class WorkerHost:
@@ -265,14 +260,6 @@ def run_measured(args: list[str], env: dict[str, str], cwd: Path, timeout_s: flo
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     peak = json.loads(report.read_text())["peak_rss_mb"]
     return {"wall_s": wall, "peak_rss_mb": peak, "cpu_s": cpu}
-
-
-def json_from_stdout(done: subprocess.CompletedProcess[str]) -> dict:
-    """The last stdout line of a child that prints its result as one JSON object."""
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    if not lines:
-        raise FleetError(f"no result printed; stderr:\n{done.stderr[-2000:]}")
-    return json.loads(lines[-1])
 
 
 @contextlib.contextmanager

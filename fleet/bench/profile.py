@@ -54,10 +54,12 @@ class Profile:
     hf_max_tokens: int = 96
     hf_batch: int = 16
     hf_chunk_size: int = 64
-    #: interleaved fleet/bare pairs (fleet.bench.pairs); the median ratio is the figure
+    #: fleet/bare pairs (fleet.bench.pairs: at once on shared CPUs where it can); the median ratio is the figure
     hf_repeats: int = 3
     #: a bare probe grows the prompts until a side's window lasts this long (0: no probe)
-    hf_min_window_s: float = 20.0
+    hf_min_window_s: float = 30.0
+    #: one more job with the hf worker under fleet.bench.workerprof: where its CPU goes
+    hf_profile: bool = True
 
 
 FULL = Profile(name="full")
@@ -92,6 +94,7 @@ QUICK = Profile(
     hf_chunk_size=16,
     hf_repeats=1,
     hf_min_window_s=0.0,
+    hf_profile=False,  # the sampler is tested in-process (tests/test_bench.py)
 )
 
 PROFILES = {"full": FULL, "quick": QUICK}

@@ -4,15 +4,14 @@ the worker does, with the same engine args (its stream interval included).
 
 Both sides decode greedily with the same max tokens, so the ratio of their output tok/s is
 what fleet's machinery costs on top of vLLM: the broker, chunk reads and commits, templating
-on the worker, the admission gate and K chunk slots feeding one engine. Timing starts once
-each engine has started: fleet's is its job window (first chunk start to last result), the
-bare loop's from its first submit to its last output. The bare loop runs in its own process
-like the worker does. Interleaved pairs, their median ratio: fleet.bench.pairs.
+on the worker, the admission gate and K chunk slots feeding one engine. The bare loop runs in
+its own process like the worker does. Pairs, their median ratio, and the window each pair is
+counted over: fleet.bench.pairs.
 
 Each side's front end is timed too, over the same window: the worker process's own CPU seconds
 (fleet.bench.procs.run_fleet_watching_workers) and the bare process's (its EngineCore, a child,
-counted on neither side). On two cores that vLLM's processes keep busy, every CPU second the
-front end spends is taken from the engine, so fleet's extra CPU per request and per token is the
+counted on neither side). With CPU held to the same amount on both sides, every CPU second
+the front end spends is taken from the engine, so fleet's extra CPU per request and per token is the
 share that explains the ratio, and the figure that carries to a GPU host. Short records weigh
 the per-request part (`--max-tokens` sets their length).
 
@@ -26,27 +25,15 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from fleet.bench.jobstats import read_job, throughput
-from fleet.bench.pairs import run_pairs
-from fleet.bench.procs import (
-    clean_env,
-    cpu_between,
-    read_requests,
-    run_fleet,
-    run_fleet_watching_workers,
-    write_prompts,
-)
+from fleet.bench.feed import feed
+from fleet.bench.pairs import Lane, run_pairs
+from fleet.bench.procs import clean_env, read_requests, run_fleet, write_prompts
 from fleet.bench.report import Figure, Section
-from fleet.errors import FleetError
-from fleet.store import open_store
+from fleet.bench.sides import bare_side, fleet_side
 
 VLLM_TARGET = 0.9
 #: the engine both sides run: the dense tiny model in float32, a bounded KV cache, 32 at once
@@ -55,10 +42,14 @@ ENGINE_ENV = {
     "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(256 << 20),
     "FLEET_VLLM__MAX_NUM_SEQS": "32",
 }
+#: beside each other on shared CPUs (fleet.bench.sharedcore): one torch thread each, and no thread
+#: binding of vLLM's own (its automatic binding reserves a CPU for the scheduler and pins the rest)
+SHARED_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
-def bare_generate(model: str, prompts_path: str, max_tokens: int) -> dict[str, Any]:
-    """A plain AsyncLLM loop over fleet's own rendering of the prompts, every request at once."""
+def bare_generate(model: str, prompts_path: str, max_tokens: int, until: Path | None = None) -> dict[str, Any]:
+    """A plain AsyncLLM loop over fleet's own rendering of the prompts, every request at once
+    (fleet.bench.feed)."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -77,74 +68,51 @@ def bare_generate(model: str, prompts_path: str, max_tokens: int) -> dict[str, A
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=eos,
                             output_kind=RequestOutputKind.DELTA)  # streamed, as the worker reads it
 
-    async def run() -> tuple[int, float, float]:
+    async def run() -> dict[str, Any]:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(settings)))
 
-        async def one(i: int, prompt: list[int]) -> int:
+        async def one(i: int) -> int:
             tokens = 0
-            async for out in engine.generate(TokensPrompt(prompt_token_ids=prompt), params, f"bare-{i}"):
+            prompt = TokensPrompt(prompt_token_ids=ids[i % len(ids)])
+            async for out in engine.generate(prompt, params, f"bare-{i}"):
                 tokens += len(out.outputs[0].token_ids)  # DELTA: only the new ids
             return tokens
 
         try:
-            await one(-1, ids[0])  # the first request pays one-time warm-up, as fleet's engine start does
-            began, cpu = time.perf_counter(), time.process_time()
-            tokens = sum(await asyncio.gather(*(one(i, p) for i, p in enumerate(ids))))
-            return tokens, time.perf_counter() - began, time.process_time() - cpu
+            await one(-1)  # the first request pays one-time warm-up, as fleet's engine start does
+            return await feed(one, len(ids), until)
         finally:
             engine.shutdown()
 
-    tokens, seconds, cpu_s = asyncio.run(run())
-    return {"prompts": len(ids), "tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "cpu_s": cpu_s}
-
-
-def run_bare(workdir: Path, model: Path, prompts: Path, max_tokens: int) -> dict[str, Any]:
-    out = workdir / "vllm-bare.json"
-    args = ["--model", str(model), "--input", str(prompts), "--max-tokens", str(max_tokens), "--out", str(out)]
-    done = subprocess.run([sys.executable, "-m", "fleet.bench.vllmcompare", *args],
-                          env=clean_env(workdir, ENGINE_ENV), capture_output=True, text=True, timeout=1200, cwd=workdir)
-    if done.returncode != 0 or not out.is_file():
-        raise FleetError(f"bare AsyncLLM loop exited {done.returncode}:\n{done.stderr[-2000:]}")
-    return json.loads(out.read_text())
-
-
-def run_fleet_vllm(workdir: Path, model: Path, prompts: Path, n: int, max_tokens: int, chunk: int) -> dict[str, Any]:
-    data_dir = workdir / "vllm-fleet"
-    shutil.rmtree(data_dir, ignore_errors=True)
-    env = clean_env(workdir, {
-        "FLEET_DATA_DIR": str(data_dir),
-        "FLEET_SAMPLING__MAX_TOKENS": str(max_tokens),
-        "FLEET_SAMPLING__TEMPERATURE": "0",
-        "FLEET_CHUNK_SIZE": str(chunk),
-        **ENGINE_ENV,
-    })
-    cpu = run_fleet_watching_workers(
-        ["run", str(prompts), "--job", "vllm", "--engine", "vllm", "--model", str(model), "--workers", "1"],
-        env, 1200, workdir)  # fmt: skip
-    chunks = -(-n // chunk)
-    run = read_job(open_store(str(data_dir / "store")), "vllm", chunks)
-    return {"prompts": n, "tokens": run.tokens, "seconds": run.makespan_s, "tok_s": throughput(run), "chunks": chunks,
-            "cpu_s": cpu_between(cpu, run.first_start, run.last_finish)}
+    return asyncio.run(run())
 
 
 def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pairs: int = 3,
-                 min_window_s: float = 0.0, log: Path | None = None) -> Section:  # fmt: skip
-    """Interleaved pairs on the same prompts and engine (fleet.bench.pairs), their median ratio."""
+                 min_window_s: float = 0.0, log: Path | None = None, together: bool = True) -> Section:  # fmt: skip
+    """Pairs on the same prompts and engine (fleet.bench.pairs), their median ratio."""
     model = workdir / "tiny-model"
     if not (model / "config.json").exists():
         run_fleet(["tiny-model", str(model)], clean_env(workdir), 300, workdir)
+    engine_env = {**ENGINE_ENV, **(SHARED_ENV if together else {})}
 
-    def fleet(n: int, i: int) -> dict[str, Any]:
-        return run_fleet_vllm(workdir, model, write_prompts(workdir / f"prompts-{n}.jsonl", n), n, max_tokens, chunk)
+    def fleet(n: int, i: int, lane: Lane) -> dict[str, Any]:
+        prompts = write_prompts(workdir / f"prompts-{n}.jsonl", n)
+        env = clean_env(workdir, {"FLEET_SAMPLING__MAX_TOKENS": str(max_tokens), "FLEET_SAMPLING__TEMPERATURE": "0",
+                                  "FLEET_CHUNK_SIZE": str(chunk), **engine_env})  # fmt: skip
+        args = ["run", str(prompts), "--engine", "vllm", "--model", str(model), "--workers", "1"]
+        return fleet_side(workdir, workdir / "vllm-fleet", "vllm", args, env, n, chunk, lane)
 
-    def bare(n: int, i: int) -> dict[str, Any]:
-        return run_bare(workdir, model, write_prompts(workdir / f"prompts-{n}.jsonl", n), max_tokens)
+    def bare(n: int, i: int, lane: Lane) -> dict[str, Any]:
+        args = ["--model", str(model), "--input", str(write_prompts(workdir / f"prompts-{n}.jsonl", n)),
+                "--max-tokens", str(max_tokens)]  # fmt: skip
+        return bare_side(workdir, "fleet.bench.vllmcompare", args, clean_env(workdir, engine_env), lane, "vllm")
 
-    result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk, cap=8 * prompts_n, log=log)
+    result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk, cap=8 * prompts_n, log=log,
+                       scratch=workdir, together=together, capped=False)  # fleet.bench.sharedcore.SPINNING
     note = f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk}"
     figures = result.figures("fleet tok/s / bare AsyncLLM tok/s", VLLM_TARGET, note, "fleet",
                              "bare AsyncLLM loop (DELTA streams)") + front_end_figures(result.fleet, result.bare)
-    data = {"max_tokens": max_tokens, "chunk_size": chunk, "engine": ENGINE_ENV, **result.data()}
+    data = {"max_tokens": max_tokens, "chunk_size": chunk, "engine": engine_env, **result.data()}
     return Section("vllm", "fleet vs bare engine (vllm tiny model, CPU)", figures, data)
 
 
@@ -173,9 +141,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--input", required=True)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--until", type=Path, help="keep every prompt running until this file exists")
     parser.add_argument("--out", required=True, help="result JSON (vLLM prints its own lines to stdout)")
     args = parser.parse_args(argv)
-    Path(args.out).write_text(json.dumps(bare_generate(args.model, args.input, args.max_tokens)))
+    Path(args.out).write_text(json.dumps(bare_generate(args.model, args.input, args.max_tokens, args.until)))
 
 
 if __name__ == "__main__":

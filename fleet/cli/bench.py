@@ -18,6 +18,9 @@ bench_app = typer.Typer(
 app.add_typer(bench_app, name="bench")
 
 DEFAULT_OUT = Path("bench-results")
+#: chunk size of the SGLang CPU comparison: K = 16 x S / C chunks in flight (S 64 here) must be well
+#: under the job's chunks, or fleet's job has no steady state to count (fleet.bench.pairs)
+SGLANG_CPU_CHUNK = 64
 QuickOpt = Annotated[bool, typer.Option("--quick", help="reduced sizes (~1 minute; what CI runs)")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="directory for bench.json, table.md and PNGs")]
 KeepOpt = Annotated[bool, typer.Option("--keep", help="keep the temporary work directory (logs, stores)")]
@@ -52,8 +55,8 @@ def bench(
     requests: Annotated[int | None, typer.Option("--requests", help="sglang: requests per side "
                                                  "(default 2 x max_running_requests)")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sglang, vllm: max tokens per request")] = None,
-    pairs: Annotated[int, typer.Option("--pairs", min=1, help="vllm, sglang on the CPU: interleaved fleet/bare "
-                                       "pairs (the median ratio is the figure)")] = 3,
+    pairs: Annotated[int, typer.Option("--pairs", min=1, help="vllm, sglang on the CPU: fleet/bare pairs, "
+                                       "each at once on shared CPUs where it can (the median is the figure)")] = 3,
     min_window_s: Annotated[float, typer.Option("--min-window-s", help="vllm, sglang on the CPU: a bare probe "
                                                 "grows the prompts until a window lasts this long (0: none)")] = 0.0,
 ) -> None:
@@ -119,8 +122,9 @@ def _sglang_vs_bare(out: Path | None, requests: int | None, max_tokens: int | No
 
     try:
         with tempfile.TemporaryDirectory(prefix="fleet-bench-sglang-") as tmp:
-            section = measure_sglang_vs_bare(Path(tmp), dict(os.environ), requests or 128, max_tokens or 96, 16,
-                                             pairs, min_window_s, log=(out or DEFAULT_OUT) / "sglang-cpu.runs.jsonl")
+            section = measure_sglang_vs_bare(Path(tmp), dict(os.environ), requests or 128, max_tokens or 96,
+                                             SGLANG_CPU_CHUNK, pairs, min_window_s,
+                                             log=(out or DEFAULT_OUT) / "sglang-cpu.runs.jsonl")
     except FleetError as e:
         fail(str(e))
         return
