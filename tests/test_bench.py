@@ -214,7 +214,7 @@ def test_the_common_window_is_fleets_steady_state_within_the_bare_run():
         common_window(fleet_run, {"prompts": 8, "progress": [[50.0, 0, 0.0], [60.0, 10, 1.0]]})
 
 
-def test_feed_runs_every_prompt_at_once_and_replaces_them_until_told_to_stop(tmp_path):
+def test_feed_keeps_a_few_times_the_slots_in_flight_and_replaces_them_until_told_to_stop(tmp_path):
     running, peak, seen = 0, 0, []
 
     async def one(i: int) -> int:
@@ -226,11 +226,15 @@ def test_feed_runs_every_prompt_at_once_and_replaces_them_until_told_to_stop(tmp
         running -= 1
         return 10
 
-    # One pass: every prompt at once, every token counted (concurrent ends must not lose any)
-    result = asyncio.run(feed(one, 8))
-    assert result["tokens"] == 80 and peak == 8 and sorted(seen) == list(range(8))
-    assert [p[1] for p in result["progress"]] == [10 * k for k in range(9)]
-    # With `until`: each end is replaced by the next request on the same prompt, still 8 at once,
+    # One pass: every prompt once, IN_FLIGHT_PER_SLOT x slots at a time, every token counted
+    # (concurrent ends must not lose any)
+    result = asyncio.run(feed(one, 40, slots=2))
+    assert result["tokens"] == 400 and peak == result["in_flight"] == 8 and sorted(seen) == list(range(40))
+    assert [p[1] for p in result["progress"]] == [10 * k for k in range(41)]
+    # Fewer prompts than that: all at once
+    seen[:], peak = [], 0
+    assert asyncio.run(feed(one, 3, slots=2))["tokens"] == 30 and peak == 3
+    # With `until`: each end is replaced by the next request (prompt i % count), still 8 at once,
     # until the file appears
     until, seen[:], peak = tmp_path / "stop", [], 0
 
@@ -240,13 +244,13 @@ def test_feed_runs_every_prompt_at_once_and_replaces_them_until_told_to_stop(tmp
             until.touch()
 
         stopper = asyncio.ensure_future(touch())
-        out = await feed(one, 8, until)
+        out = await feed(one, 8, 2, until)
         await stopper
         return out
 
     result = asyncio.run(stop_later())
-    assert peak == 8 and len(seen) > 40 and max(seen) >= 40 and result["tokens"] >= 320
-    assert result["seconds"] == pytest.approx(0.3, abs=0.2)
+    assert peak == 8 and len(seen) > 40 and sorted(seen) == list(range(len(seen)))
+    assert result["tokens"] >= 320 and result["seconds"] == pytest.approx(0.3, abs=0.2)
     times = [p[0] for p in result["progress"]]
     assert times == sorted(times) and result["progress"][-1][1] == result["tokens"]
 
@@ -326,7 +330,7 @@ def test_pairs_run_both_sides_at_once_each_in_its_own_pen(tmp_path):
         bare_group = [line for line in b["cgroup"].splitlines() if "fleet-bench-" in line]
         assert fleet_group and bare_group and fleet_group != bare_group
         assert "-fleet" in fleet_group[0] and "-bare" in bare_group[0]
-        assert f["cpus"] == b["cpus"] and len(f["cpus"]) == min(2, os.cpu_count() or 1)
+        assert f["cpus"] == b["cpus"] and len(f["cpus"]) == 1
     # And the bare side ran until fleet was done (its stop file), and both were counted over the
     # window they shared: fleet's first to last chunk start, 0.6 of its first chunk's run
     for f, b in zip(pairs.fleet, pairs.bare, strict=True):

@@ -58,7 +58,7 @@ def bare_engine(model_dir: str, prompts_path: str, batch: int, max_tokens: int,
     async def run() -> dict[str, Any]:
         await engine.start()
         try:
-            return await feed(one, len(requests), until)
+            return await feed(one, len(requests), batch, until)
         finally:
             await engine.shutdown()
 

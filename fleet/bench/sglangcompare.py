@@ -71,7 +71,7 @@ def bare_generate(prompts_path: str, max_tokens: int, until: Path | None = None)
         return tokens
 
     try:
-        result = engine.loop.run_until_complete(feed(one, len(requests), until))
+        result = engine.loop.run_until_complete(feed(one, len(requests), kwargs["max_running_requests"], until))
     finally:
         engine.shutdown()
     return {**result, "max_running_requests": kwargs["max_running_requests"]}

@@ -1,15 +1,15 @@
-"""Both sides of a comparison at once on the same two CPUs, each held to one CPU's worth.
+"""Both sides of a comparison at once on the same CPU, each held to half of it.
 
 A cloud VM's CPUs change speed under it, each on its own: on the 2-core machine BENCHMARKS.md
 was measured on, the bare engine alone moved by a third between runs of the same command a
 minute apart, so two runs one after the other see different machines, and so do two runs at
-once on two CPUs of their own. Two control groups on the same CPUs, each capped by a CFS quota
-at half of them per `PERIOD_US`, see the same CPUs at the same moments: their speed cancels out
-of the ratio (`fleet bench` prints each pair's tok/s beside its ratio: the tok/s move, the
+once on CPUs of their own. Two control groups on one CPU, each capped by a CFS quota at half of
+it per `PERIOD_US`, take turns on it many times a second and see the same speeds: those cancel
+out of their ratio (`fleet bench` prints each pair's tok/s beside its ratio: the tok/s move, the
 ratios hold). A quota, not a weight: neither side gains the time the other leaves idle, so a
-side that waits (a batch it cannot fill, a poll) is charged for it as it would be alone. Two
-CPUs, not one: a side's threads can then run in parallel and contend for the GIL across cores,
-as a worker's do on a GPU host.
+side that waits (a batch it cannot fill, a poll) is charged for it as it would be alone. What
+one CPU cannot show: a side's threads never run in parallel, so contention for the GIL between
+cores, which a worker on a many-core GPU host has, is not charged to fleet here.
 
 `python -m fleet.bench.sharedcore GROUP CPUS -- ARGV...` moves itself into GROUP, pins itself to
 CPUS and execs ARGV, so every process ARGV starts (an engine's own processes) is in the group
@@ -34,19 +34,19 @@ from fleet.errors import FleetError
 
 #: the CFS period both quotas count in: short, so the two sides take turns many times a second
 PERIOD_US = 20_000
-#: CPUs the two sides share, each held to half of them: two, so that a side's threads can run in
-#: parallel (and contend for the GIL across cores) as on a GPU host, while both sides' threads
-#: move over the same two cores and see the same speeds
-SHARED_CPUS = 2
+#: CPUs the two sides share, each held to half of them: one. On two, each side's busiest process
+#: settles on a CPU of its own and sees that CPU's speed, not the other's (three SGLang pairs on
+#: two shared CPUs: 0.889, 0.999, 1.332); on one, both take turns on it every period
+SHARED_CPUS = 1
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 #: Why an engine whose processes spin gets weighed pens, not capped ones. vLLM's EngineCore
 #: busy-polls its worker process's shared-memory queue (sched_yield for a second after each
-#: read): under a quota the spinning spends the pen's time while the worker computes on the
-#: other CPU, and how much depends on where the two land, period by period (three capped pairs
-#: came out 0.757, 1.223, 0.731). A side that never idles gains nothing from the other's idle
-#: time, so equal weights share the CPUs equally without the quota's throttling.
+#: read): under a quota the spinning spends the pen's time while its worker computes, by an
+#: amount that depends on where and when each runs (three capped pairs on two CPUs: 0.757, 1.223,
+#: 0.731). A side that never idles gains nothing from the other's idle time, so equal weights
+#: share the CPU equally without the quota's throttling.
 SPINNING = "vllm"
 
 

@@ -80,7 +80,7 @@ def bare_generate(model: str, prompts_path: str, max_tokens: int, until: Path | 
 
         try:
             await one(-1)  # the first request pays one-time warm-up, as fleet's engine start does
-            return await feed(one, len(ids), until)
+            return await feed(one, len(ids), settings.vllm.requests_at_once(), until)
         finally:
             engine.shutdown()
 
