@@ -22,12 +22,11 @@ from fleet.bench.feed import feed
 from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupancy, timeline
 from fleet.bench.model import model_occupancy
 from fleet.bench.overhead import chunk_cycles, percentile
-from fleet.bench.pairs import SHARED, Lane, Pairs, common_window, run_pairs, window_prompts
+from fleet.bench.pairs import SHARED, Lane, Pairs, common_window, front_end_figures, run_pairs, window_prompts
 from fleet.bench.procs import cpu_seconds
 from fleet.bench.reference import REFERENCE
 from fleet.bench.series import difference, overlap, value_at
 from fleet.bench.sharedcore import PERIOD_US, SharedCoreUnavailable, cpu_hierarchy, make_pen, open_pens
-from fleet.bench.vllmcompare import front_end_figures
 from fleet.bench.workerprof import LOOP_THREAD, Sampler, short, thread_group
 from fleet.worker.proctree import children, is_worker
 
@@ -346,18 +345,20 @@ def test_worker_processes_are_found_as_started_and_as_celery_retitles_them():
     assert not is_worker(b"VLLM::EngineCore") and not is_worker(b"/usr/bin/redis-server\0127.0.0.1:6379\0")
 
 
-def test_vllm_front_end_figures_take_the_bare_loops_cpu_off_fleets_per_request():
-    # Given two pairs whose worker used 3 s and 4 s of CPU against a bare loop's 1 s and 2 s, 1,000 requests
-    fleet = [{"prompts": 1000, "tokens": 64_000, "cpu_s": 3.0}, {"prompts": 1000, "tokens": 64_000, "cpu_s": 4.0}]
-    bare = [{"prompts": 1000, "tokens": 64_000, "cpu_s": 1.0}, {"prompts": 1000, "tokens": 64_000, "cpu_s": 2.0}]
-    figures = {f.name: f for f in front_end_figures(fleet, bare)}
-    # Then each side's median CPU per token, and fleet's extra: 2 s over 1,000 requests, 31.25 us a token
+def test_front_end_figures_take_the_bare_loops_cpu_off_fleets_per_token():
+    # Given two pairs' windows: the worker used 3 s and 4 s of CPU for 64,000 tokens, the bare loop
+    # 1 s and 2 s for 32,000 (its window's share), 64 tokens a request
+    fleet = [{"tokens": 64_000, "cpu_s": 3.0}, {"tokens": 64_000, "cpu_s": 4.0}]
+    bare = [{"tokens": 32_000, "cpu_s": 1.0}, {"tokens": 32_000, "cpu_s": 2.0}]
+    figures = {f.name: f for f in front_end_figures(fleet, bare, 64)}
+    # Then each side's median CPU per token, and fleet's extra per token: 46.875 - 31.25 and
+    # 62.5 - 62.5 us, median 7.8 us, 0.5 ms a request
     assert figures["fleet worker CPU per output token"].value == pytest.approx(3.5 / 64_000 * 1e6, abs=0.01)
-    assert figures["bare loop CPU per output token"].value == pytest.approx(1.5 / 64_000 * 1e6, abs=0.01)
-    assert figures["fleet's extra CPU per request"].value == pytest.approx(2.0)
-    assert "31.2 us per token" in figures["fleet's extra CPU per request"].note
+    assert figures["bare loop CPU per output token"].value == pytest.approx(1.5 / 32_000 * 1e6, abs=0.01)
+    assert figures["fleet's extra CPU per request"].value == pytest.approx(7.8125 * 64 / 1000, abs=1e-3)
+    assert "7.8 us per token" in figures["fleet's extra CPU per request"].note
     # and none where a side did not count its CPU (a window the samples missed)
-    assert front_end_figures([{**fleet[0], "cpu_s": None}], bare[:1]) == []
+    assert front_end_figures([{**fleet[0], "cpu_s": None}], bare[:1], 64) == []
 
 
 def test_worker_cpu_reads_a_process_own_time_and_children():

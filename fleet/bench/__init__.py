@@ -16,5 +16,5 @@ MEASUREMENTS = {
     "scaling": "throughput of 1, 2, 4, 8 workers on one broker",
     "overhead": "per-chunk overhead with the S3 store; the worker's CPU per M tokens, and its profile",
     "producer": "producer prompts/s and peak memory",
-    "hf": "fleet vs the bare HfEngine, pairs on shared CPUs, hf tiny model",
+    "hf": "fleet vs the bare HfEngine, pairs on a shared CPU, hf tiny model",
 }

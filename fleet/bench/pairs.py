@@ -29,8 +29,8 @@ from fleet.bench.sharedcore import Pen, SharedCoreUnavailable, open_pens
 REPEAT_TOLERANCE = 0.05
 MIN_PAIRS = 3
 #: how a pair's two sides ran (fleet.bench.sharedcore)
-SHARED = "at once on shared CPUs, each capped at half"
-WEIGHED = "at once on shared CPUs, weighed equally"
+SHARED = "at once on a shared CPU, each capped at half"
+WEIGHED = "at once on a shared CPU, weighed equally"
 APART = "one after the other"
 
 
@@ -131,6 +131,27 @@ class Pairs:
                 "bare": self.bare, "raw": self.raw}  # fmt: skip
 
 
+def front_end_figures(fleet: list[dict[str, Any]], bare: list[dict[str, Any]],
+                      tokens_per_request: float) -> list[Figure]:  # fmt: skip
+    """Each side's front-end CPU per output token (medians over the pairs' windows), and what
+    fleet adds per token and per request: the worker's own work besides what vLLM's client does
+    on both sides."""
+    if not all(r.get("cpu_s") for r in fleet + bare):
+        return []
+    per_token = [[r["cpu_s"] / r["tokens"] * 1e6 for r in runs] for runs in (fleet, bare)]
+    extra_us = statistics.median(f - b for f, b in zip(*per_token, strict=True))
+    return [
+        Figure("fleet worker CPU per output token", round(statistics.median(per_token[0]), 2), "us",
+               note=f"median; the worker process over each window, engine processes excluded; runs "
+                    f"{', '.join(f'{v:.1f}' for v in per_token[0])}"),
+        Figure("bare loop CPU per output token", round(statistics.median(per_token[1]), 2), "us",
+               note=f"median; runs {', '.join(f'{v:.1f}' for v in per_token[1])}"),
+        Figure("fleet's extra CPU per request", round(extra_us * tokens_per_request / 1e3, 3), "ms",
+               note=f"median of the pairs' differences: {extra_us:.1f} us per token, {tokens_per_request:.0f} "
+                    "tokens a request"),
+    ]  # fmt: skip
+
+
 def spread(ratios: list[float]) -> float:
     middle = statistics.median(ratios)
     return max(abs(r / middle - 1) for r in ratios)
@@ -157,7 +178,7 @@ def run_pairs(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: f
               step: int = 1, cap: int = 1 << 20, log: Path | None = None, scratch: Path | None = None,
               together: bool = True, capped: bool = True) -> Pairs:  # fmt: skip
     """A bare probe sizes the window (also the untimed warm-up of caches), then `pairs` pairs,
-    on shared CPUs where control groups can be made (and `together`, and a `scratch` directory
+    on a shared CPU where control groups can be made (and `together`, and a `scratch` directory
     for the stop files is given; each side capped at its half, or only weighed equally), else
     fleet first, bare second. Each run is appended to `log`
     (JSON lines) as it ends: a run that dies an hour in keeps the pairs before it."""

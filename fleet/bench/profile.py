@@ -54,7 +54,7 @@ class Profile:
     hf_max_tokens: int = 96
     hf_batch: int = 16
     hf_chunk_size: int = 64
-    #: fleet/bare pairs (fleet.bench.pairs: at once on shared CPUs where it can); the median ratio is the figure
+    #: fleet/bare pairs (fleet.bench.pairs: at once on a shared CPU where it can); the median ratio is the figure
     hf_repeats: int = 3
     #: a bare probe grows the prompts until a side's window lasts this long (0: no probe)
     hf_min_window_s: float = 30.0

@@ -25,14 +25,13 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
 from fleet.bench.feed import feed
-from fleet.bench.pairs import Lane, run_pairs
+from fleet.bench.pairs import Lane, front_end_figures, run_pairs
 from fleet.bench.procs import clean_env, read_requests, run_fleet, write_prompts
-from fleet.bench.report import Figure, Section
+from fleet.bench.report import Section
 from fleet.bench.sides import bare_side, fleet_side
 
 VLLM_TARGET = 0.9
@@ -42,7 +41,7 @@ ENGINE_ENV = {
     "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(256 << 20),
     "FLEET_VLLM__MAX_NUM_SEQS": "32",
 }
-#: beside each other on shared CPUs (fleet.bench.sharedcore): one torch thread each, and no thread
+#: beside each other on a shared CPU (fleet.bench.sharedcore): one torch thread each, and no thread
 #: binding of vLLM's own (its automatic binding reserves a CPU for the scheduler and pins the rest)
 SHARED_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
@@ -111,29 +110,11 @@ def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pai
                        scratch=workdir, together=together, capped=False)  # fleet.bench.sharedcore.SPINNING
     note = f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk}"
     figures = result.figures("fleet tok/s / bare AsyncLLM tok/s", VLLM_TARGET, note, "fleet",
-                             "bare AsyncLLM loop (DELTA streams)") + front_end_figures(result.fleet, result.bare)
+                             "bare AsyncLLM loop (DELTA streams)")
+    job = result.raw[0]["fleet"] if result.raw else result.fleet[0]
+    figures += front_end_figures(result.fleet, result.bare, job["tokens"] / job["prompts"])
     data = {"max_tokens": max_tokens, "chunk_size": chunk, "engine": engine_env, **result.data()}
     return Section("vllm", "fleet vs bare engine (vllm tiny model, CPU)", figures, data)
-
-
-def front_end_figures(fleet: list[dict[str, Any]], bare: list[dict[str, Any]]) -> list[Figure]:
-    """Each side's front-end CPU per output token (medians), and what fleet adds per request and
-    per token: the worker's own work besides what vLLM's client does on both sides."""
-    if not all(r.get("cpu_s") for r in fleet + bare):
-        return []
-    per_token = [[r["cpu_s"] / r["tokens"] * 1e6 for r in runs] for runs in (fleet, bare)]
-    extra = [f["cpu_s"] - b["cpu_s"] for f, b in zip(fleet, bare, strict=True)]
-    prompts, tokens = fleet[0]["prompts"], fleet[0]["tokens"]
-    return [
-        Figure("fleet worker CPU per output token", round(statistics.median(per_token[0]), 2), "us",
-               note=f"median; the worker process over its job window, engine processes excluded; runs "
-                    f"{', '.join(f'{v:.1f}' for v in per_token[0])}"),
-        Figure("bare loop CPU per output token", round(statistics.median(per_token[1]), 2), "us",
-               note=f"median; runs {', '.join(f'{v:.1f}' for v in per_token[1])}"),
-        Figure("fleet's extra CPU per request", round(statistics.median(extra) / prompts * 1e3, 3), "ms",
-               note=f"median of the pairs' differences over {prompts:,} requests ({tokens / prompts:.0f} tokens "
-                    f"each): {statistics.median(extra) / tokens * 1e6:.1f} us per token"),
-    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -56,7 +56,7 @@ def bench(
                                                  "(default 2 x max_running_requests)")] = None,
     max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sglang, vllm: max tokens per request")] = None,
     pairs: Annotated[int, typer.Option("--pairs", min=1, help="vllm, sglang on the CPU: fleet/bare pairs, "
-                                       "each at once on shared CPUs where it can (the median is the figure)")] = 3,
+                                       "each at once on a shared CPU where it can (the median is the figure)")] = 3,
     min_window_s: Annotated[float, typer.Option("--min-window-s", help="vllm, sglang on the CPU: a bare probe "
                                                 "grows the prompts until a window lasts this long (0: none)")] = 0.0,
 ) -> None:
