@@ -7,18 +7,23 @@ once on CPUs of their own. Two control groups on one CPU, each capped by a CFS q
 it per `PERIOD_US`, take turns on it many times a second and see the same speeds: those cancel
 out of their ratio (`fleet bench` prints each pair's tok/s beside its ratio: the tok/s move, the
 ratios hold). A quota, not a weight: neither side gains the time the other leaves idle, so a
-side that waits (a batch it cannot fill, a poll) is charged for it as it would be alone. What
+side that waits (a batch it cannot fill, a poll) is charged for it as it would be alone. An
+engine whose processes spin gets weighed pens instead (`capped=False`): vLLM's EngineCore
+busy-polls its worker process's shared-memory queue (sched_yield for a second after each read),
+and under a quota that spinning spends the pen's time by an amount that depends on where and
+when each process runs (three capped pairs: 0.757, 1.223, 0.731); a side that never idles gains
+nothing from the other's idle time, so equal weights share the CPU without the throttling. What
 one CPU cannot show: a side's threads never run in parallel, so contention for the GIL between
 cores, which a worker on a many-core GPU host has, is not charged to fleet here.
 
 `python -m fleet.bench.sharedcore GROUP CPUS -- ARGV...` moves itself into GROUP, pins itself to
 CPUS and execs ARGV, so every process ARGV starts (an engine's own processes) is in the group
-and on those CPUs: the bare side. Fleet's side is one `fleet run`, whose worker process (and
-the engine processes it starts) the benchmark moves into its pen as it appears (`Pen.adopt`):
-the command line's progress display and the broker are not the worker's cost, and on a GPU
-fleet they run elsewhere; here they run outside both pens, on the same CPUs. Control groups need root: where none can be
-made, `open_pens` raises SharedCoreUnavailable with the reason and the benchmark runs its pairs
-one after the other instead (fleet.bench.pairs), and says so.
+and on those CPUs: the bare side. Fleet's side is one `fleet run`, whose worker process (and the
+engine processes it starts) the benchmark moves into its pen as it appears (`Pen.adopt`): the
+command line's progress display and the broker are not the worker's cost, and on a GPU fleet
+they run elsewhere; here they stay outside both pens, on the other CPU with the benchmark.
+Control groups need root: where none can be made, `open_pens` raises SharedCoreUnavailable with
+the reason and the benchmark runs its pairs one after the other (fleet.bench.pairs), and says so.
 """
 
 from __future__ import annotations
@@ -41,13 +46,6 @@ SHARED_CPUS = 1
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-#: Why an engine whose processes spin gets weighed pens, not capped ones. vLLM's EngineCore
-#: busy-polls its worker process's shared-memory queue (sched_yield for a second after each
-#: read): under a quota the spinning spends the pen's time while its worker computes, by an
-#: amount that depends on where and when each runs (three capped pairs on two CPUs: 0.757, 1.223,
-#: 0.731). A side that never idles gains nothing from the other's idle time, so equal weights
-#: share the CPU equally without the quota's throttling.
-SPINNING = "vllm"
 
 
 class SharedCoreUnavailable(FleetError):
@@ -56,11 +54,13 @@ class SharedCoreUnavailable(FleetError):
 
 @dataclass(frozen=True)
 class Pen:
-    """One control group: its processes get at most `share` of the CPUs in `cpus`, no more."""
+    """One control group on `cpus`: its processes get at most `share` CPUs' worth of time when
+    `capped`, else as much as any other pen when they all want more."""
 
     path: Path
     cpus: tuple[int, ...]
     share: float
+    capped: bool = True
 
     def prefix(self) -> list[str]:
         """The argv that puts a command in this pen: prepend it to the command's own."""
@@ -106,7 +106,7 @@ def make_pen(name: str, cpus: tuple[int, ...], share: float, root: Path = CGROUP
             (path / "cpu.cfs_quota_us").write_text(quota)
     except OSError as e:
         raise SharedCoreUnavailable(f"cannot make control group {path}: {e}") from e
-    return Pen(path, cpus, share)
+    return Pen(path, cpus, share, capped)
 
 
 def shared_cpus(count: int = SHARED_CPUS) -> tuple[int, ...]:
@@ -118,7 +118,7 @@ def shared_cpus(count: int = SHARED_CPUS) -> tuple[int, ...]:
 @contextlib.contextmanager
 def open_pens(names: tuple[str, ...], capped: bool = True) -> Iterator[list[Pen]]:
     """One pen per name on the shared CPUs, each held to an equal part of them (`capped`; else
-    weighed equally, see SPINNING); the benchmark's own process off them while they exist (where
+    weighed equally); the benchmark's own process off them while they exist (where
     it can be). Removed (when empty) on the way out."""
     cpus = shared_cpus()
     tag = f"fleet-bench-{os.getpid()}"

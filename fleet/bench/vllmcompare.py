@@ -107,7 +107,7 @@ def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pai
         return bare_side(workdir, "fleet.bench.vllmcompare", args, clean_env(workdir, engine_env), lane, "vllm")
 
     result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk, cap=8 * prompts_n, log=log,
-                       scratch=workdir, together=together, capped=False)  # fleet.bench.sharedcore.SPINNING
+                       scratch=workdir, together=together, capped=False)  # it spins: fleet.bench.sharedcore
     note = f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk}"
     figures = result.figures("fleet tok/s / bare AsyncLLM tok/s", VLLM_TARGET, note, "fleet",
                              "bare AsyncLLM loop (DELTA streams)")
