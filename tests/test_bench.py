@@ -204,6 +204,10 @@ def test_the_common_window_is_fleets_steady_state_within_the_bare_run():
     assert f["tokens"] == pytest.approx(500 + 500 + 1000) and b["tokens"] == pytest.approx(1500)
     assert f["tok_s"] / b["tok_s"] == pytest.approx(2000 / 1500)
     assert f["cpu_s"] == pytest.approx(15.0) and b["cpu_s"] == pytest.approx(7.5)
+    # And where the worker's published tokens were sampled, they count, not the chunks' spread
+    published = {**fleet_run, "made_samples": [[0.0, 0.0], [10.0, 500.0], [30.0, 4000.0]]}
+    f, _ = common_window(published, {"prompts": 8, "progress": progress})
+    assert f["tokens"] == pytest.approx(2250 - 250)
     # And a job of one wave of chunks (no steady state) is counted to its last result
     short = {"prompts": 8, "ramps": ramps[:2], "cpu_samples": []}
     f, b = common_window(short, {"prompts": 8, "progress": progress})

@@ -241,7 +241,9 @@ def _together(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: f
 def common_window(fleet: dict[str, Any], bare: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both sides' tokens, tok/s and CPU over the window they shared: fleet's steady state (first
     chunk start to last chunk start: every chunk slot held) within the bare side's run. A job of
-    a few chunks has no steady state worth the name (under STEADY_SHARE of it): its whole run."""
+    a few chunks has no steady state worth the name (under STEADY_SHARE of it): its whole run.
+    Fleet's tokens are what its worker published as made while they streamed (sampled from the
+    broker); without those samples, its chunks' results, each spread evenly over its run."""
     ramps, progress = fleet["ramps"], bare["progress"]
     first, last_start, last_end = min(r[0] for r in ramps), max(r[0] for r in ramps), max(r[1] for r in ramps)
     steady = last_start if last_start - first >= STEADY_SHARE * (last_end - first) else last_end
@@ -249,7 +251,11 @@ def common_window(fleet: dict[str, Any], bare: dict[str, Any]) -> tuple[dict[str
     if end <= start:
         raise ValueError("the sides never ran at once: fleet's steady state and the bare run do not overlap")
     seconds = end - start
-    made = sum(t * overlap(s, e, start, end) for s, e, t in ramps)
+    published = [(t, v) for t, v in fleet.get("made_samples") or []]
+    if difference(published, start, end) is not None:  # the tokens the worker made, as it published them
+        made = difference(published, start, end)
+    else:  # each chunk's tokens spread evenly over its run: fleet's chunks wait for the engine, so
+        made = sum(t * overlap(s, e, start, end) for s, e, t in ramps)  # this counts early
     bare_made = value_at([(p[0], p[1]) for p in progress], end) - value_at([(p[0], p[1]) for p in progress], start)
     bare_cpu = [(p[0], p[2]) for p in progress]
     fleet_cpu = [tuple(x) for x in fleet.get("cpu_samples") or []]

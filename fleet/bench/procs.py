@@ -18,11 +18,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
+
 from fleet.bench.sharedcore import Pen
+from fleet.coord import keys
 from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
 from fleet.worker.proctree import children, descendants, is_worker
@@ -105,14 +109,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass
+class Watched:
+    """What run_fleet_watching_workers sampled, every 0.2 s: (epoch time, value) pairs."""
+
+    #: the worker processes' own CPU seconds (their children, an engine's processes, not counted)
+    cpu: list[tuple[float, float]] = field(default_factory=list)
+    #: output tokens the job's chunks have made so far, as the workers publish them while they
+    #: stream (coord.keys.made; about once a second per chunk)
+    made: list[tuple[float, float]] = field(default_factory=list)
+
+
 def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: float, cwd: Path,
-                               pen: Pen | None = None) -> list[tuple[float, float]]:  # fmt: skip
-    """Run one `fleet ...` command (as run_fleet) while sampling its worker processes' own CPU
-    seconds (fleet.worker.main, their children not counted): (epoch time, CPU seconds) pairs.
-    With a pen (fleet.bench.sharedcore), each worker and every process under it is moved into
-    it at the first look that finds it (every 0.2 s, before an engine is up)."""
-    samples: list[tuple[float, float]] = []
+                               pen: Pen | None = None, job: str | None = None) -> Watched:  # fmt: skip
+    """Run one `fleet run ...` command (as run_fleet) while sampling its worker processes' own
+    CPU and, given the job, the tokens its chunks have made (read from the broker the command
+    started). With a pen (fleet.bench.sharedcore), each worker and every process under it is
+    moved into it at the first look that finds it (every 0.2 s, before an engine is up)."""
+    watched = Watched()
     adopted: set[int] = set()
+    broker: redis.Redis | None = None
     with open(cwd / "fleet-cmd.err", "w+b") as err:
         proc = subprocess.Popen(fleet_argv(*args), env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err)
         began = time.monotonic()
@@ -121,18 +137,34 @@ def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: 
                 proc.kill()
                 proc.wait()
                 raise FleetError(f"`fleet {' '.join(args)}` ran past {timeout_s:.0f}s")
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                workers = [p for p in descendants(proc.pid) if is_worker(Path(f"/proc/{p}/cmdline").read_bytes())]
+            with contextlib.suppress(OSError, ValueError, IndexError, redis.RedisError):
+                below = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in descendants(proc.pid)}
+                workers = [p for p, cmdline in below.items() if is_worker(cmdline)]
                 if pen is not None:
                     for p in {*workers, *(c for w in workers for c in descendants(w))} - adopted:
                         pen.adopt(p)
                         adopted.add(p)
-                samples.append((time.time(), sum(cpu_seconds(p) for p in workers)))
+                now = time.time()
+                watched.cpu.append((now, sum(cpu_seconds(p) for p in workers)))
+                if job is not None:
+                    broker = broker or broker_of(below.values())
+                    if broker is not None:
+                        watched.made.append((now, sum(int(v) for v in broker.hvals(keys.made(job)))))
             time.sleep(0.2)
         if proc.returncode != 0:
             err.seek(0)
             raise FleetError(f"`fleet {' '.join(args)}` exited {proc.returncode}:\n{err.read().decode()[-3000:]}")
-    return samples
+    return watched
+
+
+def broker_of(cmdlines: Iterable[bytes]) -> redis.Redis | None:
+    """A client of the redis-server a `fleet run` started (found by its --port), if it runs yet."""
+    for cmdline in cmdlines:
+        argv = cmdline.split(b"\0")
+        if argv and argv[0].endswith(b"redis-server") and b"--port" in argv:
+            port = int(argv[argv.index(b"--port") + 1])
+            return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5, socket_timeout=0.5)
+    return None
 
 
 class WorkerHost:
