@@ -23,7 +23,7 @@ from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupanc
 from fleet.bench.model import model_occupancy
 from fleet.bench.overhead import chunk_cycles, percentile
 from fleet.bench.pairs import SHARED, Lane, Pairs, common_window, front_end_figures, run_pairs, window_prompts
-from fleet.bench.procs import cpu_seconds
+from fleet.bench.procs import broker_of, cpu_seconds
 from fleet.bench.reference import REFERENCE
 from fleet.bench.series import difference, overlap, value_at
 from fleet.bench.sharedcore import PERIOD_US, SharedCoreUnavailable, cpu_hierarchy, make_pen, open_pens
@@ -343,6 +343,13 @@ def test_pairs_run_both_sides_at_once_each_in_its_own_pen(tmp_path):
     for line in seen["fleet"][0]["cgroup"].splitlines() + seen["bare"][0]["cgroup"].splitlines():
         if "fleet-bench-" in line:
             assert not (base / line.rsplit("/", 1)[1]).exists()
+def test_a_fleet_runs_broker_is_found_by_the_title_redis_server_gives_itself():
+    # /proc/<pid>/cmdline of a redis-server that `fleet run` started (it rewrites its own title)
+    found = broker_of([b"python\0-m\0fleet\0", b"/usr/bin/redis-server 127.0.0.1:45678\0\0\0"])
+    assert found is not None and found.connection_pool.connection_kwargs["port"] == 45678
+    assert broker_of([b"python\0-m\0fleet.worker.main\0"]) is None
+
+
 def test_worker_processes_are_found_as_started_and_as_celery_retitles_them():
     assert is_worker(b"/venv/bin/python\0-m\0fleet.worker.main\0--name\0cpu0@h\0")
     assert is_worker(b"[celeryd: cpu0@h:MainProcess] -active- (--name cpu0@h --concurrency 2)")

@@ -172,6 +172,8 @@ def window_prompts(prompts: int, seconds: float, min_window_s: float, step: int,
 
 #: fleet's steady state (until its last chunk starts) counts when it is at least this share of its job
 STEADY_SHARE = 0.5
+#: where fleet's published token count is read, its window starts this long after its first chunk
+PUBLISHED_LAG_S = 2.0
 
 
 def run_pairs(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: float = 0.0,
@@ -247,11 +249,14 @@ def common_window(fleet: dict[str, Any], bare: dict[str, Any]) -> tuple[dict[str
     ramps, progress = fleet["ramps"], bare["progress"]
     first, last_start, last_end = min(r[0] for r in ramps), max(r[0] for r in ramps), max(r[1] for r in ramps)
     steady = last_start if last_start - first >= STEADY_SHARE * (last_end - first) else last_end
+    # a steady state is read from the count the worker published (about once a second per chunk:
+    # from a few seconds in, it lags alike at both ends); a whole job from its results, exactly
+    published = [(t, v) for t, v in fleet.get("made_samples") or []] if steady == last_start else []
+    first += PUBLISHED_LAG_S if published else 0.0
     start, end = max(first, progress[0][0]), min(steady, progress[-1][0])
     if end <= start:
         raise ValueError("the sides never ran at once: fleet's steady state and the bare run do not overlap")
     seconds = end - start
-    published = [(t, v) for t, v in fleet.get("made_samples") or []]
     if difference(published, start, end) is not None:  # the tokens the worker made, as it published them
         made = difference(published, start, end)
     else:  # each chunk's tokens spread evenly over its run: fleet's chunks wait for the engine, so

@@ -158,13 +158,17 @@ def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: 
 
 
 def broker_of(cmdlines: Iterable[bytes]) -> redis.Redis | None:
-    """A client of the redis-server a `fleet run` started (found by its --port), if it runs yet."""
+    """A client of the redis-server a `fleet run` started, if it runs yet: found by its port, which
+    redis-server puts in its own process title ("redis-server 127.0.0.1:PORT")."""
     for cmdline in cmdlines:
-        argv = cmdline.split(b"\0")
-        if argv and argv[0].endswith(b"redis-server") and b"--port" in argv:
-            port = int(argv[argv.index(b"--port") + 1])
-            return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5, socket_timeout=0.5)
+        found = REDIS_TITLE.match(cmdline)
+        if found:
+            return redis.Redis(host="127.0.0.1", port=int(found[1]), socket_connect_timeout=0.5, socket_timeout=0.5)
     return None
+
+
+#: redis-server's process title: its path, then host:port
+REDIS_TITLE = re.compile(rb"\S*redis-server \S*:(\d+)")
 
 
 class WorkerHost:
