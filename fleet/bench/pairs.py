@@ -117,9 +117,9 @@ class Pairs:
             Figure("largest pair ratio from the median", round(self.spread * 100, 2), "%",
                    note=f"pairs {pairs}: {verdict} {REPEAT_TOLERANCE:.0%}"),
             Figure(fleet_name, round(statistics.median(f["tok_s"] for f in self.fleet), 1), "tok/s",
-                   note=f"median; {self.fleet[0]['tokens']:,} tokens, {median_seconds(self.fleet):.1f} s windows"),
+                   note=f"median; {self.fleet[0]['tokens']:,.0f} tokens, {median_seconds(self.fleet):.1f} s windows"),
             Figure(bare_name, round(statistics.median(b["tok_s"] for b in self.bare), 1), "tok/s",
-                   note=f"median; {self.bare[0]['tokens']:,} tokens, {median_seconds(self.bare):.1f} s windows"),
+                   note=f"median; {self.bare[0]['tokens']:,.0f} tokens, {median_seconds(self.bare):.1f} s windows"),
             *extra,
         ]  # fmt: skip
 
