@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from fleet.bench.sharedcore import Pen
-from fleet.coord import keys
+from fleet.coord import chunks
 from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
 from fleet.worker.proctree import children, descendants, is_worker
@@ -116,7 +116,7 @@ class Watched:
     #: the worker processes' own CPU seconds (their children, an engine's processes, not counted)
     cpu: list[tuple[float, float]] = field(default_factory=list)
     #: output tokens the job's chunks have made so far, as the workers publish them while they
-    #: stream (coord.keys.made; about once a second per chunk)
+    #: stream (fleet.coord.chunks.made; about once a second per chunk)
     made: list[tuple[float, float]] = field(default_factory=list)
 
 
@@ -149,7 +149,7 @@ def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: 
                 if job is not None:
                     broker = broker or broker_of(below.values())
                     if broker is not None:
-                        watched.made.append((now, sum(int(v) for v in broker.hvals(keys.made(job)))))
+                        watched.made.append((now, sum(chunks.made(broker, job).values())))
             time.sleep(0.2)
         if proc.returncode != 0:
             err.seek(0)
