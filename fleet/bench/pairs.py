@@ -123,6 +123,11 @@ class Pairs:
             *extra,
         ]  # fmt: skip
 
+    def front_end_figures(self) -> list[Figure]:
+        """Each side's front-end CPU per token, at the tokens per request of fleet's whole job."""
+        job = self.raw[0]["fleet"] if self.raw else self.fleet[0]
+        return front_end_figures(self.fleet, self.bare, job["tokens"] / job["prompts"])
+
     def data(self) -> dict[str, Any]:
         order = "fleet, bare, ..." if self.how == APART else "fleet and bare at once"
         return {"prompts": self.prompts, "ratio": self.median, "ratios": self.ratios, "spread": self.spread,

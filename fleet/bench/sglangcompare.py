@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.bench.feed import feed
-from fleet.bench.pairs import Lane, front_end_figures, run_pairs
+from fleet.bench.pairs import Lane, run_pairs
 from fleet.bench.procs import read_requests, write_prompts
 from fleet.bench.report import Section
 from fleet.bench.sides import bare_side, fleet_side
@@ -101,8 +101,7 @@ def measure_sglang_vs_bare(workdir: Path, env: dict[str, str], prompts_n: int, m
     note = (f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk_size}, "
             f"S={(result.raw[0]['bare'] if result.raw else result.bare[0]).get('max_running_requests')}")  # fmt: skip
     figures = result.figures("fleet tok/s / bare Engine tok/s", None, note, "fleet", "bare sglang.Engine (streamed)")
-    job = result.raw[0]["fleet"] if result.raw else result.fleet[0]
-    figures += front_end_figures(result.fleet, result.bare, job["tokens"] / job["prompts"])
+    figures += result.front_end_figures()
     data = {"max_tokens": max_tokens, "chunk_size": chunk_size, **result.data()}
     return Section("sglang", "fleet vs the bare SGLang Engine", figures, data)
 

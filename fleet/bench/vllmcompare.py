@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet.bench.feed import feed
-from fleet.bench.pairs import Lane, front_end_figures, run_pairs
+from fleet.bench.pairs import Lane, run_pairs
 from fleet.bench.procs import clean_env, read_requests, run_fleet, write_prompts
 from fleet.bench.report import Section
 from fleet.bench.sides import bare_side, fleet_side
@@ -111,8 +111,7 @@ def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pai
     note = f"{result.prompts} prompts, {max_tokens} max tokens, chunks of {chunk}"
     figures = result.figures("fleet tok/s / bare AsyncLLM tok/s", VLLM_TARGET, note, "fleet",
                              "bare AsyncLLM loop (DELTA streams)")
-    job = result.raw[0]["fleet"] if result.raw else result.fleet[0]
-    figures += front_end_figures(result.fleet, result.bare, job["tokens"] / job["prompts"])
+    figures += result.front_end_figures()
     data = {"max_tokens": max_tokens, "chunk_size": chunk, "engine": engine_env, **result.data()}
     return Section("vllm", "fleet vs bare engine (vllm tiny model, CPU)", figures, data)
 
