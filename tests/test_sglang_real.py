@@ -34,7 +34,7 @@ pytestmark = [
     pytest.mark.skipif(not have_real_sglang(), reason="needs the real sglang (ops/sglang-venv.sh)"),
 ]
 
-ASKED = 4000  #: max_running_requests fleet asks; the 4,096-token pool holds 4096 // 2 = 2048
+ASKED = 4200  #: max_running_requests fleet asks; the 8,192-token pool holds 8192 // 2 = 4096
 EFFECTIVE = CPU_KWARGS["max_total_tokens"] // 2  #: resolve_max_num_reqs: min(asked, tokens // 2)
 GREEDY = 8  #: records compared token for token with the bare engine
 MAX_TOKENS = 16
@@ -46,7 +46,9 @@ LONG_OUTPUT = 2000  #: the record that runs into that timeout asks for this many
 CLIPPED_PROMPT = 2036  #: pre-tokenized: 12 tokens of room left in the 2,048-token context, 500 asked
 EOS_FREE = 400  #: the bare engine shows that record's prompt gives no EOS this early
 STALL_S = 10  #: FLEET_STALL_S of the frozen-scheduler test: longer than any prefill of its prompts here
-CONTINUED_MAX_TOKENS = 600  #: greedy answers to CONTINUED's prompts run this long without an EOS (the bare engine)
+CONTINUED_MAX_TOKENS = 1800  #: greedy answers to CONTINUED's prompts run this long without an EOS (the bare engine);
+#: long enough to outlast the first two polls (0.5 s each) on a fast CPU: an idle 2-core box makes ~850 tokens a
+#: second per record here, and at 600 a CI run's records all ended before its SIGTERM
 #: the records a worker's SIGTERM stops mid-generation and another worker finishes, and the frozen-scheduler
 #: test's (each its own job); the bare engine of `real_job` answers them too
 CONTINUED = [{"id": f"c{i}", "messages": [{"role": "user", "content": f"def f{i}(x): return x * {i}"}],
