@@ -46,21 +46,17 @@ SHARED_CPUS = 1
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-
-
 class SharedCoreUnavailable(FleetError):
     """No control group can be made here (not root, no cpu controller): pairs run one after the other."""
 
 
 @dataclass(frozen=True)
 class Pen:
-    """One control group on `cpus`: its processes get at most `share` CPUs' worth of time when
-    `capped`, else as much as any other pen when they all want more."""
+    """One control group, and the CPUs its processes are pinned to (its share of them is the
+    group's own setting: make_pen)."""
 
     path: Path
     cpus: tuple[int, ...]
-    share: float
-    capped: bool = True
 
     def prefix(self) -> list[str]:
         """The argv that puts a command in this pen: prepend it to the command's own."""
@@ -106,7 +102,7 @@ def make_pen(name: str, cpus: tuple[int, ...], share: float, root: Path = CGROUP
             (path / "cpu.cfs_quota_us").write_text(quota)
     except OSError as e:
         raise SharedCoreUnavailable(f"cannot make control group {path}: {e}") from e
-    return Pen(path, cpus, share, capped)
+    return Pen(path, cpus)
 
 
 def shared_cpus(count: int = SHARED_CPUS) -> tuple[int, ...]:
