@@ -343,6 +343,8 @@ def test_pairs_run_both_sides_at_once_each_in_its_own_pen(tmp_path):
     for line in seen["fleet"][0]["cgroup"].splitlines() + seen["bare"][0]["cgroup"].splitlines():
         if "fleet-bench-" in line:
             assert not (base / line.rsplit("/", 1)[1]).exists()
+
+
 def test_a_fleet_runs_broker_is_found_by_the_title_redis_server_gives_itself():
     # /proc/<pid>/cmdline of a redis-server that `fleet run` started (it rewrites its own title)
     found = broker_of([b"python\0-m\0fleet\0", b"/usr/bin/redis-server 127.0.0.1:45678\0\0\0"])

@@ -262,10 +262,9 @@ def common_window(fleet: dict[str, Any], bare: dict[str, Any]) -> tuple[dict[str
     if end <= start:
         raise ValueError("the sides never ran at once: fleet's steady state and the bare run do not overlap")
     seconds = end - start
-    if difference(published, start, end) is not None:  # the tokens the worker made, as it published them
-        made = difference(published, start, end)
-    else:  # each chunk's tokens spread evenly over its run: fleet's chunks wait for the engine, so
-        made = sum(t * overlap(s, e, start, end) for s, e, t in ramps)  # this counts early
+    made = difference(published, start, end)  # the tokens the worker made, as it published them
+    if made is None:  # each chunk's tokens spread evenly over its run: fleet's chunks wait for the
+        made = sum(t * overlap(s, e, start, end) for s, e, t in ramps)  # engine, so this counts early
     bare_made = value_at([(p[0], p[1]) for p in progress], end) - value_at([(p[0], p[1]) for p in progress], start)
     bare_cpu = [(p[0], p[2]) for p in progress]
     fleet_cpu = [tuple(x) for x in fleet.get("cpu_samples") or []]

@@ -109,6 +109,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+#: redis-server's process title: its path, then host:port
+REDIS_TITLE = re.compile(rb"\S*redis-server \S*:(\d+)")
+
+
 @dataclass
 class Watched:
     """What run_fleet_watching_workers sampled, every 0.2 s: (epoch time, value) pairs."""
@@ -165,10 +169,6 @@ def broker_of(cmdlines: Iterable[bytes]) -> redis.Redis | None:
         if found:
             return redis.Redis(host="127.0.0.1", port=int(found[1]), socket_connect_timeout=0.5, socket_timeout=0.5)
     return None
-
-
-#: redis-server's process title: its path, then host:port
-REDIS_TITLE = re.compile(rb"\S*redis-server \S*:(\d+)")
 
 
 class WorkerHost:
