@@ -184,6 +184,26 @@ def test_run_pairs_interleaves_fleet_first_after_one_bare_probe(tmp_path):
     assert [json.loads(line)["side"] for line in log.read_text().splitlines()] == ["probe"] + ["fleet", "bare"] * 3
 
 
+def test_a_runs_series_are_written_once_in_the_log_where_there_is_one(tmp_path):
+    # Given pairs whose runs carry their series (a bare run's progress, fleet's CPU samples)
+    def side(name: str):
+        def run(n: int, i: int, lane: Lane) -> dict:
+            series = {"progress": [[0.0, 0, 0.0], [1.0, n, 0.5]]} if name == "bare" else {"cpu_samples": [[0.0, 0.0]]}
+            return {"tok_s": 10.0, "tokens": n, "seconds": 1.0, **series}
+        return run
+
+    log = tmp_path / "runs.jsonl"
+    logged = run_pairs(side("fleet"), side("bare"), 1, 4, min_window_s=0.5, log=log, together=False).data()
+    # Then with a log, the summary names it and keeps each run's totals, not its series again
+    assert logged["raw_runs"] == "runs.jsonl" and "raw" not in logged
+    assert logged["probe"] == {"tok_s": 10.0, "tokens": 4, "seconds": 1.0}
+    assert [set(r) for r in logged["fleet"] + logged["bare"]] == [{"tok_s", "tokens", "seconds"}] * 2
+    assert "progress" in log.read_text() and "cpu_samples" in log.read_text()
+    # and without one, the summary is the only copy: series and all
+    alone = run_pairs(side("fleet"), side("bare"), 1, 4, together=False).data()
+    assert "raw_runs" not in alone and alone["bare"][0]["progress"] and alone["fleet"][0]["cpu_samples"]
+
+
 def test_series_are_read_between_samples_and_refuse_uncovered_windows():
     samples = [(10.0, 1.0), (11.0, 2.0), (13.0, 2.0)]
     assert difference(samples, 10.5, 12.0) == pytest.approx(0.5)

@@ -17,7 +17,7 @@ import math
 import statistics
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,8 @@ class Pairs:
     why_apart: str | None = None
     #: each pair's two raw runs (their whole job and pass) when the figures are from a common window
     raw: list[dict[str, Any]] = field(default_factory=list)
+    #: the JSON-lines file every run went to as it ended (run_pairs' `log`), series and all
+    log: Path | None = None
 
     @property
     def ratios(self) -> list[float]:
@@ -129,11 +131,26 @@ class Pairs:
         return front_end_figures(self.fleet, self.bare, job["tokens"] / job["prompts"])
 
     def data(self) -> dict[str, Any]:
+        """The figures' inputs; a run's series (SERIES) only where no log beside it holds them."""
         order = "fleet, bare, ..." if self.how == APART else "fleet and bare at once"
+        if self.log is None:
+            runs, series = (lambda run: run), {"raw": self.raw}
+        else:
+            runs, series = summary, {"raw_runs": self.log.name}
         return {"prompts": self.prompts, "ratio": self.median, "ratios": self.ratios, "spread": self.spread,
                 "repeats_within": REPEAT_TOLERANCE, "repeats": self.repeats, "how": self.how, "order": order,
-                "why_apart": self.why_apart, "cpu_ratios": self.cpu_ratios, "probe": self.probe, "fleet": self.fleet,
-                "bare": self.bare, "raw": self.raw}  # fmt: skip
+                "why_apart": self.why_apart, "cpu_ratios": self.cpu_ratios,
+                "probe": self.probe and runs(self.probe), "fleet": [runs(f) for f in self.fleet],
+                "bare": [runs(b) for b in self.bare], **series}  # fmt: skip
+
+
+#: a run's samples over time (fleet.bench.sides): what its log line holds besides its totals
+SERIES = ("progress", "cpu_samples", "made_samples", "ramps")
+
+
+def summary(run: dict[str, Any]) -> dict[str, Any]:
+    """A run without its series."""
+    return {k: v for k, v in run.items() if k not in SERIES}
 
 
 def front_end_figures(fleet: list[dict[str, Any]], bare: list[dict[str, Any]],
@@ -201,7 +218,8 @@ def run_pairs(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: f
         try:
             with open_pens(("fleet", "bare"), capped) as (fleet_pen, bare_pen):
                 lanes = Lane(fleet_pen), Lane(bare_pen)
-                return _together(fleet, bare, pairs, prompts, min_window_s, step, cap, logged, scratch, lanes, capped)
+                result = _together(fleet, bare, pairs, prompts, min_window_s, step, cap, logged, scratch, lanes, capped)
+                return replace(result, log=log)
         except SharedCoreUnavailable as e:
             why = str(e)
     else:
@@ -214,7 +232,7 @@ def run_pairs(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: f
     for i in range(pairs):
         fleets.append(logged("fleet", fleet(prompts, i, ALONE)))
         bares.append(logged("bare", bare(prompts, i, ALONE)))
-    return Pairs(fleets, bares, prompts, probe, why_apart=why)
+    return Pairs(fleets, bares, prompts, probe, why_apart=why, log=log)
 
 
 def _together(fleet: Side, bare: Side, pairs: int, prompts: int, min_window_s: float, step: int, cap: int,
