@@ -49,12 +49,26 @@ TOKENS_MADE = Counter(
 TOKENS_CONTINUED = Counter(
     "fleet_tokens_continued", "Checkpointed output tokens this worker continued from instead of making them again"
 )
+SAMPLES_ENDED_IN_CHECKPOINT = Counter(
+    "fleet_samples_ended_in_checkpoint",
+    "Samples whose checkpointed ids already ended them (an end id, a stop string, max tokens): kept as made, "
+    "never continued",
+)
+SAMPLES_RESTARTED = Counter(
+    "fleet_samples_restarted",
+    "Samples started again from token 0 because their sampling cannot cross a seam on this engine",
+)
 REPETITION_STOPS = Counter(
     "fleet_repetition_stops", "Samples the repetition stop ended in an exact loop (finish reason repetition)"
 )
 RECORDS = Counter(
     "fleet_records", "Records finished by this worker", ["outcome"]
 )  #: outcome = "ok" | "error" (a record that failed alone)
+BEAT_SECONDS = Histogram(
+    "fleet_beat_seconds",
+    "Round trip of one heartbeat: every lease of this process renewed, with its runs' figures, in one script",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, float("inf")),
+)
 CHUNK_SECONDS = Histogram(
     "fleet_chunk_seconds",
     "Wall seconds from chunk start to committed result",

@@ -1,5 +1,5 @@
 """Progress reports from long producer/export steps, without any UI: the core functions take
-an optional `Progress` callback and the CLI decides how to show it (fleet/cli/progress.py)."""
+an optional `Progress` callback and the CLI decides how to show it (fleet/cli/liveprogress.py)."""
 
 from __future__ import annotations
 

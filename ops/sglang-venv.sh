@@ -14,13 +14,17 @@ venv="${1:-$root/.venv-sglang}"
 python="${PYTHON:-python3.11}"
 command -v "$python" >/dev/null || python="python3"
 
-# Nothing outside the venv: no pip cache in ~/.cache (the venv itself is what CI caches).
-export PIP_NO_CACHE_DIR=1
+# Nothing outside the venv: uv's cache lives in it while it is built, then goes (the venv itself
+# is what CI caches); pip, which only brings uv, keeps none.
+export PIP_NO_CACHE_DIR=1 UV_CACHE_DIR="$venv/.uv-cache"
 echo "creating $venv with $("$python" --version) and sglang==$SGLANG_VERSION" >&2
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --upgrade pip
+# pip brings uv into the venv; uv installs the rest (ops/uv.sh)
+# shellcheck source=ops/uv.sh
+source "$root/ops/uv.sh"
+uv_into "$venv"
 # sglang first, so its exact pins (torch, transformers, kernels) win; fleet's ranges accept them.
-"$venv/bin/python" -m pip install "sglang==$SGLANG_VERSION"
+"${uv[@]}" "sglang==$SGLANG_VERSION"
 # fleet's own dependencies, read from pyproject.toml, but never fleet itself: installing the
 # checkout (even non-editable) writes fleet.egg-info and build/ into it. Tests run the
 # checkout's fleet through PYTHONPATH.
@@ -33,7 +37,8 @@ for dep in project["dependencies"] + [d for extra in ("hf", "dev") for d in proj
     print(dep)
 PY
 )
-"$venv/bin/python" -m pip install "${deps[@]}"
+"${uv[@]}" "${deps[@]}"
+rm -rf "$UV_CACHE_DIR"
 
 "$venv/bin/python" - <<'PY'
 import sglang

@@ -61,6 +61,10 @@ case "${mode}:${action}" in
     compose:stop) compose compose.gpu.yml down --timeout "${STOP_WAIT_S}" ;;
     native:start)
         export FLEET_MODEL="${FLEET_MODEL:-${MODEL_DIR:-}}"
+        # The workers' spools on the host's disk, where compose mounts them too (DATA_DIR).
+        if [[ -n "${DATA_DIR:-}" ]]; then
+            export FLEET_DATA_DIR="${FLEET_DATA_DIR:-${DATA_DIR}}"
+        fi
         preflight fleet doctor
         if [[ "${foreground}" == 1 ]]; then
             exec fleet worker --gpus "${GPUS}"

@@ -16,6 +16,8 @@ import requests
 
 from fleet.bench.procs import pythonpath_first
 from fleet.coord.localredis import LocalRedis, free_port
+from tests.gcsserver import GcsServer
+from tests.hubserver import HubServer
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every process a test starts imports this checkout's fleet: tests chdir into tmp_path (clean_env),
@@ -72,19 +74,61 @@ def moto_server() -> Iterator[MotoServer]:
     server.stop()
 
 
-@pytest.fixture
-def s3_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = moto_server.env()
+def set_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> dict[str, str]:
+    """`env` in this process's environment for the test (its children inherit it)."""
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
 
 
+def bucket_name(request: pytest.FixtureRequest) -> str:
+    """A bucket name of the test's own, new on each run."""
+    return f"fleet-{abs(hash(request.node.nodeid)) % 10**10}-{int(time.time() * 1000) % 10**6}"
+
+
+@pytest.fixture
+def s3_env(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    return set_env(monkeypatch, moto_server.env())
+
+
 @pytest.fixture
 def s3_bucket(s3_env: dict[str, str], request: pytest.FixtureRequest) -> str:
-    name = f"fleet-{abs(hash(request.node.nodeid)) % 10**10}-{int(time.time() * 1000) % 10**6}"
+    name = bucket_name(request)
     boto3.client("s3").create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[GcsServer]:
+    """fake-gcs-server behind the proxy that gives it GCS's precondition edges (tests/gcsserver.py)."""
+    server = GcsServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gcs_env(gcs_server: GcsServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    return set_env(monkeypatch, gcs_server.env())
+
+
+@pytest.fixture
+def gs_bucket(gcs_env: dict[str, str], gcs_server: GcsServer, request: pytest.FixtureRequest) -> str:
+    name = bucket_name(request)
+    gcs_server.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
+    """The Hub stand-in (tests/hubserver.py) as this process's and its children's Hub, with a token."""
+    from huggingface_hub import constants
+
+    server = HubServer().start()
+    set_env(monkeypatch, server.env())
+    # read once, when huggingface_hub is first imported: this process may have imported it already
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -105,3 +149,11 @@ def run_fleet(*args: str, env: dict[str, str] | None = None, timeout: float = 30
     full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(fleet_cmd(*args), env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
+
+
+def load_folder(folder: Path, cache: Path) -> list[dict]:
+    """`datasets.load_dataset(DIR)`'s train rows, cached under `cache`: the user's cache may hold
+    another run's folder of that name (fleet/export/card.py says why that once mattered)."""
+    import datasets
+
+    return list(datasets.load_dataset(str(folder), split="train", cache_dir=str(cache)))

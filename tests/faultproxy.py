@@ -1,5 +1,6 @@
-"""A small HTTP proxy on loopback in front of the S3 endpoint that fails or drops a
-fraction of requests, for the store-fault test. Deterministic for a given seed."""
+"""A small HTTP proxy on loopback in front of an endpoint (moto's S3; tests/gcsserver.py builds
+GCS's on it) that fails or drops a fraction of requests, for the store-fault tests. Deterministic
+for a given seed."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import http.client
 import random
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 from urllib.parse import urlparse
 
 from fleet.coord.localredis import free_port
@@ -14,8 +16,14 @@ from fleet.coord.localredis import free_port
 SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
             b"<Message>Please reduce your request rate.</Message></Error>")
 
+#: an answer: status, headers, body
+Answer = tuple[int, list[tuple[str, str]], bytes]
+
 
 class FaultProxy:
+    #: what a failed request is answered (503), as the service words it
+    failure: ClassVar[tuple[str, bytes]] = ("application/xml", SLOWDOWN)
+
     def __init__(self, upstream: str, fail_rate: float = 0.1, drop_rate: float = 0.05, seed: int = 1,
                  port: int | None = None):
         up = urlparse(upstream)
@@ -41,6 +49,23 @@ class FaultProxy:
             self.counts[fate] += 1
             return fate
 
+    def host_header(self) -> str:
+        """The Host a forwarded request names: the upstream's."""
+        return f"{self.host}:{self.up_port}"
+
+    def forward(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Answer:
+        conn = http.client.HTTPConnection(self.host, self.up_port, timeout=60)
+        try:
+            conn.request(method, path, body=body, headers={**headers, "Host": self.host_header()})
+            resp = conn.getresponse()
+            return resp.status, resp.getheaders(), resp.read()
+        finally:
+            conn.close()
+
+    def handle(self, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> Answer:
+        """A request that is neither failed nor dropped: forwarded as it is."""
+        return self.forward(method, path, body, headers)
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
 
@@ -59,29 +84,20 @@ class FaultProxy:
                     self.connection.close()
                     return
                 if fate == "failed":
-                    self.send_response(503)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(SLOWDOWN)))
-                    self.end_headers()
-                    self.wfile.write(SLOWDOWN)
-                    return
-                conn = http.client.HTTPConnection(proxy.host, proxy.up_port, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
-                headers["Host"] = f"{proxy.host}:{proxy.up_port}"
-                conn.request(self.command, self.path, body=body, headers=headers)
-                resp = conn.getresponse()
-                data = resp.read()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
+                    status, headers, data = 503, [("Content-Type", proxy.failure[0])], proxy.failure[1]
+                else:
+                    sent = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                    status, headers, data = proxy.handle(self.command, self.path, body, sent)
+                self.send_response(status)
+                for k, v in headers:
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
-                conn.close()
 
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _any
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _any
 
         return Handler
 

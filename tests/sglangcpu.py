@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LOADER_DIR = Path(__file__).parent / "sglang_cpu"
 #: Everything SGLang needs to serve a dense model on a CPU without its CUDA kernels: torch-native
 #: attention and sampling, no CUDA graphs, no overlap thread, no grammar backend, no warmup
-#: request, and a bounded KV pool (unbounded it takes ~15 GB of host memory; 8,192 tokens hold the
-#: four 1,800-token records tests/test_sglang_real.py's hand-over runs at once).
+#: request, and a bounded KV pool (unbounded it takes ~15 GB of host memory; 12,288 tokens hold the
+#: five 1,800-token records and the short ones tests/test_sglang_real.py's hand-over runs at once).
 CPU_KWARGS: dict[str, Any] = {
     "device": "cpu",
     "attention_backend": "torch_native",
@@ -29,7 +29,7 @@ CPU_KWARGS: dict[str, Any] = {
     "disable_overlap_schedule": True,
     "grammar_backend": "none",
     "skip_server_warmup": True,
-    "max_total_tokens": 8192,
+    "max_total_tokens": 12288,
 }
 #: fleet's settings for the same engine (dtype float32: the CPU has no fast bf16 path here)
 CPU_SETTINGS_ENV = {
@@ -60,7 +60,7 @@ def process_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_bare(spec: dict[str, Any], out: Path, timeout: float = 600) -> dict[str, Any]:
+def run_bare(spec: dict[str, Any], out: Path, timeout: float = 1800) -> dict[str, Any]:
     """Run tests/sglang_cpu/bare_engine.py (a plain sglang.Engine, no fleet) in its own process:
     `Engine.shutdown()` kills every child of the calling process, the test's Redis included."""
     inp = out.with_suffix(".in.json")

@@ -73,7 +73,8 @@ def test_no_circle_between_parts():
 
 #: docs/architecture.md, "Parts": a part imports only parts of earlier rows (never its own row's)
 LAYERS = [{"records", "errors", "settings", "metrics", "progress", "redact"}, {"store"}, {"model"}, {"coord"},
-          {"engines"}, {"monitor"}, {"worker"}, {"producer"}, {"bench", "export", "tools"}, {"cli"}, {"__main__"}]
+          {"engines"}, {"monitor", "audit"}, {"worker"}, {"producer"}, {"bench", "export", "tools"}, {"cli"},
+          {"__main__"}]
 
 
 def test_parts_import_in_the_documented_direction():
@@ -95,18 +96,23 @@ def test_every_part_says_what_it_holds(package):
     assert ast.get_docstring(ast.parse(init)), f"fleet/{package}/__init__.py has no docstring"
 
 
-#: a chunk's state in Redis (docs/architecture.md, "Redis keys" and "Recovery"): only its owner names these keys
-CHUNK_STATE_KEYS = ("queued", "running", "lease", "lease_started", "lease_beat", "attempts", "crashes", "retries",
-                    "requeue_guard", "assist", "jobs", "progress", "chunk_stats", "made", "pace")
-CHUNK_STATE_OWNER = FLEET / "coord" / "chunks.py"
+#: a chunk's state in Redis (docs/architecture.md, "Redis keys" and "Recovery"), one family per owner: only
+#: its owner names a family's keys
+CHUNK_STATE = {
+    "leases": ("running", "lease", "lease_started", "lease_beat", "requeue_guard", "assist", "jobs"),
+    "chunkqueue": ("queued",),
+    "counters": ("attempts", "crashes", "retries"),
+    "figures": ("progress", "chunk_stats", "made", "pace"),
+}
 #: the crash evidence beside it (docs/architecture.md, "Redis keys" and "Failures"): only its owner names these
 CRASH_EVIDENCE_KEYS = ("lease_holder", "solo_runs", "solo_waits", "suspects", "chunk_seconds", "worker_deaths",
                        "worker_streak", "worker_last_death", "worker_last_commit", "worker_stalls", "process_dead",
                        "process_committed")
-CRASH_EVIDENCE_OWNER = FLEET / "coord" / "suspects.py"
+KEY_FAMILIES = [*((names, FLEET / "coord" / f"{owner}.py") for owner, names in CHUNK_STATE.items()),
+                (CRASH_EVIDENCE_KEYS, FLEET / "coord" / "suspects.py")]
 
 
-def key_users(path: Path, names: tuple[str, ...] = CHUNK_STATE_KEYS) -> set[str]:
+def key_users(path: Path, names: tuple[str, ...]) -> set[str]:
     """The key functions of `names` a module names: keys.queued(...), or imported by name."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -118,9 +124,7 @@ def key_users(path: Path, names: tuple[str, ...] = CHUNK_STATE_KEYS) -> set[str]
     return found
 
 
-@pytest.mark.parametrize(("names", "owner"), [(CHUNK_STATE_KEYS, CHUNK_STATE_OWNER),
-                                              (CRASH_EVIDENCE_KEYS, CRASH_EVIDENCE_OWNER)],
-                         ids=["chunk-state", "crash-evidence"])
+@pytest.mark.parametrize(("names", "owner"), KEY_FAMILIES, ids=[*CHUNK_STATE, "suspects"])
 def test_one_module_owns_each_part_of_a_chunks_state_in_redis(names, owner):
     from fleet.coord import keys
 

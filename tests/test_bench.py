@@ -15,20 +15,24 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+import redis
 
 from fleet.bench import MEASUREMENTS
 from fleet.bench.feed import feed
+from fleet.bench.idealmodel import model_occupancy
 from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupancy, timeline
-from fleet.bench.model import model_occupancy
 from fleet.bench.overhead import chunk_cycles, percentile
 from fleet.bench.pairs import SHARED, Lane, Pairs, common_window, front_end_figures, run_pairs, window_prompts
-from fleet.bench.procs import broker_of, cpu_seconds
+from fleet.bench.procs import below, broker_of, cpu_seconds
 from fleet.bench.reference import REFERENCE
 from fleet.bench.series import difference, overlap, value_at
 from fleet.bench.sharedcore import PERIOD_US, SharedCoreUnavailable, cpu_hierarchy, make_pen, open_pens
 from fleet.bench.workerprof import LOOP_THREAD, Sampler, short, thread_group
-from fleet.worker.proctree import children, is_worker
+from fleet.coord.localredis import LocalRedis
+from fleet.worker.proctree import is_worker
+from tests.fleetproc import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -37,7 +41,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FLEET = "import fleet.cli.bench; from fleet.cli import main; main()"
 
 
-def fleet(*args: str, cwd: Path, timeout: float = 150,
+def fleet(*args: str, cwd: Path, timeout: float = 300,
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
     base = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")}
     return subprocess.run([sys.executable, "-c", FLEET, *args], cwd=cwd,
@@ -49,7 +53,7 @@ def test_quick_bench_computes_every_figure(tmp_path):
     # Given a machine with redis-server, moto and torch (no GPU)
     out = tmp_path / "results"
     # When the quick suite runs
-    done = fleet("bench", "--quick", "--out", str(out), cwd=tmp_path)
+    done = fleet("bench", "--quick", "--out", str(out), cwd=tmp_path, timeout=570)  # ~1 min idle; a busy machine, more
     # Then it succeeds and prints the table
     assert done.returncode == 0, done.stderr[-4000:]
     assert "fleet bench" in done.stdout
@@ -96,7 +100,7 @@ def test_sglang_bench_refuses_clearly_without_sglang(tmp_path):
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("sglang is installed: this checks the refusal where it is not")
     # When the MTP comparison is asked for, Then it fails with a message that says what is missing
-    done = fleet("bench", "--engine", "sglang", cwd=tmp_path, timeout=60)
+    done = fleet("bench", "--engine", "sglang", cwd=tmp_path)
     assert done.returncode == 2
     assert "needs the sglang package" in done.stderr and "Traceback" not in done.stderr
 
@@ -106,7 +110,7 @@ def test_sglang_cpu_bench_refuses_clearly_without_sglang(tmp_path):
         pytest.skip("sglang is installed: this checks the refusal where it is not")
     # When fleet against the bare Engine is asked for on the CPU (the engine kwargs say so)
     env = {"FLEET_SGLANG__ENGINE_KWARGS": '{"device": "cpu"}'}
-    done = fleet("bench", "--engine", "sglang", cwd=tmp_path, timeout=60, env=env)
+    done = fleet("bench", "--engine", "sglang", cwd=tmp_path, env=env)
     # Then it says what is missing, before starting anything
     assert done.returncode == 2
     assert "on the CPU needs the sglang package" in done.stderr and "Traceback" not in done.stderr
@@ -239,12 +243,16 @@ def test_the_common_window_is_fleets_steady_state_within_the_bare_run():
 
 def test_feed_keeps_a_few_times_the_slots_in_flight_and_replaces_them_until_told_to_stop(tmp_path):
     running, peak, seen = 0, 0, []
+    until: Path | None = None
+    stop_at = 41
 
     async def one(i: int) -> int:
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
         seen.append(i)
+        if until is not None and len(seen) == stop_at:
+            until.touch()  # told to stop by the request count, whatever the machine's speed
         await asyncio.sleep(0.01 * (1 + i % 3))
         running -= 1
         return 10
@@ -258,24 +266,14 @@ def test_feed_keeps_a_few_times_the_slots_in_flight_and_replaces_them_until_told
     seen[:], peak = [], 0
     assert asyncio.run(feed(one, 3, slots=2))["tokens"] == 30 and peak == 3
     # With `until`: each end is replaced by the next request (prompt i % count), still 8 at once,
-    # until the file appears
+    # until the file appears (here when the 41st request starts: no request starts after it; those
+    # still in flight at the feeder's next look are cancelled, those ended before it counted)
     until, seen[:], peak = tmp_path / "stop", [], 0
-
-    async def stop_later() -> dict:
-        async def touch() -> None:
-            await asyncio.sleep(0.3)
-            until.touch()
-
-        stopper = asyncio.ensure_future(touch())
-        out = await feed(one, 8, 2, until)
-        await stopper
-        return out
-
-    result = asyncio.run(stop_later())
-    assert peak == 8 and len(seen) > 40 and sorted(seen) == list(range(len(seen)))
-    assert result["tokens"] >= 320 and result["seconds"] == pytest.approx(0.3, abs=0.2)
+    result = asyncio.run(feed(one, 8, 2, until))
+    assert peak == 8 and len(seen) == stop_at and sorted(seen) == list(range(stop_at))
+    assert 10 * (stop_at - 8) <= result["tokens"] <= 10 * stop_at and result["in_flight"] == 8
     times = [p[0] for p in result["progress"]]
-    assert times == sorted(times) and result["progress"][-1][1] == result["tokens"]
+    assert times == sorted(times) and [p[1] for p in result["progress"]] == list(range(0, result["tokens"] + 1, 10))
 
 
 def test_pens_are_control_group_files_for_either_cgroup_version(tmp_path):
@@ -312,6 +310,8 @@ from pathlib import Path
 out, until = Path(sys.argv[1]), Path(sys.argv[2]) if len(sys.argv) > 2 else None
 info = {"cgroup": Path("/proc/self/cgroup").read_text(), "cpus": sorted(os.sched_getaffinity(0))}
 began = time.time()
+if until is not None:
+    until.with_suffix(".started").touch()  # the bare side runs: fleet's side may start
 while (until is not None and not until.exists() and time.time() - began < 60) or time.time() - began < 1:
     time.sleep(0.05)  # fleet's side (no stop file): a one-second job
 end = time.time()
@@ -336,6 +336,9 @@ def test_pairs_run_both_sides_at_once_each_in_its_own_pen(tmp_path):
         def run(n: int, i: int, lane: Lane) -> dict:
             out = tmp_path / f"{name}-{i}.json"
             until = [str(lane.until)] if lane.until else []
+            if name == "fleet":  # beside a bare side already running, however slowly it started
+                started = tmp_path / f"pair-{i}.started"
+                wait_for(started.exists, 120, f"pair {i}'s bare side to start", interval=0.01)
             subprocess.run([*lane.prefix(), sys.executable, str(script), str(out), *until], check=True, timeout=90)
             info = json.loads(out.read_text())
             seen[name].append(info)
@@ -365,11 +368,32 @@ def test_pairs_run_both_sides_at_once_each_in_its_own_pen(tmp_path):
             assert not (base / line.rsplit("/", 1)[1]).exists()
 
 
-def test_a_fleet_runs_broker_is_found_by_the_title_redis_server_gives_itself():
-    # /proc/<pid>/cmdline of a redis-server that `fleet run` started (it rewrites its own title)
-    found = broker_of([b"python\0-m\0fleet\0", b"/usr/bin/redis-server 127.0.0.1:45678\0\0\0"])
-    assert found is not None and found.connection_pool.connection_kwargs["port"] == 45678
-    assert broker_of([b"python\0-m\0fleet.worker.main\0"]) is None
+def test_a_fleet_runs_broker_is_found_by_the_title_redis_server_gives_itself(tmp_path):
+    # Given a real redis-server started by a process of its own, as `fleet run` starts one (redis
+    # rewrites its own title)
+    server = LocalRedis(tmp_path / "r", persist=False)
+    (tmp_path / "r").mkdir()
+    parent = subprocess.Popen(["bash", "-c", '"$@" & wait', "bash", *server.argv()])
+    try:
+        # When the processes below that parent are read as a benchmark reads a `fleet run`'s
+        wait_for(lambda: broker_of(below(parent.pid).values()) is not None, 60, "redis-server's title")
+        found = broker_of(below(parent.pid).values())
+        # Then its client reaches that server, found by the port in its title
+        assert found is not None and found.connection_pool.connection_kwargs["port"] == server.port
+        wait_for(lambda: ping(found), 60, "redis-server to answer")
+        found.close()
+    finally:
+        for proc in psutil.Process(parent.pid).children(recursive=True):
+            proc.kill()
+        parent.wait(timeout=30)
+    assert broker_of(["python -m fleet", "python -m fleet.worker.main --name cpu0@h"]) is None
+
+
+def ping(client) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
 
 
 def test_worker_processes_are_found_as_started_and_as_celery_retitles_them():
@@ -395,11 +419,17 @@ def test_front_end_figures_take_the_bare_loops_cpu_off_fleets_per_token():
 
 
 def test_worker_cpu_reads_a_process_own_time_and_children():
-    # This process's own CPU from /proc, and a child found under it
-    assert cpu_seconds(os.getpid()) > 0
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    # Given a child that spins for a CPU-second of its own, then waits
+    spin = "import sys, time\nend = time.process_time() + 1\nwhile time.process_time() < end: pass\nprint(flush=True)\n"
+    child = subprocess.Popen([sys.executable, "-c", spin + "sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
     try:
-        assert child.pid in children(os.getpid())
+        assert child.stdout is not None and child.stdout.readline()
+        # Then its own CPU is counted, at least the second it spun, and not this process's
+        assert cpu_seconds(child.pid) >= 1.0
+        assert cpu_seconds(os.getpid()) > 0
+        # and it is found under this process with its command line
+        assert "sys.stdin.read()" in below(os.getpid())[child.pid]
     finally:
         child.kill()
         child.wait()
@@ -414,16 +444,17 @@ def test_sampler_charges_busy_threads_and_profiles_the_engine_loop(tmp_path):
     thread.start()
 
     async def busy() -> None:
-        end = time.monotonic() + 0.6
-        while time.monotonic() < end:
+        end = time.thread_time() + 0.6  # the loop thread's own CPU: as long as a busy machine takes
+        while time.thread_time() < end:
             sum(i * i for i in range(2000))
             await asyncio.sleep(0)
 
     try:
         gate.touch()
         sampler.thread.start()
-        time.sleep(0.1)  # the sampler sees the gate and enables cProfile on the loop
-        asyncio.run_coroutine_threadsafe(busy(), loop).result(timeout=30)
+        # the sampler sees the gate, and enables cProfile on the loop it found
+        wait_for(lambda: sampler.loop is not None, 60, "the sampler to find the engine loop", interval=0.01)
+        asyncio.run_coroutine_threadsafe(busy(), loop).result(timeout=300)
         gate.unlink()
         report = sampler.report()
     finally:
@@ -457,3 +488,34 @@ def test_reference_job_in_hours_and_dollars():
     half = REFERENCE.at_efficiency(0.5)
     assert half["hours"] == pytest.approx(2 * REFERENCE.ideal_hours, abs=0.01)
     assert half["extra_usd"] == pytest.approx(REFERENCE.cost(REFERENCE.ideal_hours), abs=1)
+
+
+def test_control_plane_bench_runs_fleets_coordination_for_simulated_workers(tmp_path):
+    # Given a real redis-server, a real worker for Celery's own share, and simulated workers
+    out = tmp_path / "results"
+    # When the quick control-plane bench runs (two levels, another K, a restart and a wipe)
+    done = fleet("bench", "control-plane", "--quick", "--out", str(out), cwd=tmp_path, timeout=900)
+    # Then it prints the table and writes every figure, each a number
+    assert done.returncode == 0, done.stderr[-4000:]
+    section = json.loads((out / "control-plane.json").read_text())["sections"]["control-plane"]
+    assert section["error"] is None
+    for f in section["figures"]:
+        assert isinstance(f["value"], int | float) and math.isfinite(f["value"]), f
+    data = section["data"]
+    assert [lv["workers"] for lv in data["levels"]] == [10, 40] and [lv["k"] for lv in data["by_k"]] == [32]
+    for level in [*data["levels"], *data["by_k"]]:
+        # the simulated workers renewed their leases (beats), one reaper led the rounds, and the broker
+        # counted their commands; the Celery stand-in sent what the real worker was measured to send
+        assert level["beat_ms"]["n"] > level["workers"] and level["round_s"]["n"] >= 1
+        assert level["broker"]["by_command"]["evalsha"] > 0 and level["celery_sent_per_s"] > 0
+    assert data["celery"]["patterns"] == ["/0.celery.pidbox"]
+    # And after the restart every worker came back, and after the wipe every chunk is done,
+    # running or queued again (fleet enqueue rebuilt the queue from the store)
+    last = data["levels"][-1]
+    assert last["reconnect"]["beat_back"] == last["reconnect"]["workers"] == 40
+    wipe = last["wipe"]
+    assert wipe["enqueued"] + wipe["running"] + wipe["done"] == wipe["chunks"]
+    # And the store's requests per GPU-hour came from a counted run of a worker's middleware
+    store = data["store"]
+    assert store["measured"]["chunks"] == 4 and store["per_gpu_hour"]["PUT partial"] > 0
+    assert all("/partial/" in prefix for prefix in store["measured"]["listed"])

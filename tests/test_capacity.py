@@ -96,6 +96,23 @@ def test_radix_off_fills_memory_with_one_slot_per_request_and_their_kv() -> None
     assert cap.weights_gib == pytest.approx(weight_bytes(CONFIG) / GIB)
 
 
+def test_a_worker_spanning_two_gpus_holds_half_of_everything_on_each_and_runs_a_batch_many_times_larger() -> None:
+    # Qwen3.6-27B on H100s, MTP on, radix off (fleet's defaults for unique prompts): 8 workers of one GPU
+    # against 4 workers of two (tensor parallel; docs: ops/runbook.md)
+    h100 = gpu_spec("h100").memory_mib
+    one = capacity(CONFIG, h100, Serving(mtp=True, radix=False, context_tokens=2818))
+    two = capacity(CONFIG, h100, Serving(mtp=True, radix=False, context_tokens=2818, tp=2))
+    # each GPU holds half the weights, half of every request's KV heads (4 KV heads: 2 each) and state
+    assert two.gpus == 2 and two.weights_gib == pytest.approx(one.weights_gib / 2)
+    assert two.kv_kib_per_token == pytest.approx(one.kv_kib_per_token / 2)
+    assert two.state_mib_per_slot == pytest.approx(one.state_mib_per_slot / 2)
+    # the weights no longer fill the card: four workers of two run far more requests than eight of one
+    assert 4 * two.batch > 4 * 8 * one.batch
+    # KV heads never split finer than one per GPU
+    eight = capacity(CONFIG, h100, Serving(mtp=True, radix=False, context_tokens=2818, tp=8))
+    assert eight.kv_kib_per_token == pytest.approx(one.kv_kib_per_token / 4)
+
+
 def test_an_asked_batch_is_kept_when_it_fits_and_refused_when_weights_leave_nothing() -> None:
     cap = capacity(CONFIG, H200, Serving(mtp=False, radix=False, max_running_requests=32))
     assert cap.max_running_requests == 32 and cap.state_slots == 32

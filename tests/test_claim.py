@@ -96,7 +96,8 @@ def test_the_manifest_records_input_digest_and_engine_identity(tmp_path: Path, p
     manifest, _ = prepare_job(Settings(chunk_size=4), store, str(prompts), JOB)
     stored = json.loads(store.get(manifest_key(JOB)))
     assert stored["input_digest"] == manifest.input_digest and manifest.input_digest.startswith("blake2b")
-    assert stored["engine_identity"] == {"engine": "sim", "sim": {"mean_output_tokens": 256.0, "sigma": 0.8}}
+    assert stored["engine_identity"] == {"engine": "sim", "sim": {"mean_output_tokens": 256.0, "sigma": 0.8,
+                                                                  "vocab_size": 151_936, "tokens": 2}}
     assert stored["engine_identity_hash"]
 
 

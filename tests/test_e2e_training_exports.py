@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet.model.prompting import THINK_CLOSE, THINK_OPEN, load_tokenizer, trim_at_stop
+from fleet.model.endings import trim_at_stop
+from fleet.model.reasoning import THINK_CLOSE, THINK_OPEN
+from fleet.model.rendering import load_tokenizer
 from tests.conftest import run_fleet
 from tests.fleetproc import read_jsonl
 from tests.modelkit import tiny_model_fixture  # noqa: F401

@@ -18,7 +18,8 @@ import pytest
 
 from fleet.engines.hf.engine import HfEngine, RowSampler
 from fleet.errors import EngineError, RecordError
-from fleet.model.prompting import load_tokenizer, render_ids, split_reasoning
+from fleet.model.reasoning import split_reasoning
+from fleet.model.rendering import load_tokenizer, render_ids
 from fleet.records import GenRequest, GenResult, prompt_digest
 from fleet.settings import Settings
 from tests.modelkit import LoopThread, chat, raw, tiny_model_fixture  # noqa: F401
@@ -242,7 +243,7 @@ def test_shutdown_fails_what_is_still_queued(tiny_model: Path) -> None:
 
     r.close()
 
-    outcomes = [f.exception(10) for f in futures]
+    outcomes = [f.exception(120) for f in futures]
     assert any(isinstance(e, EngineError) for e in outcomes)
     assert all(e is None or isinstance(e, EngineError) for e in outcomes)
 
@@ -261,15 +262,23 @@ def test_row_sampler_applies_each_rows_own_settings() -> None:
         Sampling(temperature=100.0, top_k=0, top_p=1.0, min_p=0.999, seed=6),  # min-p keeps the best
     ]
     scores = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]] * len(rows))
+
+    def step(sampler: RowSampler, k: int) -> list[int]:
+        """The picks at decode step k (the input has grown by k ids since the first step)."""
+        return sampler(torch.zeros((len(rows), 3 + k), dtype=torch.long), scores.clone()).argmax(-1).tolist()
+
     sampler = RowSampler(rows, vocab=4, device="cpu")  # id 4 is embedding padding
-    picks = [sampler(None, scores.clone()).argmax(-1).tolist() for _ in range(200)]
+    picks = [step(sampler, k) for k in range(200)]
 
     assert {p[0] for p in picks} == {p[1] for p in picks} == {p[2] for p in picks} == {0}
     assert {p[3] for p in picks} == {0, 1}
     assert {p[4] for p in picks} == {0, 1, 2, 3}
     assert {p[5] for p in picks} == {0}
     again = RowSampler(rows, vocab=4, device="cpu")
-    assert [again(None, scores.clone()).argmax(-1).tolist() for _ in range(200)] == picks
+    assert [step(again, k) for k in range(200)] == picks
+    # And rows continued after 120 ids draw at output position 120 + k what one run drew there
+    continued = RowSampler(rows, vocab=4, device="cpu", prefixes=[120] * len(rows))
+    assert [step(continued, k) for k in range(80)] == picks[120:]
 
 
 def test_row_sampler_penalises_generated_tokens_as_sglang_does() -> None:

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,10 @@ from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
 from fleet.engines.identity import engine_identity, identity_hash
-from fleet.engines.vllm.plan import engine_kwargs, mtp_layers
+from fleet.engines.vllm.plan import CPU_MIN_BATCHED_TOKENS, cpu_build, engine_kwargs, whole_prefills
 from fleet.engines.vllm.spec import SPEC
-from fleet.model.prompting import split_reasoning
+from fleet.model.config import mtp_layers
+from fleet.model.reasoning import split_reasoning
 from fleet.records import GenRequest, Sampling
 from fleet.settings import Settings
 from tests.conftest import run_fleet
@@ -41,6 +43,10 @@ from tests.fleetproc import (
     worker_with,
 )
 from tests.modelkit import LoopThread, chat, loop_model_fixture, tiny_model_fixture  # noqa: F401
+
+#: real engines on 2 cores shared with other work: a module's job and its bare engine (a first test's
+#: setup) may take many minutes beside a busy machine's load
+pytestmark = pytest.mark.timeout(2400)
 
 ROOT = Path(__file__).resolve().parent.parent
 #: small and bounded: the CPU build sizes its KV cache from this, not from free memory
@@ -77,8 +83,21 @@ def test_dense_kwargs_have_no_speculation_and_keep_the_prefix_cache(tiny_model: 
         "disable_log_stats": True,
         "stream_interval": 16,
         "kv_cache_memory_bytes": KV_BYTES,
+        # vLLM's CPU build (where CI runs this) prefills whole: a split prefill of a seeded request kills it
+        **({"enable_chunked_prefill": False, "max_num_batched_tokens": 2048} if cpu_build() else {}),
     }
     assert "vllm" not in sys.modules
+
+
+def test_the_cpu_build_never_splits_a_prefill_whatever_the_step_budget_asked(tiny_model: Path) -> None:
+    """A seeded request whose prefill is split over steps kills the CPU build's EngineCore (its generator
+    has no offset to rewind), and a continued request's prompt holds every id it made: a step holds a
+    whole context there, never less (vLLM refuses less with chunked prefill off)."""
+    config = {"max_position_embeddings": 2048}
+    assert whole_prefills({"max_num_batched_tokens": 512}, config) == {
+        "enable_chunked_prefill": False, "max_num_batched_tokens": 2048}
+    assert whole_prefills({"max_model_len": 1024}, config)["max_num_batched_tokens"] == CPU_MIN_BATCHED_TOKENS
+    assert whole_prefills({"max_num_batched_tokens": 8192}, config)["max_num_batched_tokens"] == 8192
 
 
 def test_a_checkpoint_with_an_mtp_head_speculates_by_default_and_hybrids_drop_the_prefix_cache(
@@ -188,7 +207,7 @@ def bare_outputs(model: Path, kwargs: dict, prompts: list[list[int]], max_tokens
 
 def prompt_ids(model: Path, lines: list[dict], rows: list[dict] | None = None) -> list[list[int]]:
     """The ids fleet sends for each record: its own template rendering (the records' digests check it)."""
-    from fleet.model.prompting import load_tokenizer, render_ids
+    from fleet.model.rendering import load_tokenizer, render_ids
     from fleet.records import GenRequest, Message, Sampling, prompt_digest
 
     tok = load_tokenizer(str(model))
@@ -235,7 +254,7 @@ def dense_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFac
 
 
 def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int,
-                    extra: tuple[dict, ...] = (), bare: list[dict] | None = None) -> list[dict]:
+                    extra: tuple[dict, ...] = (), bare: list[dict] | None = None, engine: str = "vllm") -> list[dict]:
     """`fleet run` over six greedy chat records (and `extra` ones, returned apart), exported and
     checked; the greedy records must equal a bare vllm.LLM's output for the same prompt ids (`bare`
     where the caller has it, cut at max_tokens)."""
@@ -244,7 +263,7 @@ def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int
     prompts.write_text("".join(json.dumps(x) + "\n" for x in [*lines, *extra]))
     env = {"FLEET_DATA_DIR": str(tmp / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "3",
            "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES), "FLEET_VLLM__MAX_NUM_SEQS": "8", **env}
-    run = run_fleet("run", str(prompts), "--job", "v", "--engine", "vllm", "--model", str(model),
+    run = run_fleet("run", str(prompts), "--job", "v", "--engine", engine, "--model", str(model),
                     "--workers", "1", env=env, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     out = tmp / "o.jsonl"
@@ -322,31 +341,122 @@ def test_real_vllm_engine_core_never_outlives_its_sigkilled_worker(
     assert "killed by SIGKILL" in workers.logs()
 
 
+@pytest.mark.e2e
+def test_real_vllm_engine_processes_die_with_a_sigkilled_launcher(
+    real_vllm, tmp_path, tiny_model, redis_server, clean_env
+):
+    from tests.fleetproc import kill_the_launcher
+
+    # Given `fleet worker --engine vllm` with its engine up: the EngineCore and its own worker below it;
+    # when the launcher is killed with SIGKILL (its worker dies with it, by its parent-death signal), then no
+    # process of the engine outlives them: each dies with the process that started it
+    env = {"FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
+           "FLEET_STORE_URL": str(tmp_path / "s"), **DENSE_ENV}
+    kill_the_launcher(env, tmp_path / "logs", "EngineCore", ("VLLM::EngineCore", "VLLM::Worker"))
+
+
 #: the hand-over's records: ~30,000 tokens, all 16 running at once (both chunks), ~6 s of a free 2-core box.
 #: Host A's SIGTERM lands once its polls publish tokens made (~1 s in); on 2 cores that vLLM's processes keep
 #: busy, a poll of the worker was seen to come 1.7 s late, which 8 records running alone (3 s) did not outlast
 HANDOVER_RECORDS, HANDOVER_TOKENS = 16, 1900
 HANDOVER_ENGINE = {**DENSE_ENV, "FLEET_VLLM__MAX_NUM_SEQS": str(HANDOVER_RECORDS)}
+#: beside them, at the head of each chunk: rows that end early while their chunk runs on (greedy, cut at 24
+#: tokens; sampled under the model's own sampling, ending on its end id at various lengths: seeded requests whose
+#: continuation prefills hold their ids made, which once killed the CPU build's EngineCore) and one whose
+#: presence penalty vLLM counts over output ids only: it cannot be continued, so it starts again from token 0
+HANDOVER_EXTRA = [
+    [{"id": "e0", "prompt": "def g(x):", "sampling": {"temperature": 0, "max_tokens": 24}},
+     *({"id": f"s{i}", "messages": [{"role": "user", "content": f"Question {i}?"}], "sampling": {"max_tokens": 300}}
+       for i in range(2)),
+     {"id": "p0", "messages": [{"role": "user", "content": "def p(x): return -x"}],
+      "sampling": {"temperature": 0, "presence_penalty": 0.5, "max_tokens": HANDOVER_TOKENS}}],
+    [{"id": "e1", "prompt": "class B:", "sampling": {"temperature": 0, "max_tokens": 24}},
+     *({"id": f"s{i}", "messages": [{"role": "user", "content": f"Question {i}?"}], "sampling": {"max_tokens": 300}}
+       for i in range(2, 5))],
+]
 
 
-@pytest.mark.e2e
-def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_token_for_token(
-    real_vllm, tmp_path, tiny_model, redis_server, clean_env
-):
-    # Given a greedy job of long records in two chunks, against a real Redis; when host A gets SIGTERM
-    # while the records are generating, and host B finishes the job (tests/fleetproc.hand_over)
+@pytest.fixture(scope="module")
+def handover_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """A bare vllm.LLM's greedy answers to the hand-over's long records: the reference of both hand-overs."""
     lines = chat_lines(HANDOVER_RECORDS, HANDOVER_TOKENS, prefix="c")
-    env = {**HANDOVER_ENGINE, "FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model),
-           "FLEET_BROKER_URL": redis_server.url}  # the store: tests/fleetproc.memory_dir
-    rows = hand_over(tmp_path, env, redis_server.port, lines).rows
-    # Then every record equals a bare vllm.LLM's greedy output for its prompt ids, token for token
-    bare = bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, HANDOVER_ENGINE)),
-                        prompt_ids(tiny_model, lines, rows), HANDOVER_TOKENS, tmp_path)
+    return bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, HANDOVER_ENGINE)),
+                        prompt_ids(tiny_model, lines), HANDOVER_TOKENS, tmp_path_factory.mktemp("handover-bare"))
+
+
+def handover_job(tmp: Path, env: dict[str, str], redis_port: int, bare: list[dict], model: Path) -> None:
+    """A greedy job of long records in two chunks, with rows that end early, sampled ones and one that must
+    restart: host A gets SIGTERM while the records are generating, host B finishes the job
+    (tests/fleetproc.hand_over, which audits every record); checked against the bare engine."""
+    lines = chat_lines(HANDOVER_RECORDS, HANDOVER_TOKENS, prefix="c")
+    half = HANDOVER_RECORDS // 2
+    records = [*HANDOVER_EXTRA[0], *lines[:half], *HANDOVER_EXTRA[1], *lines[half:]]
+    done = hand_over(tmp, env, redis_port, records)  # every record audited against its ids
+    by_id = {row["id"]: row for row in done.rows}
+    rows = [by_id[line["id"]] for line in lines]
+    prompt_ids(model, lines, rows)  # the records' prompt digests are the ids the bare engine got
+    # Then every greedy record equals a bare vllm.LLM's greedy output for its prompt ids, token for token
     assert [row["output_ids"] for row in rows] == [b["ids"] for b in bare]
+    # And the rows that ended early are what their run made; the sampled ones ran (no engine death took
+    # their chunk); the penalised one started again from token 0, its first run's tokens made twice
+    assert [by_id[i]["completion_tokens"] for i in ("e0", "e1")] == [24, 24]
+    assert all(by_id[f"s{i}"]["finish_reason"] in ("stop", "length") for i in range(5))
+    assert by_id["p0"]["continued_at"] is None and done.restarted == 1 and done.made_twice > 0
     # And a continued record's text, decoded from all its ids, is the bare engine's (the prompt opened <think>)
     for row, b in zip(rows, bare, strict=True):
         if row.get("continued_at"):
             assert (row["reasoning"], row["output"]) == split_reasoning(b["text"], True), row["id"]
+
+
+@pytest.mark.e2e
+def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_token_for_token(
+    real_vllm, tmp_path, tiny_model, redis_server, handover_bare, clean_env
+):
+    env = {**HANDOVER_ENGINE, "FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model),
+           "FLEET_BROKER_URL": redis_server.url}  # the store: tests/fleetproc.memory_dir
+    handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model)
+
+
+# -- the server engine on a real `vllm serve` (the same engine args: its records must be the embedded one's) --
+
+#: the key the served tests' server asks for, handed to fleet in the environment (server.api_key_env)
+SERVER_KEY = "fleet-test-key"
+
+
+@pytest.fixture(scope="module")
+def served(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One `vllm serve` of the dense model with the hand-over's engine args (16 requests at once), behind
+    an API key: the URL."""
+    from tests.vllmserve import vllm_server
+
+    kwargs = engine_kwargs(settings_of(tiny_model, HANDOVER_ENGINE))
+    with vllm_server(kwargs, tmp_path_factory.mktemp("serve") / "serve.log", api_key=SERVER_KEY) as (url, _):
+        yield url
+
+
+def served_env(url: str) -> dict[str, str]:
+    return {"FLEET_SERVER__BASE_URL": url, "OPENAI_API_KEY": SERVER_KEY, "FLEET_SERVER__MAX_RUNNING": "16"}
+
+
+@pytest.mark.e2e
+def test_real_vllm_served_fleet_run_equals_bare_vllm(real_vllm, tmp_path, tiny_model, served, dense_bare, clean_env):
+    # Given `fleet run --engine server` against a real vllm serve of the dense model (its key from the environment)
+    rows = run_and_compare(tmp_path, tiny_model, served_env(served), max_tokens=24, bare=dense_bare, engine="server")
+    # Then every greedy record is the bare engine's (and so the embedded engine's) token for token
+    assert all(r["finish_reason"] in ("stop", "length") for r in rows)
+    status = run_fleet("status", "--job", "v", "--json", env={"FLEET_DATA_DIR": str(tmp_path / "data")})
+    assert json.loads(status.stdout)["done"] is True
+
+
+@pytest.mark.e2e
+def test_real_vllm_served_records_stopped_by_sigterm_are_continued_token_for_token(
+    real_vllm, tmp_path, tiny_model, served, redis_server, handover_bare, clean_env
+):
+    # Given the hand-over's job through the server engine: host A's SIGTERM closes its requests' connections
+    # (the server aborts them), host B continues every record from its checkpointed ids, sent as token ids
+    env = {"FLEET_ENGINE": "server", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
+           **served_env(served)}
+    handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model)
 
 
 async def unfinished(engine) -> int:
@@ -369,6 +479,8 @@ def test_real_vllm_engine_reads_back_clips_aborts_and_shuts_down(real_vllm, tiny
                              context_tokens=4096)
     engine = build_engine(settings)
     lt = LoopThread()
+    #: what runs already is not this engine's (the served tests' `vllm serve` lives until the module ends)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     try:
         lt.run(engine.start(), timeout=600)
         # Read back: 64 MiB of float32 KV holds 65,536 tokens = 32 requests of the 2,048 context
@@ -392,17 +504,30 @@ def test_real_vllm_engine_reads_back_clips_aborts_and_shuts_down(real_vllm, tiny
         lt.close()
     # Clean shutdown: no EngineCore process outlives it (multiprocessing's resource tracker lives on
     # with this process, as it would in a worker)
-    def engine_children() -> list:
+    def engine_children() -> list[tuple[int, str]]:
+        """(pid, command line) of each process this engine started that still runs."""
         alive = []
         for p in psutil.Process().children(recursive=True):
+            if p.pid in before:
+                continue
             try:
-                if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
-                    alive.append(p)
+                line = " ".join(p.cmdline())
+                if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in line:
+                    alive.append((p.pid, line[:120]))
             except psutil.NoSuchProcess:
                 pass
         return alive
 
-    wait_for(lambda: not engine_children(), 30, "vLLM's processes to exit")
+    left: list[tuple[int, str]] = []
+
+    def gone() -> bool:
+        left[:] = engine_children()
+        return not left
+
+    try:
+        wait_for(gone, 30, "vLLM's processes to exit")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: still running {left}") from None
 
 
 STALL_S = 10  #: FLEET_STALL_S of the frozen-engine test: longer than a prefill of its prompts here
@@ -413,7 +538,7 @@ STALL_RECORDS, STALL_TOKENS = 16, 2000
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(1200)  # three engine starts: ~2 min each on 2 loaded cores
+@pytest.mark.timeout(2400)  # three engine starts: ~2 min each on 2 loaded cores, more beside other work
 def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_on_the_restarted_engine(
     real_vllm, tmp_path, tiny_model, redis_server, clean_env
 ):
@@ -426,7 +551,7 @@ def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_o
               "sampling": {"temperature": 0, "max_tokens": STALL_TOKENS}} for i in range(STALL_RECORDS)]
     # When its EngineCore is frozen (SIGSTOP) mid-generation; then it is declared stalled, killed,
     # and the job ends on the restarted engine, each record once (tests/fleetproc.py)
-    rows = frozen_engine_job(tmp_path, env, "v", "EngineCore", lines, STALL_S, lease_s=10, rest_s=60)
+    rows = frozen_engine_job(tmp_path, env, "v", "EngineCore", lines, STALL_S, lease_s=10)
     # and the greedy records equal a bare vllm.LLM's uninterrupted ones
     settings = Settings(engine="vllm", model=str(tiny_model),
                         vllm={"dtype": "float32", "kv_cache_memory_bytes": KV_BYTES, "max_num_seqs": STALL_RECORDS})

@@ -11,6 +11,7 @@ from pathlib import Path
 import boto3
 import pytest
 
+from fleet.engines.sim.tokens import SimVocab
 from fleet.errors import FleetError
 from fleet.export.formats import LeftOut
 from fleet.export.writer import export_job
@@ -40,7 +41,9 @@ def out(record: InputRecord, sample: int = 0, finish: str = "stop", **fields) ->
 
 
 def build(store: LocalStore, records: list[InputRecord], rows: list[dict]) -> None:
-    config = {"engine": "sim", "model": {"name": "sim"}, "sampling": {"max_tokens": 3}}
+    # No max tokens: rows made up to test the formats' own rules are not what any engine made, and the
+    # audit (tests/test_audit.py) leaves a job whose manifest sets no limits unchecked
+    config = {"engine": "sim", "model": {"name": "sim"}, "sampling": {}}
     store.put(manifest_key(JOB), Manifest(job=JOB, input="x", chunk_size=len(records), chunks=1,
                                           records=len(records), samples=len(rows), config=config,
                                           config_hash=config_hash(config)).to_bytes())
@@ -73,10 +76,10 @@ def test_openai_groups_samples_as_choices_and_failed_records_as_errors(store, tm
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
     assert body["choices"][1]["message"] == {"role": "assistant", "content": "answer 0", "reasoning_content": "think 0"}
     # And a failed record is response null with an error object; a raw prompt a text completion
-    # whose text is all it generated (a sim job has no tokenizer: reasoning and answer joined)
+    # whose text is all it generated: its ids as its engine decodes them (the sim's vocabulary)
     assert b["response"] is None and b["error"] == {"code": "record_error", "message": "too long"}
     text = c["response"]["body"]
-    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "think 2\n</think>\n\nanswer 2"
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == SimVocab().decode([7, 8, 9])
     # And a second export is byte-identical (ids derive from job and record)
     export_job(store, JOB, tmp_path / "b2.jsonl", fmt="openai")
     assert (tmp_path / "b.jsonl").read_bytes() == (tmp_path / "b2.jsonl").read_bytes()

@@ -13,11 +13,11 @@ import pytest
 
 from fleet.engines.sim.engine import SimEngine
 from fleet.engines.specs import job_config
-from fleet.records import InputRecord, OutputRecord, Sampling, derive_seed
+from fleet.records import InputRecord, OutputRecord, Sampling, derive_seed, record_sampling
 from fleet.settings import Settings, SimSettings
 from fleet.store.manifest import Manifest, config_hash
 from fleet.worker.chunk import ChunkRun, sample_key
-from fleet.worker.generate import effective_sampling, generate_chunk, requests_for
+from fleet.worker.generate import generate_chunk, requests_for
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -180,7 +180,7 @@ def test_job_sampling_reaches_the_request():
     )
 
 
-# -- effective_sampling ------------------------------------------------------------------
+# -- record_sampling ------------------------------------------------------------------
 
 
 DEFAULTS = {
@@ -198,7 +198,7 @@ def test_record_sampling_overrides_job_defaults():
     # Given a record overriding temperature, max_tokens and stop
     record = rec(0, "a", {"temperature": 0.0, "max_tokens": 16, "stop": "END"})
     # When the effective sampling is built
-    s = effective_sampling(DEFAULTS, record, seed=3)
+    s = record_sampling(DEFAULTS, record, seed=3)
     # Then its values win, the job's fill the rest, and stop is a tuple
     assert s == Sampling(
         temperature=0.0, top_p=0.95, top_k=20, min_p=0.0, max_tokens=16, stop=("END",), seed=3
@@ -206,7 +206,7 @@ def test_record_sampling_overrides_job_defaults():
 
 
 def test_no_record_sampling_means_job_defaults():
-    s = effective_sampling(DEFAULTS, rec(0, "a"), seed=1)
+    s = record_sampling(DEFAULTS, rec(0, "a"), seed=1)
     assert s == Sampling(
         temperature=0.6,
         top_p=0.95,
@@ -219,7 +219,7 @@ def test_no_record_sampling_means_job_defaults():
 
 
 def test_unset_job_values_stay_unset():
-    s = effective_sampling({"max_tokens": 10}, rec(0, "a", {"top_k": 5}), seed=0)
+    s = record_sampling({"max_tokens": 10}, rec(0, "a", {"top_k": 5}), seed=0)
     assert (s.temperature, s.top_p, s.top_k, s.min_p, s.stop, s.max_tokens) == (
         None,
         None,

@@ -6,9 +6,12 @@ position, so a continued record equals an uninterrupted one and the export a cle
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -18,7 +21,8 @@ from fleet.store import open_store
 from fleet.store.layout import results_prefix
 from fleet.store.results import read_result
 from tests.conftest import run_fleet
-from tests.fleetproc import Workers, clean_reference, wait_for, write_prompts
+from tests.fleetproc import Workers, clean_reference, memory_dir, read_jsonl, wait_for, write_prompts
+from tests.modelkit import tiny_model_fixture  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -60,10 +64,12 @@ def test_a_job_whose_records_outlive_every_worker_finishes_while_the_stops_go_on
     began = time.monotonic()
     try:
         # When, every 3.5 s, the older host gets SIGTERM and a new one starts (each lives ~7 s,
-        # boot included: shorter than a record), for as long as the job runs
+        # boot included: shorter than a record), for as long as the job runs; never before the newer
+        # one consumes (on a busy machine a boot may outlast 3.5 s: then the stops wait for it)
         while len(list(store.list(results_prefix("hand")))) < RECORDS // 4:
-            assert time.monotonic() - began < 240, "the job did not finish while the stops went on"
+            assert time.monotonic() - began < 480, "the job did not finish while the stops went on"
             time.sleep(3.5)
+            wait_for(functools.partial(workers.ready, f"host{n - 1}"), 300, f"host{n - 1} ready")
             old = hosts.pop(0)
             old.send_signal(signal.SIGTERM)
             stops += 1
@@ -119,9 +125,11 @@ def test_sigterm_exits_in_seconds_and_the_next_worker_makes_none_of_its_tokens_a
     continued = sum(s.tokens_continued for s, _ in results if s)
     print(f"\nSIGTERM to exit with K=4 chunks, 16 requests running: {exit_s:.2f}s; tokens made before it "
           f"{made_before}, continued from {continued}; made twice {made - completion}")
-    # Then it exited within seconds, and hostB continued every running sample where it stopped
+    # Then it exited within seconds, and hostB continued every running sample where it stopped (a sample
+    # that had ended in hostA is kept whole, its tokens in no continuation): every token hostA made is
+    # in the output once
     assert exit_s < 10
-    assert continued >= made_before * 0.95
+    assert 0 < continued <= made_before
     assert made - completion == 0
 
 
@@ -144,6 +152,100 @@ def test_status_counts_tokens_in_flight_before_anything_commits(tmp_path, redis_
     print(f"\nlive: {st['tok_s']} tok/s, {st['tokens_in_flight']} tokens in flight, done {st['chunks_done']}")
     assert st["chunks_done"] == 0
     assert st["tokens_in_flight"] > 400
-    assert 300 < st["tok_s"] < 1200
+    # at most the sim's 800 tok/s (its steps sleep: a busy machine slows them, never speeds them)
+    assert 0 < st["tok_s"] < 1200
 
 
+
+
+def stop_and_replace_until_done(workers: Workers, store, job: str, chunks: int, every_s: float,
+                                deadline_s: float, signum: int = signal.SIGTERM) -> int:
+    """Two hosts at a time, each stopped with `signum` once it has worked `every_s` seconds: each round
+    waits for the newer host to be ready (its worker's engine loaded, however busy the machine), gives it
+    `every_s`, then stops the older one and starts another, until the job's `chunks` results exist.
+    Returns the stops sent."""
+    names = ["host0", "host1"]
+    hosts = [workers.start(name) for name in names]
+    stops, began = 0, time.monotonic()
+    while len(list(store.list(results_prefix(job)))) < chunks:
+        assert time.monotonic() - began < deadline_s, f"the job did not finish while the stops went on ({stops})"
+        wait_for(functools.partial(workers.ready, names[-1]), deadline_s, f"{names[-1]} ready")
+        time.sleep(every_s)
+        old = hosts.pop(0)
+        names.pop(0)
+        if signum == signal.SIGKILL:
+            os.killpg(old.pid, signal.SIGKILL)
+        else:
+            old.send_signal(signum)
+        stops += 1
+        names.append(f"host{stops + 1}")
+        hosts.append(workers.start(names[-1]))
+    return stops
+
+
+def storm_records(tmp: Path) -> Path:
+    """The example prompts under the model's own sampling (rows end on their end id at various lengths,
+    most within the job's 256 tokens) and one long greedy row in each chunk of nine, which keeps its batch running
+    on after the sampled rows ended inside it."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+    sampled = [json.loads(line) for line in example.read_text().splitlines()]
+    lines = []
+    for i in range(0, len(sampled), 8):
+        lines += [{"id": f"long{i // 8}", "prompt": f"def long_{i}(x):", "sampling": {"temperature": 0,
+                                                                                     "max_tokens": 1200}},
+                  *sampled[i : i + 8]]  # fmt: skip
+    path = tmp / "storm.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize(("signum", "every_s"), [(signal.SIGTERM, 5.0), (signal.SIGKILL, 12.0)],
+                         ids=["sigterm", "sigkill"])
+def test_a_sampled_hf_job_stopped_every_few_seconds_exports_what_one_run_makes(
+        tmp_path, redis_server, clean_env, tiny_model, signum, every_s):
+    """The tiny model under its own sampling (temperature 1: rows end at different lengths inside a
+    batch that runs on), its workers stopped every few seconds until the job is done: every record is
+    what one uninterrupted run makes, token for token, and none holds an end id before its last position."""
+    prompts = storm_records(tmp_path)
+    hf = {"FLEET_ENGINE": "hf", "FLEET_MODEL": str(tiny_model), "FLEET_CHUNK_SIZE": "9", "FLEET_HF__THREADS": "1",
+          "FLEET_SAMPLING__MAX_TOKENS": "256"}
+    # Given the job's clean run
+    ref_env = {**hf, "FLEET_DATA_DIR": str(tmp_path / "ref")}
+    assert run_fleet("run", str(prompts), "--job", "hs", env=ref_env, timeout=900).returncode == 0
+    assert run_fleet("export", "--job", "hs", "--out", str(tmp_path / "ref.jsonl"), "--stable",
+                     env=ref_env).returncode == 0
+    # When its workers are stopped every few seconds of work (each after its engine is up; SIGKILL of a
+    # host's whole process group, checkpoints every second, and no crash blame for an operator's kills)
+    env = {**hf, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(memory_dir(tmp_path, "hs")),
+           "FLEET_LEASE_TTL_S": "3", "FLEET_REAPER_INTERVAL_S": "1", "FLEET_CHECKPOINT_INTERVAL_S": "1",
+           "FLEET_GRACE_S": "0", "FLEET_ASSIST": "false", "FLEET_SLOTS": "4", "FLEET_CRASH_WINDOW_S": "0"}
+    assert run_fleet("enqueue", str(prompts), "--job", "hs", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    store = open_store(env["FLEET_STORE_URL"])
+    try:
+        stops = stop_and_replace_until_done(workers, store, "hs", 8, every_s, 900, signum)
+    finally:
+        workers.stop()
+    # Then every record passes the audit and equals the clean run's, ids included
+    verify = run_fleet("verify", "--job", "hs", env=env)
+    assert verify.returncode == 0, verify.stderr[-3000:]
+    out = tmp_path / "out.jsonl"
+    assert run_fleet("export", "--job", "hs", "--out", str(out), "--stable", env=env).returncode == 0
+    full = tmp_path / "full.jsonl"  # with the run facts --stable leaves out (continued_at)
+    assert run_fleet("export", "--job", "hs", "--out", str(full), env=env).returncode == 0
+    rows, ref = read_jsonl(out), read_jsonl(tmp_path / "ref.jsonl")
+    eos = {0, 2}  # the tiny model's generation_config.json
+    assert not [r["id"] for r in rows if eos & set(r["output_ids"][:-1])]
+    continued = [r for r in read_jsonl(full) if r.get("continued_at")]
+    ended_early = [r for r in rows if r["finish_reason"] == "stop" and not r["id"].startswith("long")]
+    differ = [r["id"] for r, x in zip(rows, ref, strict=True) if r["output_ids"] != x["output_ids"]]
+    st = status(env, "hs")
+    print(f"\n{stops} stops ({signal.Signals(signum).name} every {every_s:g}s); {len(continued)} of {len(rows)} "
+          f"records continued; {len(ended_early)} sampled rows ended on their end id; {st['tokens_made_twice']} of "
+          f"{st['completion_tokens']} tokens made twice ({st['tokens_made_twice'] / stops:.0f} per stop); records "
+          f"unlike the clean run: {differ}")
+    assert not differ
+    assert [(r["finish_reason"], r["output"], r["reasoning"]) for r in rows] == \
+        [(x["finish_reason"], x["output"], x["reasoning"]) for x in ref]
+    assert stops >= 2 and continued and len(ended_early) >= 32

@@ -20,6 +20,7 @@ from fleet.producer.digest import InputDigest
 from fleet.producer.formats import input_format
 from fleet.producer.inputs import read_records, validate
 from fleet.producer.source import local_input
+from fleet.store import open_store
 from fleet.store.local import LocalStore
 from tests.conftest import ROOT, run_fleet
 from tests.fleetproc import FAST_SIM
@@ -154,18 +155,21 @@ def test_a_broken_parquet_file_says_so(tmp_path):
         assert err.problems[0].startswith(f"{tmp_path / name}: not a readable Parquet file ("), err.problems
 
 
-# -- s3:// input through a real S3 endpoint ------------------------------------------------
+# -- s3:// and gs:// input through real endpoints --------------------------------------------
 
 
-def test_s3_parquet_input_reads_as_the_local_file(tmp_path, s3_bucket):
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_remote_parquet_input_reads_as_the_local_file(tmp_path, scheme, request):
+    bucket = request.getfixturevalue(f"{scheme}_bucket")
     local = write_parquet(tmp_path / "in.parquet", ROWS)
     key = "data/train-00000-of-00001.parquet"
-    boto3.client("s3").upload_file(str(local), s3_bucket, key)
-    with local_input(f"s3://{s3_bucket}/{key}", tmp_dir=tmp_path) as path:
-        assert path.suffix == ".parquet"
+    open_store(f"{scheme}://{bucket}").upload(local, key)
+    with local_input(f"{scheme}://{bucket}/{key}", tmp_dir=tmp_path) as fetched:
+        path = fetched.path
+        assert path.suffix == ".parquet" and fetched.pinned == f"{scheme}://{bucket}/{key}"
         assert validate(path) == len(ROWS)
         assert list(read_records(path)) == list(read_records(local))
-    assert not path.exists()
+    assert not fetched.path.exists()
 
 
 # -- through the CLI -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from fleet.coord import keys
-from fleet.coord.chunks import process_of
+from fleet.coord.leases import process_of
 from fleet.store.layout import failed_prefix, results_prefix
 from tests.conftest import run_fleet
 from tests.fleetproc import clean_reference, job_on_two_hosts, read_jsonl, wait_for

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from fleet.errors import ConfigError
 from fleet.model.gpus import GPU_TABLE
-from fleet.tools.plan import (
+from fleet.tools.jobplan import (
     ModelFacts,
     kv_bytes_per_token,
     make_plan,
@@ -155,3 +155,18 @@ def test_model_facts_from_a_hybrid_model_dir(tmp_path: Path) -> None:
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["basis"] == "roofline"
+
+
+def test_a_plan_of_workers_spanning_gpus_counts_each_gpus_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet.cli import app
+
+    qwen = str(Path(__file__).parent / "fixtures" / "qwen3_6_27b")
+    args = ["plan", "--gpus", "8", "--gpu", "h100", "--model", qwen, "--usd-per-gpu-hour", "2.5", "--json"]
+    one = json.loads(CliRunner().invoke(app, args).stdout)
+    two = json.loads(CliRunner().invoke(app, [*args, "--gpus-per-worker", "2"]).stdout)
+    assert (one["gpus_per_worker"], two["gpus_per_worker"]) == (1, 2) and two["capacity"]["gpus"] == 2
+    # per GPU: half the weights read each step, a batch the freed memory makes larger
+    assert two["roofline"]["weight_bytes"] == pytest.approx(one["roofline"]["weight_bytes"] / 2)
+    assert two["capacity"]["batch"] > 2 * one["capacity"]["batch"] and two["tok_s_per_gpu"] > one["tok_s_per_gpu"]
+    refused = CliRunner().invoke(app, [*args, "--gpus-per-worker", "3"])
+    assert refused.exit_code != 0 and "does not divide --gpus 8" in refused.output

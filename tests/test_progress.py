@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fleet.cli.progress import live_progress
+from fleet.cli.liveprogress import live_progress
 from fleet.progress import counted
 from tests.conftest import ROOT, run_fleet
 from tests.fleetproc import FAST_SIM, write_prompts

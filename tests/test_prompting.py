@@ -12,18 +12,12 @@ import pytest
 
 from fleet.engines.specs import job_config
 from fleet.errors import ConfigError, RecordError
-from fleet.model.prompting import (
-    check_length,
-    ended_in_thinking,
-    fill_sampling,
-    load_tokenizer,
-    model_facts,
-    model_revision,
-    opens_think,
-    render_ids,
-    split_reasoning,
-    trim_at_stop,
-)
+from fleet.model.endings import trim_at_stop
+from fleet.model.facts import fill_sampling, model_facts
+from fleet.model.promptlimits import check_length
+from fleet.model.reasoning import ended_in_thinking, split_reasoning
+from fleet.model.rendering import load_tokenizer, opens_think, render_ids
+from fleet.model.revision import model_revision
 from fleet.records import Message, Sampling
 from fleet.settings import Settings
 from tests.modelkit import chat, raw, tiny_model_fixture  # noqa: F401

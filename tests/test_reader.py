@@ -384,14 +384,14 @@ def test_the_largest_values_the_encoders_hold_are_read_unchanged(tmp_path):
 def test_local_input_paths(tmp_path):
     path = write(tmp_path, GOOD)
     with local_input(str(path)) as p:
-        assert p == path
+        assert p.path == path and p.pinned == str(path)
     with local_input(f"file://{path}") as p:
-        assert p == path and validate(p) == 1
+        assert p.path == path and validate(p.path) == 1
     with pytest.raises(ConfigError, match="does not exist"), local_input(str(tmp_path / "no")):
         pass
-    with pytest.raises(ConfigError, match="is not a file"), local_input(str(tmp_path)):
-        pass
-    with pytest.raises(ConfigError, match="use a local path"), local_input("http://x/in.jsonl"):
+    with local_input(str(tmp_path)) as p:  # a folder is a dataset (tests/test_datasets.py)
+        assert p.path == tmp_path and p.pinned == f"{tmp_path}?split=train"
+    with pytest.raises(ConfigError, match="unknown scheme http://; use a local path"), local_input("http://x/in.jsonl"):
         pass
 
 
@@ -437,8 +437,9 @@ def test_s3_input_is_downloaded_read_and_removed(s3, tmp_path):
     client.put_object(Bucket=bucket, Key="jobs/in.jsonl", Body=body)
     spool = tmp_path / "spool"
     spool.mkdir()
-    with local_input(f"s3://{bucket}/jobs/in.jsonl", tmp_dir=spool) as path:
-        assert path.parent == spool and path.read_bytes() == body
+    with local_input(f"s3://{bucket}/jobs/in.jsonl", tmp_dir=spool) as fetched:
+        path = fetched.path
+        assert path.parent.parent == spool and path.name == "in.jsonl" and path.read_bytes() == body
         assert validate(path) == 1000
         assert [r.id for r in read_records(path)] == [x["id"] for x in lines]
     assert not path.exists() and list(spool.iterdir()) == []
@@ -449,10 +450,10 @@ def test_s3_input_temp_file_removed_when_the_caller_fails(s3, tmp_path):
     client.put_object(Bucket=bucket, Key="in.jsonl", Body=b"not json\n")
     with (
         pytest.raises(InputError, match="line 1: not JSON"),
-        local_input(f"s3://{bucket}/in.jsonl", tmp_dir=tmp_path) as path,
+        local_input(f"s3://{bucket}/in.jsonl", tmp_dir=tmp_path) as fetched,
     ):
-        validate(path)
-    assert not path.exists()
+        validate(fetched.path)
+    assert not fetched.path.exists()
 
 
 def test_s3_input_missing(s3, tmp_path):

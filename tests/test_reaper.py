@@ -11,7 +11,7 @@ import redis
 
 from fleet.coord import keys
 from fleet.coord.broker import make_celery
-from fleet.coord.chunks import Lease
+from fleet.coord.leases import Lease
 from fleet.coord.localredis import free_port
 from fleet.coord.recovery import Reaper
 from fleet.producer.enqueue import enqueue_missing, prepare_job

@@ -18,8 +18,8 @@ import redis
 
 from fleet.coord import keys, suspects
 from fleet.coord.broker import TASK_NAME, make_celery, redis_client
-from fleet.coord.chunks import Lease, run_owner
 from fleet.coord.chunkstate import Quarantine, read_failures
+from fleet.coord.leases import Lease, run_owner
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.outages import Outages, outages_of
 from fleet.coord.pause import PauseJudge
@@ -180,7 +180,7 @@ def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = Fals
         suspects.start_solo(r, job, index, owner)
     if committed:  # it had finished other chunks before: a healthy process
         suspects.note_commit(r, owner)
-    wait_for(lambda: not r.exists(keys.lease(job, index)), 2, "lease expiry")
+    wait_for(lambda: not r.exists(keys.lease(job, index)), 30, "lease expiry")
     r.delete(keys.requeue_guard(job, index))
 
 
@@ -200,7 +200,7 @@ def test_a_death_while_a_suspect_waits_to_run_alone_is_no_evidence(r, store, app
     suspects.wait_solo(r, "j", 7, "gpu0@a:1")
     suspects.note_holder(r, "j", 7, "gpu0@a:1")
     # When the process dies during the wait (killed by one of its other chunks)
-    wait_for(lambda: not r.exists(keys.lease("j", 7)), 2, "lease expiry")
+    wait_for(lambda: not r.exists(keys.lease("j", 7)), 30, "lease expiry")
     r.delete(keys.requeue_guard("j", 7))
     long_run(r, "j", 7, waited_s)
     assert requeue_expired(r, store, app, settings) == ["j/7"]
@@ -287,7 +287,7 @@ def test_a_worker_whose_processes_keep_dying_is_blamed_and_benched(r, store, app
 
 def test_reaper_never_drops_a_new_owner(r, store, app, settings):
     # Given an expired chunk that a new owner leases between the reaper's scan and its removal
-    from fleet.coord.chunks import forget_unleased
+    from fleet.coord.leases import forget_unleased
 
     expired_lease(r, "j", 3, attempts_started=0)
     assert Lease(r, "j", 3, "gpu1@new:2", ttl_s=30).acquire()
@@ -489,7 +489,7 @@ def test_every_holder_losing_its_leases_at_once_is_a_pause_and_no_death(r, store
     # saw no pause itself (`fleet enqueue` started afterwards)
     for index, process in ((1, "gpu0@a:1"), (2, "gpu0@b:1")):
         leased_by(r, "j", index, process)
-    wait_for(lambda: not r.exists(keys.lease("j", 1)) and not r.exists(keys.lease("j", 2)), 2, "lease expiry")
+    wait_for(lambda: not r.exists(keys.lease("j", 1)) and not r.exists(keys.lease("j", 2)), 30, "lease expiry")
     # When it runs its recovery round
     assert requeue_expired(r, store, app, settings) == []
     # Then it reads them as a broker or network pause: left to their holders, nothing recorded
@@ -505,7 +505,7 @@ def test_every_holder_losing_its_leases_at_once_is_a_pause_and_no_death(r, store
 def test_a_lease_lost_outside_any_pause_is_still_a_death(r, store, app, settings):
     # Given one process's lease running out while the broker answers everyone
     leased_by(r, "j", 3, "gpu0@a:1")
-    wait_for(lambda: not r.exists(keys.lease("j", 3)), 2, "lease expiry")
+    wait_for(lambda: not r.exists(keys.lease("j", 3)), 30, "lease expiry")
     # When the reaper runs its round
     assert requeue_expired(r, store, app, settings) == ["j/3"]
     # Then the death counts against its worker, as before
@@ -515,10 +515,10 @@ def test_a_lease_lost_outside_any_pause_is_still_a_death(r, store, app, settings
 def test_two_processes_losing_their_leases_one_after_another_are_two_deaths(r, store, app, settings):
     # Given two processes whose leases run out seconds apart, the first after the second took its lease
     leased_by(r, "j", 1, "gpu0@a:1")
-    wait_for(lambda: not r.exists(keys.lease("j", 1)), 2, "first lease expiry")
+    wait_for(lambda: not r.exists(keys.lease("j", 1)), 30, "first lease expiry")
     time.sleep(2 * settings.heartbeat_s + 1.5)
     leased_by(r, "j", 2, "gpu0@b:1")
-    wait_for(lambda: not r.exists(keys.lease("j", 2)), 2, "second lease expiry")
+    wait_for(lambda: not r.exists(keys.lease("j", 2)), 30, "second lease expiry")
     # When a reaper that saw no pause finds both gone
     assert sorted(requeue_expired(r, store, app, settings)) == ["j/1", "j/2"]
     # Then they are deaths, not a pause: each counts against its worker

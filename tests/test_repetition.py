@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.engines.repetition import (
+from fleet.model.repetition import (
     MAX_PERIOD,
     MIN_REPEATS,
     MIN_TOKENS,
@@ -27,9 +27,8 @@ from fleet.engines.repetition import (
     watch_for,
 )
 from fleet.producer.inputs import read_records
-from fleet.records import GenRequest, derive_seed
+from fleet.records import GenRequest, derive_seed, record_sampling
 from fleet.settings import load_settings
-from fleet.worker.generate import effective_sampling
 from tests.fleetproc import check_loops_stopped, loop_job_lines
 from tests.modelkit import chat, loop_model_fixture, tiny_model_fixture  # noqa: F401
 from tests.test_engines_hf import Running, hf_settings, one_torch_thread  # noqa: F401
@@ -193,7 +192,7 @@ def demo_requests(max_tokens: int = 256) -> list[GenRequest]:
     """The demo job's requests (README: examples/prompts.jsonl, --max-tokens 256), as a worker builds them."""
     return [
         GenRequest(
-            record_id=r.id, chunk=0, sample=0, sampling=effective_sampling({"max_tokens": max_tokens}, r,
+            record_id=r.id, chunk=0, sample=0, sampling=record_sampling({"max_tokens": max_tokens}, r,
                                                                            derive_seed(0, r.id, 0)),
             messages=r.messages, prompt=r.prompt, input_ids=r.input_ids, return_output_ids=True,
         )
@@ -234,7 +233,7 @@ def healthy_texts() -> Iterator[tuple[str, str]]:
 
 
 def test_the_stop_never_fires_on_real_code_and_prose(tiny_model: Path):
-    from fleet.model.prompting import load_tokenizer
+    from fleet.model.rendering import load_tokenizer
 
     tok = load_tokenizer(str(tiny_model))
     rng = random.Random(2)

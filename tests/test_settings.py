@@ -323,3 +323,29 @@ def test_the_sim_fault_chunks_are_still_read_under_their_old_name(monkeypatch):
     monkeypatch.setenv("FLEET_SIM__CRASH_CHUNKS", "[4]")
     assert Settings().sim.fault_chunks == [4]
     assert Settings(sim={"fault_chunks": [1]}).sim.fault_chunks == [1]
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--max-tokens", "-5"], "--max-tokens -5: Input should be greater than or equal to 1"),
+    (["--max-tokens", "0"], "--max-tokens 0: Input should be greater than or equal to 1"),
+    (["--chunk-size", "0"], "--chunk-size 0: Input should be greater than or equal to 1"),
+    (["--engine", "nope"], "--engine nope: Input should be"),
+])  # fmt: skip
+def test_a_flag_is_a_setting_validated_before_anything_starts(tmp_path, args, named):
+    """`fleet run --max-tokens -5` once started a local Redis and workers that exited 1 and were
+    restarted forever: a flag gets its environment variable's validation, one line naming the flag."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "x"}\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")} | {"FLEET_DATA_DIR": str(tmp_path / "d")}
+    out = subprocess.run([sys.executable, "-m", "fleet", "run", str(prompts), "--job", "j", *args], env=env,
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2
+    assert named in " ".join(out.stderr.split()) and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "d").exists()  # no Redis, no store, no worker
+
+
+def test_a_bad_environment_value_is_named_by_its_variable(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")} | {"FLEET_SAMPLING__TOP_P": "7"}
+    out = subprocess.run([sys.executable, "-m", "fleet", "run", "x.jsonl", "--job", "j"], env=env,
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 2 and "FLEET_SAMPLING__TOP_P: Input should be less than or equal to 1" in out.stderr

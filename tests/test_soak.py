@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from fleet.coord import keys
-from fleet.coord.chunks import process_of
+from fleet.coord.leases import process_of
 from fleet.store import open_store
 from fleet.store.layout import checkpoints_prefix, failed_prefix, results_prefix
 from tests.conftest import run_fleet

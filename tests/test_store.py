@@ -1,5 +1,6 @@
-"""The store (docs/architecture.md, Store layout): one contract, two backends. Every behaviour is checked on a
-local directory and on S3 (moto's server over HTTP) through the same tests."""
+"""The store (docs/architecture.md, Store layout): one contract, three backends. Every behaviour is checked on a
+local directory, on S3 (moto's server over HTTP) and on GCS (fake-gcs-server over HTTP, behind the proxy that
+gives it GCS's precondition edges: tests/gcsserver.py) through the same tests."""
 
 from __future__ import annotations
 
@@ -24,18 +25,21 @@ def make_store(
 ) -> Store:
     if kind == "local":
         return open_store(str(tmp_path / "store"), multipart_threshold_mb=threshold_mb)
-    bucket = request.getfixturevalue("s3_bucket")
+    bucket = request.getfixturevalue(f"{kind}_bucket")
     return open_store(
-        f"s3://{bucket}/some/prefix", s3_max_attempts=2, multipart_threshold_mb=threshold_mb
+        f"{kind}://{bucket}/some/prefix", s3_max_attempts=2, multipart_threshold_mb=threshold_mb
     )
 
 
-@pytest.fixture(params=["local", "s3"])
+BACKENDS = ["local", "s3", "gs"]
+
+
+@pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return make_store(request.param, tmp_path, request)
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=BACKENDS)
 def small_threshold_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     """multipart_threshold_mb=5 (the S3 minimum part size), so a 6 MB object goes multipart."""
     return make_store(request.param, tmp_path, request, threshold_mb=5)
@@ -125,6 +129,35 @@ def test_delete_prefix(store):
     store.put("j/partial/000002/000000-w", b"keep")
     store.delete_prefix("j/partial/000001/")
     assert list(store.list("j/partial/")) == ["j/partial/000002/000000-w"]
+
+
+def test_delete_many_removes_exactly_the_keys_given(store):
+    # Given 1,001 checkpoints of a chunk (more than one S3 request holds) and objects beside them
+    keys = [f"j/partial/000001/{i:06d}-w" for i in range(1001)]
+    for key in keys:
+        store.put(key, b"c")
+    store.put("j/partial/000002/000000-w", b"other")
+    store.put("j/results/000001", b"result")
+    # When they are deleted together, with a key that is already gone among them
+    store.delete_many([*keys, "j/partial/000001/gone"])
+    # Then exactly they are gone
+    assert list(store.list("j/")) == ["j/partial/000002/000000-w", "j/results/000001"]
+    store.delete_many([])
+
+
+def test_s3_deletes_a_thousand_keys_a_request(s3_bucket):
+    # Given an S3 store whose requests are counted, with 2,001 objects under a prefix
+    store = S3Store(f"s3://{s3_bucket}/batched")
+    calls: list[str] = []
+    store.client.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))
+    for i in range(2001):
+        store.put(f"j/partial/000000/{i:06d}-w", b"c")
+    calls.clear()
+    # When the prefix is deleted (the reaper and the job end drop checkpoints so)
+    store.delete_prefix("j/partial/")
+    # Then three DeleteObjects requests removed them (after the listing's three pages), none one by one
+    assert calls == ["ListObjectsV2"] * 3 + ["DeleteObjects"] * 3
+    assert list(store.list("j/")) == []
 
 
 def test_s3_list_follows_pagination(s3_bucket):
@@ -380,3 +413,83 @@ def test_local_store_on_an_unwritable_path_is_a_store_error(tmp_path):
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(StoreError):
         LocalStore(tmp_path / "file" / "store")
+
+
+# -- gs specifics: resumable uploads carry the precondition to their last chunk ------------
+
+
+def test_gs_resumable_create_is_refused_at_finalize(gs_bucket, gcs_server):
+    # Given a 5 MB threshold: a 9 MB object goes as a resumable upload in 16 MB-or-less chunks
+    from fleet.store.gcs import GcsStore
+
+    store = open_store(f"gs://{gs_bucket}/p", s3_max_attempts=2, multipart_threshold_mb=5)
+    assert isinstance(store, GcsStore)
+    first, second = big(1, 9 * MB), big(2, 9 * MB)
+    refused = gcs_server.proxy.counts["refused at finalize"]
+    # When it is committed twice, and once over a small object
+    assert store.put_if_absent("j/results/000001", first) is True
+    v = store.version("j/results/000001")
+    assert store.put_if_absent("j/results/000001", second) is False
+    store.put("j/results/000002", b"small")
+    assert store.put_if_absent("j/results/000002", second) is False
+    # Then the first bytes stay, unchanged, and both losers were refused when they finalized
+    assert store.get("j/results/000001") == first and store.version("j/results/000001") == v
+    assert store.get("j/results/000002") == b"small"
+    assert gcs_server.proxy.counts["refused at finalize"] == refused + 2
+
+
+def test_gs_resumable_race_has_one_winner(gs_bucket):
+    # Given 4 writers of 9 MB results (resumable) and 4 of small ones (one request) at once
+    store = open_store(f"gs://{gs_bucket}/p", s3_max_attempts=2, multipart_threshold_mb=5)
+    barrier, won, errors = threading.Barrier(8), [], []
+
+    def commit(i: int) -> None:
+        try:
+            barrier.wait()
+            data = big(i, 9 * MB) if i < 4 else f"small-{i}".encode()
+            if store.put_if_absent("j/results/000000", data):
+                won.append((i, data))
+        except BaseException as e:  # collected, asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # Then exactly one wins and its bytes are the object's
+    assert errors == [] and len(won) == 1
+    assert store.get("j/results/000000") == won[0][1]
+
+
+@pytest.mark.parametrize("url", ["gs://", "gs:///prefix"])
+def test_gs_url_without_bucket_is_a_config_error(url, gcs_env):
+    with pytest.raises(ConfigError) as info:
+        open_store(url)
+    assert "bucket" in str(info.value)
+
+
+def test_gs_missing_bucket_is_a_store_error(gcs_env):
+    store = open_store("gs://no-such-bucket-fleet/p", s3_max_attempts=1)
+    with pytest.raises(StoreError):
+        store.put("k", b"v")
+
+
+def test_unknown_scheme_is_a_config_error():
+    with pytest.raises(ConfigError) as info:
+        open_store("az://container/prefix")
+    assert "unknown scheme az://" in str(info.value) and "gs://" in str(info.value)
+
+
+def test_download_and_upload_stream_files(store, tmp_path):
+    # Given a local file of 3 MB
+    src = tmp_path / "in.bin"
+    src.write_bytes(big(-1, 3 * MB))
+    # When it is uploaded and downloaded again
+    store.upload(src, "j/export/x.parquet")
+    out = tmp_path / "out.bin"
+    store.download("j/export/x.parquet", out)
+    # Then the bytes round-trip, and a missing key is ObjectMissing
+    assert out.read_bytes() == src.read_bytes()
+    with pytest.raises(ObjectMissing):
+        store.download("j/export/none", tmp_path / "none")

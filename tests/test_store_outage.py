@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from fleet.coord import chunks
+from fleet.coord import figures
 from fleet.store import open_store
 from fleet.store.layout import results_prefix
 from fleet.store.results import read_result
@@ -59,7 +59,7 @@ def test_results_made_during_a_store_outage_are_committed_after_it_not_made_agai
     try:
         # When the store refuses every connection for OUTAGE_S, starting while every chunk runs
         r = redis.Redis(port=redis_server.port)
-        wait_for(lambda: len(chunks.paces(r, "out")) == RECORDS // 4, 60, "every chunk generating")
+        wait_for(lambda: len(figures.paces(r, "out")) == RECORDS // 4, 60, "every chunk generating")
         proxy.stop()
         down = time.monotonic()
         time.sleep(OUTAGE_S)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import time
 from typing import Any
 
 import pytest
@@ -32,8 +31,7 @@ def test_an_engine_timeout_is_a_failure_not_a_poll_forever():
     # concurrent.futures raises when a wait times out)
     task = ChunkTask(store=None, host=FailingHost(TimeoutError("engine timed out")))  # type: ignore[arg-type]
     polls = []
-    began = time.monotonic()
     # When the task waits for it, Then the error comes out at once, after no poll
     with pytest.raises(TimeoutError, match="engine timed out"):
         task.generate(ChunkRun(job="j", index=0, attempt=1, worker="w"), lambda: polls.append(1))
-    assert polls == [] and time.monotonic() - began < 1
+    assert polls == []

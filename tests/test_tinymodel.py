@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -71,14 +70,11 @@ def test_the_weights_generate_real_tokens(tiny_model: Path) -> None:
 
 def test_same_seed_same_bytes_other_seed_other_weights(tiny_model: Path, tmp_path: Path) -> None:
     # When the model is built again, with the same seed and with another one
-    began = time.monotonic()
     again = build_tiny_model(tmp_path / "again", seed=0)
-    took = time.monotonic() - began
     other = build_tiny_model(tmp_path / "other", seed=1)
 
-    # Then the same seed gives the same files byte for byte, in seconds
+    # Then the same seed gives the same files byte for byte
     assert digests(again) == digests(tiny_model)
-    assert took < 30
     # and another seed changes the weights only
     changed = {k for k, v in digests(other).items() if digests(tiny_model)[k] != v}
     assert changed == {"model.safetensors"}

@@ -22,7 +22,8 @@ import pytest
 
 from fleet.engines.sim.engine import SimEngine
 from fleet.engines.specs import job_config
-from fleet.model.prompting import THINK_CLOSE, load_tokenizer
+from fleet.model.reasoning import THINK_CLOSE
+from fleet.model.rendering import load_tokenizer
 from fleet.model.turns import conversation, turn_count, turn_prompt
 from fleet.producer.inputs import read_records
 from fleet.producer.redo import redo_settings

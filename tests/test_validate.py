@@ -10,7 +10,7 @@ from pathlib import Path
 
 import boto3
 
-from fleet.model.prompting import load_tokenizer
+from fleet.model.rendering import load_tokenizer
 from tests.conftest import run_fleet
 from tests.fleetproc import FAST_SIM, read_jsonl
 from tests.modelkit import tiny_model_fixture  # noqa: F401

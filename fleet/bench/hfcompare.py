@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,8 @@ from fleet.bench.procs import clean_env, read_requests, run_fleet, write_prompts
 from fleet.bench.profile import Profile
 from fleet.bench.report import Section
 from fleet.bench.sides import bare_side, fleet_side
-from fleet.bench.simjob import SimJob, SimShape, run_sim_job
-from fleet.bench.workercpu import MILLION, profile_figures
+from fleet.bench.simjob import SimJob, SimShape
+from fleet.bench.workercpu import profile_figures, profiled
 from fleet.settings import Settings
 
 HF_TARGET = 0.95
@@ -104,20 +103,12 @@ def profile_worker(profile: Profile, workdir: Path, model: Path, prompts: int) -
     CPU, its engine loop under cProfile): where the worker's CPU goes besides the engine's."""
     settings = Settings(engine="hf", chunk_size=profile.hf_chunk_size, hf={"max_batch": profile.hf_batch})
     out = workdir / "workerprof-hf.json"
-    gate = out.with_suffix(".on")
     shape = SimShape(max_running=profile.hf_batch, chunk_size=profile.hf_chunk_size)  # sizes only: the engine is hf
     job = SimJob("prof-hf", shape, -(-prompts // profile.hf_chunk_size), workers=1, extra_env={
         "FLEET_ENGINE": "hf", "FLEET_MODEL": str(model), "FLEET_HF__MAX_BATCH": str(profile.hf_batch),
         "FLEET_SAMPLING__MAX_TOKENS": str(profile.hf_max_tokens), "FLEET_SAMPLING__TEMPERATURE": "0",
         **TORCH_THREADS})  # fmt: skip
-    job.direct = [sys.executable, "-m", "fleet.bench.workerprof", str(out), "--name", "cpu0@bench",
-                  "--concurrency", str(settings.resolved_slots())]  # fmt: skip
-    job.on_ready, job.on_done = gate.touch, gate.unlink
-    result = run_sim_job(job, workdir)
-    report = json.loads(out.read_text())
-    report["S"], report["tokens"] = profile.hf_batch, result.run.tokens
-    report["cpu_s_per_mtok"] = report["process_cpu_s"] / result.run.tokens * MILLION
-    return report
+    return profiled(job, workdir, out, settings.resolved_slots(), profile.hf_batch)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,7 +35,7 @@ TOPICS = ("a sorting algorithm", "the causes of inflation", "how vaccines work",
           "the history of the printing press", "gradient descent", "plate tectonics", "a binary search tree")
 
 
-def require_sglang() -> None:
+def require_sglang_gpu() -> None:
     """A clear refusal where sglang cannot run, before any engine is built."""
     if importlib.util.find_spec("sglang") is None:
         raise ConfigError(
@@ -44,7 +44,7 @@ def require_sglang() -> None:
         )
 
 
-def requests_for(n: int, max_tokens: int) -> list[GenRequest]:
+def mtp_requests(n: int, max_tokens: int) -> list[GenRequest]:
     sampling = Sampling(max_tokens=max_tokens, seed=0)
     def ask(i: int) -> list[Message]:
         return [Message(role="user", content=f"Explain {TOPICS[i % len(TOPICS)]} step by step. ({i})")]
@@ -59,9 +59,9 @@ async def run_side(settings: Settings, requests: int, max_tokens: int, warmup: i
     engine = SglangEngine(settings)
     await engine.start()
     try:
-        await asyncio.gather(*(engine.generate(r) for r in requests_for(warmup, min(max_tokens, 64))))
+        await asyncio.gather(*(engine.generate(r) for r in mtp_requests(warmup, min(max_tokens, 64))))
         began = time.perf_counter()
-        results = await asyncio.gather(*(engine.generate(r) for r in requests_for(requests, max_tokens)))
+        results = await asyncio.gather(*(engine.generate(r) for r in mtp_requests(requests, max_tokens)))
         seconds = time.perf_counter() - began
     finally:
         await engine.shutdown()
@@ -103,7 +103,7 @@ def run_child(mtp: bool, requests: int | None, max_tokens: int | None, timeout_s
 
 
 def measure_mtp(requests: int | None = None, max_tokens: int | None = None, timeout_s: float = 3600) -> Section:
-    require_sglang()
+    require_sglang_gpu()
     off = run_child(False, requests, max_tokens, timeout_s)
     on = run_child(True, requests, max_tokens, timeout_s)
     use = "on" if on["tok_s"] > off["tok_s"] else "off"
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int)
     parser.add_argument("--max-tokens", type=int)
     args = parser.parse_args(argv)
-    require_sglang()
+    require_sglang_gpu()
     print(json.dumps(side_main(args.mtp == "on", args.requests, args.max_tokens)))
 
 

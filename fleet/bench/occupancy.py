@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fleet.bench.idealmodel import model_occupancy
 from fleet.bench.jobstats import ideal_makespan_s, occupancy, throughput, timeline
-from fleet.bench.model import model_occupancy
 from fleet.bench.profile import Profile
 from fleet.bench.report import Figure, Section, at_least, at_most
 from fleet.bench.simjob import SimJob, SimJobResult, run_sim_job

@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import redis
 
 from fleet.bench.sharedcore import Pen
-from fleet.coord import chunks
+from fleet.coord import figures
 from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
-from fleet.worker.proctree import children, descendants, is_worker
+from fleet.worker.proctree import is_worker
 
 READY_TIMEOUT_S = 90.0
 #: where this fleet was imported from: the processes a benchmark starts (in their own cwd) import
@@ -104,13 +105,23 @@ def read_requests(path: Path | str, max_tokens: int, enable_thinking: bool = Tru
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of one process so far, its threads included and its children
-    (an engine's scheduler processes) not: /proc/<pid>/stat's utime and stime."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    (an engine's scheduler processes) not."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def below(pid: int) -> dict[int, str]:
+    """Every process under pid, by pid, with its command line (arguments joined by spaces; a
+    process that rewrote its title, as redis-server does, as it titled itself)."""
+    found = {}
+    for proc in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            found[proc.pid] = " ".join(proc.cmdline())
+    return found
 
 
 #: redis-server's process title: its path, then host:port
-REDIS_TITLE = re.compile(rb"\S*redis-server \S*:(\d+)")
+REDIS_TITLE = re.compile(r"\S*redis-server \S*:(\d+)")
 
 
 @dataclass
@@ -120,7 +131,7 @@ class Watched:
     #: the worker processes' own CPU seconds (their children, an engine's processes, not counted)
     cpu: list[tuple[float, float]] = field(default_factory=list)
     #: output tokens the job's chunks have made so far, as the workers publish them while they
-    #: stream (fleet.coord.chunks.made; about once a second per chunk)
+    #: stream (fleet.coord.figures.made; about once a second per chunk)
     made: list[tuple[float, float]] = field(default_factory=list)
 
 
@@ -141,19 +152,19 @@ def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: 
                 proc.kill()
                 proc.wait()
                 raise FleetError(f"`fleet {' '.join(args)}` ran past {timeout_s:.0f}s")
-            with contextlib.suppress(OSError, ValueError, IndexError, redis.RedisError):
-                below = {p: Path(f"/proc/{p}/cmdline").read_bytes() for p in descendants(proc.pid)}
-                workers = [p for p, cmdline in below.items() if is_worker(cmdline)]
+            with contextlib.suppress(psutil.Error, redis.RedisError):
+                tree = below(proc.pid)
+                workers = [p for p, cmdline in tree.items() if is_worker(cmdline.encode())]
                 if pen is not None:
-                    for p in {*workers, *(c for w in workers for c in descendants(w))} - adopted:
+                    for p in {*workers, *(c for w in workers for c in below(w))} - adopted:
                         pen.adopt(p)
                         adopted.add(p)
                 now = time.time()
                 watched.cpu.append((now, sum(cpu_seconds(p) for p in workers)))
                 if job is not None:
-                    broker = broker or broker_of(below.values())
+                    broker = broker or broker_of(tree.values())
                     if broker is not None:
-                        watched.made.append((now, sum(chunks.made(broker, job).values())))
+                        watched.made.append((now, sum(figures.made(broker, job).values())))
             time.sleep(0.2)
         if proc.returncode != 0:
             err.seek(0)
@@ -161,7 +172,7 @@ def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: 
     return watched
 
 
-def broker_of(cmdlines: Iterable[bytes]) -> redis.Redis | None:
+def broker_of(cmdlines: Iterable[str]) -> redis.Redis | None:
     """A client of the redis-server a `fleet run` started, if it runs yet: found by its port, which
     redis-server puts in its own process title ("redis-server 127.0.0.1:PORT")."""
     for cmdline in cmdlines:
@@ -184,7 +195,7 @@ class WorkerHost:
     def worker_pids(self) -> list[int]:
         """The worker processes (whose children, if any, are their engines)."""
         assert self.proc is not None
-        return [self.proc.pid] if self.direct else sorted(set(children(self.proc.pid)))
+        return [self.proc.pid] if self.direct else sorted(p.pid for p in psutil.Process(self.proc.pid).children())
 
     def start(self) -> WorkerHost:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import math
 import random
 from pathlib import Path
 
-from fleet.bench.model import model_occupancy
+from fleet.bench.idealmodel import model_occupancy
 from fleet.bench.occupancy import MAKESPAN_TARGET, OCCUPANCY_TARGET
 from fleet.bench.profile import Profile
 from fleet.bench.reference import REFERENCE

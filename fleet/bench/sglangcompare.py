@@ -52,7 +52,8 @@ def bare_generate(prompts_path: str, max_tokens: int, until: Path | None = None)
     import sglang
 
     from fleet.engines.sglang.engine import engine_kwargs
-    from fleet.model.prompting import load_tokenizer, model_facts, render_ids
+    from fleet.model.facts import model_facts
+    from fleet.model.rendering import load_tokenizer, render_ids
     from fleet.settings import load_settings
 
     settings = load_settings()

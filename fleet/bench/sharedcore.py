@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from fleet.errors import FleetError
 
 #: the CFS period both quotas count in: short, so the two sides take turns many times a second
@@ -65,11 +67,11 @@ class Pen:
     def adopt(self, pid: int) -> None:
         """Move a running process (every thread of it) into the pen and onto its CPUs; what it
         starts afterwards is born there. A process that has already exited is skipped."""
-        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError, psutil.NoSuchProcess):
             (self.path / "cgroup.procs").write_text(str(pid))
-            for task in Path(f"/proc/{pid}/task").iterdir():
+            for thread in psutil.Process(pid).threads():
                 with contextlib.suppress(ProcessLookupError, OSError):
-                    os.sched_setaffinity(int(task.name), set(self.cpus))
+                    os.sched_setaffinity(thread.id, set(self.cpus))
 
 
 def cpu_hierarchy(root: Path = CGROUP_ROOT) -> tuple[Path, int]:

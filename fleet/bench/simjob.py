@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.bench.jobstats import JobRun, read_job
-from fleet.bench.procs import WorkerHost, clean_env, cpu_seconds, run_fleet, wait_until, write_prompts
+from fleet.bench.procs import READY_TIMEOUT_S, WorkerHost, clean_env, cpu_seconds, run_fleet, wait_until, write_prompts
 from fleet.coord.localredis import LocalRedis
 from fleet.errors import FleetError
 from fleet.settings import Settings
@@ -76,6 +76,8 @@ class SimJob:
     #: called once the workers are ready, and once every result exists (a profiler's window)
     on_ready: Callable[[], object] | None = None
     on_done: Callable[[], object] | None = None
+    #: seconds a worker may take to be ready (a real engine's start on loaded cores takes minutes)
+    ready_timeout_s: float = 0.0
 
     @property
     def records(self) -> int:
@@ -114,7 +116,7 @@ def run_sim_job(job: SimJob, workdir: Path, timeout_s: float = 600) -> SimJobRes
         })
         host = WorkerHost(env, job.workers, base / "workers.log", direct=job.direct).start()
         try:
-            startup = host.wait_ready()
+            startup = host.wait_ready(max(READY_TIMEOUT_S, job.ready_timeout_s))
             pids = host.worker_pids()
             cpu = [cpu_seconds(p) for p in pids]
             if job.on_ready:

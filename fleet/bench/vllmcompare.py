@@ -57,7 +57,8 @@ def bare_generate(model: str, prompts_path: str, max_tokens: int, until: Path | 
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from fleet.engines.vllm.plan import engine_kwargs
-    from fleet.model.prompting import load_tokenizer, model_facts, render_ids
+    from fleet.model.facts import model_facts
+    from fleet.model.rendering import load_tokenizer, render_ids
     from fleet.settings import Settings
 
     settings = Settings(engine="vllm", model=model)

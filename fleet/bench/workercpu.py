@@ -4,7 +4,7 @@ a GPU host, where the engine's work moves to the GPU and its scheduler to proces
 Sim-engine workers at several S (engine slots, so requests running at once) run jobs at one
 offered token rate (step = S / rate, so deltas and requests per second stay the same and only
 the number of running requests changes). The worker process's own user + system seconds from
-ready to the last result (/proc/<pid>/stat; an engine's child processes would not count, the
+ready to the last result (psutil's cpu_times; an engine's child processes would not count, the
 in-process sim does) over the tokens made. The sim's own share (ids and text for each token)
 is timed apart in this process and taken off, leaving fleet's: Celery, the engine loop, the
 stream reading, checkpoints, the commit. A second run at one S goes under
@@ -24,7 +24,7 @@ from fleet.bench.jobstats import JobRun, occupancy
 from fleet.bench.profile import Profile
 from fleet.bench.report import Figure
 from fleet.bench.simjob import SimJob, SimShape, run_sim_job
-from fleet.engines.sim.engine import sim_ids, sim_text
+from fleet.engines.sim.tokens import SimVocab, sim_text_of, sim_tokens
 
 MILLION = 1_000_000
 #: chunks in flight per worker as K x C = this x S (the default is 16: fewer, so a short job is
@@ -48,9 +48,9 @@ def sim_cpu_per_token(run: JobRun, samples: int = 400) -> float:
     """CPU seconds the sim spends per output token making ids and text, timed here on the run's lengths."""
     lengths = [n for c in run.chunks for n in c.lengths][:samples]
     began = time.process_time()
+    vocab = SimVocab()
     for i, n in enumerate(lengths):
-        sim_ids(i, n, None)
-        sim_text(i, n)
+        sim_text_of(vocab, sim_tokens(vocab, i, n, n)[0])
     return (time.process_time() - began) / max(1, sum(lengths))
 
 
@@ -83,15 +83,22 @@ def profile_worker(profile: Profile, workdir: Path) -> dict[str, Any]:
     slots = profile.cpu_profile_slots
     shape = shape_for(slots, profile.cpu_token_rate, profile.cpu_mean_tokens, profile.cpu_chunk_size)
     out = workdir / f"workerprof-s{slots}.json"
-    gate = out.with_suffix(".on")
     job = job_for(f"prof-s{slots}", shape, max(profile.cpu_records, profile.cpu_waves * slots))
+    return profiled(job, workdir, out, job.shape.default_slots(IN_FLIGHT_FACTOR), slots)
+
+
+def profiled(job: SimJob, workdir: Path, out: Path, concurrency: int, slots: int) -> dict[str, Any]:
+    """Run `job` with its one worker under fleet.bench.workerprof (counting from the worker's ready to
+    the job's last result); its report, with S, the tokens made and the CPU seconds per M tokens."""
+    gate = out.with_suffix(".on")
     job.direct = [sys.executable, "-m", "fleet.bench.workerprof", str(out), "--name", "cpu0@bench",
-                  "--concurrency", str(job.shape.default_slots(IN_FLIGHT_FACTOR))]
+                  "--concurrency", str(concurrency)]
     job.on_ready, job.on_done = gate.touch, gate.unlink
-    result = run_sim_job(job, workdir)
+    result = run_sim_job(job, workdir, timeout_s=3600)
     report = json.loads(out.read_text())
     report["S"], report["tokens"] = slots, result.run.tokens
     report["cpu_s_per_mtok"] = report["process_cpu_s"] / result.run.tokens * MILLION
+    report["us_per_token"] = (report["process_cpu_s"] - report["sampler_cpu_s"]) / result.run.tokens * 1e6
     return report
 
 

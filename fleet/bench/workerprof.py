@@ -184,7 +184,7 @@ def loop_stats(prof: cProfile.Profile) -> dict[str, Any]:
 AREAS = (
     ("the sim engine (its ids, text, random draws)", ("fleet/engines/sim/", "random.py:", "_random.Random")),
     ("prompt rendering (the chat template; a bare engine renders too)",
-     ("fleet/model/prompting.py", "jinja2/", "transformers/utils/chat_template", "tokenization_utils")),
+     ("fleet/model/rendering.py", "jinja2/", "transformers/utils/chat_template", "tokenization_utils")),
     ("the hf engine (batching, transformers, torch)", ("fleet/engines/hf/", "transformers/", "torch/")),
     ("fleet's worker (stream reading, checkpoints, commit)", ("fleet/",)),
     ("asyncio (the loop, tasks, queues)", ("asyncio/",)),

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from fleet.errors import FleetError, ServiceUnreachable, TargetUnwritable
-from fleet.settings import Settings, load_settings
+from fleet.settings import ENGINE_SECTIONS, Settings, load_settings
 
 app = typer.Typer(
     name="fleet",
@@ -27,10 +28,32 @@ EXIT_UNREACHABLE = 3
 loaded: list[Settings] = []
 
 JobOpt = Annotated[str, typer.Option("--job", "-j", help="job name")]
-EngineOpt = Annotated[str | None, typer.Option("--engine", help="sim, hf, sglang or vllm")]
+EngineOpt = Annotated[str | None, typer.Option("--engine", help=", ".join(ENGINE_SECTIONS))]
 ModelOpt = Annotated[str | None, typer.Option("--model", help="model directory")]
 BrokerOpt = Annotated[str | None, typer.Option("--broker-url", help="redis:// URL (FLEET_BROKER_URL)")]
-StoreOpt = Annotated[str | None, typer.Option("--store-url", help="directory or s3://bucket/prefix")]
+ConfigOpt = Annotated[str | None, typer.Option(
+    "--config", help="dataset config (a Hub dataset's or a dataset folder's); default: the default one")]
+SplitOpt = Annotated[str | None, typer.Option("--split", help="dataset split (default train)")]
+RevisionOpt = Annotated[str | None, typer.Option(
+    "--revision", help="Hub dataset revision: a branch, tag or commit (default main; a resumed job: its commit)")]
+ColumnsOpt = Annotated[list[str] | None, typer.Option(
+    "--columns", help="FIELD=COLUMN: read fleet's field from a column of another name (e.g. id=uuid); repeatable")]
+
+
+def input_flags(config: str | None, split: str | None, revision: str | None,
+                columns: list[str] | None) -> dict[str, Any]:
+    """The dataset flags as settings (FLEET_INPUT__*): only those given."""
+    given: dict[str, Any] = {k: v for k, v in (("config", config), ("split", split), ("revision", revision)) if v}
+    if columns:
+        pairs = [c.split("=", 1) for c in columns]
+        bad = [c for c, p in zip(columns, pairs, strict=True) if len(p) != 2 or not all(x.strip() for x in p)]
+        if bad:
+            fail(f"--columns {bad[0]!r}: give FIELD=COLUMN, e.g. id=uuid")
+        given["columns"] = {f.strip(): c.strip() for f, c in pairs}
+    return given
+
+
+StoreOpt = Annotated[str | None, typer.Option("--store-url", help="directory, s3://bucket/prefix or gs://bucket/prefix")]
 ChunkOpt = Annotated[int | None, typer.Option("--chunk-size", help="records per chunk")]
 SlotsOpt = Annotated[int | None, typer.Option("--slots", help="K chunks per worker at once")]
 TurnsOpt = Annotated[str | None, typer.Option(
@@ -38,14 +61,40 @@ TurnsOpt = Annotated[str | None, typer.Option(
 DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="local runtime directory")]
 
 
+#: CLI flags that set a nested setting, by the flag's parameter name: its path in the settings
+NESTED_FLAGS: dict[str, tuple[str, ...]] = {
+    "max_tokens": ("sampling", "max_tokens"),
+    **{name: ("input", name) for name in ("config", "split", "revision", "columns")},
+}
+
+
 def settings_from(**flags: Any) -> Settings:
-    """Settings with the CLI flags that were given on top of env and fleet.toml."""
+    """Settings with the CLI flags that were given on top of env and fleet.toml. A flag is a setting:
+    it goes through the same validation as its environment variable, and a bad value is one line
+    naming the flag, before anything starts."""
+    given = {name: value for name, value in flags.items() if value is not None}
+    values: dict[str, Any] = {}
+    for name, value in given.items():
+        *parents, leaf = NESTED_FLAGS.get(name, (name,))
+        node = values
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
     try:
-        settings = load_settings(**flags)
-    except Exception as e:  # pydantic ValidationError names the field
-        fail(f"invalid settings: {e}")
+        settings = load_settings(**values)
+    except ValidationError as e:
+        fail("; ".join(setting_error(err, given) for err in e.errors()))
     loaded[:] = [settings]
     return settings
+
+
+def setting_error(err: Any, given: dict[str, Any]) -> str:
+    """One validation error, named as the user set it: the flag, else the environment variable."""
+    loc = tuple(str(part) for part in err["loc"])
+    flag = next((name for name in given if NESTED_FLAGS.get(name, (name,)) == loc[: len(NESTED_FLAGS.get(
+        name, (name,)))]), None)  # fmt: skip
+    where = f"--{flag.replace('_', '-')} {given[flag]}" if flag else f"FLEET_{'__'.join(loc).upper()}"
+    return f"{where}: {err['msg']}"
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -183,6 +183,49 @@ def result_size(
     console.print(table)
 
 
+@bench_app.command("control-plane")
+def control_plane(
+    ctx: typer.Context,
+    quick: QuickOpt = False,
+    out: OutOpt = None,
+    keep: KeepOpt = False,
+    workers: Annotated[str | None, typer.Option("--workers", help="simulated workers per level, e.g. "
+                                                "10,100,1000 (the restart and the wipe run at the last)")] = None,
+    window_s: Annotated[float | None, typer.Option("--window-s", help="seconds measured per level")] = None,
+    more_k: Annotated[str | None, typer.Option("--more-k", help="other K to run at the largest level, e.g. "
+                                               "4,32 (none: '')")] = None,
+) -> None:
+    """Broker load, lease renewals, recovery rounds and `fleet status` for N simulated workers on one
+    redis-server (fleet's own coordination code; Celery's consumer measured from a real worker)."""
+    import dataclasses
+    import shutil
+    import tempfile
+
+    from fleet.bench.controlplane import FULL, QUICK, measure_control_plane
+    from fleet.bench.report import print_table, write_json
+
+    quick, out, keep = _options(ctx, quick, out, keep)
+    profile = QUICK if quick else FULL
+    if workers:
+        profile = dataclasses.replace(profile, workers=tuple(int(w) for w in workers.split(",")))
+    if window_s:
+        profile = dataclasses.replace(profile, window_s=window_s)
+    if more_k is not None:
+        profile = dataclasses.replace(profile, more_k=tuple(int(k) for k in more_k.split(",") if k))
+    workdir = Path(tempfile.mkdtemp(prefix="fleet-bench-cp-"))
+    try:
+        section = measure_control_plane(profile, workdir, log=console.print)
+    finally:
+        if keep:
+            console.print(f"kept the work directory {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print_table([section])
+    command = "fleet bench control-plane" + (" --quick" if quick else "") + (f" --workers {workers}" if workers else "")
+    path = write_json((out or DEFAULT_OUT) / "control-plane.json", [section], {"command": command})
+    console.print(f"wrote {path}")
+
+
 @bench_app.command("all")
 def all_(ctx: typer.Context, quick: QuickOpt = False, out: OutOpt = None, keep: KeepOpt = False) -> None:
     """Every measurement (the same as `fleet bench` with no subcommand)."""

@@ -12,30 +12,37 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from fleet.audit.job import AuditCounts
 from fleet.cli.app import (
     BrokerOpt,
     ChunkOpt,
+    ColumnsOpt,
+    ConfigOpt,
     DataDirOpt,
     EngineOpt,
     JobOpt,
     ModelOpt,
+    RevisionOpt,
     SlotsOpt,
+    SplitOpt,
     StoreOpt,
     TurnsOpt,
     app,
     console,
     fail,
+    input_flags,
     preflight,
     run_guarded,
     settings_from,
     setup_logging,
 )
-from fleet.cli.progress import live_progress
+from fleet.cli.liveprogress import live_progress
 
-InputArg = Annotated[str, typer.Argument(help="prompts: JSONL or Parquet, a path or s3://bucket/key")]
+_INPUT = ("prompts: a JSONL or Parquet file or a dataset folder (Parquet shards, save_to_disk), a path, "
+          "s3://bucket/key, gs://bucket/key or hf://datasets/ORG/NAME")
+InputArg = Annotated[str, typer.Argument(help=_INPUT)]
 #: run and enqueue take an input, or --redo JOB (fleet.producer.redo)
-SourceArg = Annotated[str | None, typer.Argument(
-    help="prompts: JSONL or Parquet, a path or s3://bucket/key (none with --redo)")]
+SourceArg = Annotated[str | None, typer.Argument(help=f"{_INPUT} (none with --redo)")]
 RedoOpt = Annotated[str | None, typer.Option(
     "--redo", help="a second pass: this job's input is JOB's rows that did not finish (cut, ended in thinking, "
     "errors, loops); JOB must be complete")]
@@ -59,6 +66,7 @@ def run(
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, chunk_size: ChunkOpt = None, slots: SlotsOpt = None,
     data_dir: DataDirOpt = None, max_tokens: MaxTokensOpt = None, turns: TurnsOpt = None,
+    config: ConfigOpt = None, split: SplitOpt = None, revision: RevisionOpt = None, columns: ColumnsOpt = None,
 ) -> None:
     """Everything on one machine: local Redis if none is set, workers, enqueue, progress."""
     check_source(input, redo)
@@ -66,9 +74,8 @@ def run(
     from fleet.tools.localrun import run_local
 
     settings = settings_from(engine=engine, model=model, broker_url=broker_url, store_url=store_url,
-                             chunk_size=chunk_size, slots=slots, data_dir=data_dir, turns=turns)
-    if max_tokens:
-        settings.sampling.max_tokens = max_tokens
+                             chunk_size=chunk_size, slots=slots, data_dir=data_dir, turns=turns, max_tokens=max_tokens,
+                             **input_flags(config, split, revision, columns))
     preflight(settings, broker=bool(settings.broker_url), store=True)
     began = time.monotonic()
     gpu_list = None
@@ -93,15 +100,15 @@ def enqueue(
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, chunk_size: ChunkOpt = None, max_tokens: MaxTokensOpt = None,
     turns: TurnsOpt = None,
+    config: ConfigOpt = None, split: SplitOpt = None, revision: RevisionOpt = None, columns: ColumnsOpt = None,
 ) -> None:
     """Producer: validate, write chunks and manifest, enqueue chunks with no result (idempotent)."""
     from fleet.producer.enqueue import enqueue as do_enqueue
 
     check_source(input, redo)
     settings = settings_from(engine=engine, model=model, broker_url=broker_url,
-                             store_url=store_url, chunk_size=chunk_size, turns=turns)
-    if max_tokens:
-        settings.sampling.max_tokens = max_tokens
+                             store_url=store_url, chunk_size=chunk_size, turns=turns, max_tokens=max_tokens,
+                             **input_flags(config, split, revision, columns))
     # The broker first: a job whose chunks are written but cannot be queued helps nobody.
     preflight(settings, broker=True, store=True)
     with live_progress(console) as progress:
@@ -119,12 +126,14 @@ def validate(
     input: InputArg,
     engine: EngineOpt = None, model: ModelOpt = None, turns: TurnsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
+    config: ConfigOpt = None, split: SplitOpt = None, revision: RevisionOpt = None, columns: ColumnsOpt = None,
 ) -> None:
     """Check an input as `fleet enqueue` would, with nothing running: every bad line, the
     record count, the forms seen, and prompt tokens with the model's tokenizer (--model)."""
     from fleet.producer.survey import survey
 
-    report = run_guarded(survey, settings_from(engine=engine, model=model, turns=turns), input)
+    settings = settings_from(engine=engine, model=model, turns=turns, **input_flags(config, split, revision, columns))
+    report = run_guarded(survey, settings, input)
     typer.echo(json.dumps({**asdict(report), "ok": report.ok}, indent=2) if as_json else survey_text(report))
     if not report.ok:
         raise typer.Exit(1)
@@ -227,7 +236,9 @@ def status_table(st) -> Table:
         ("redo", redo_text(st)),
         ("tokens", f"{st.prompt_tokens:,} in, {st.completion_tokens:,} out, {st.tokens_in_flight:,} in flight"),
         ("continuation", f"{st.tokens_continued:,} tokens continued from checkpoints, "
-                         f"{st.tokens_made_twice:,} made twice (lost between flushes, helpers' copies)"),
+                         f"{st.tokens_made_twice:,} made twice (lost between flushes, helpers' copies, "
+                         f"{st.samples_restarted:,} samples restarted)"),
+        ("audit", f"{st.audit_checked:,} samples checked against their ids at commit, {st.audit_failed:,} fail"),
         ("rate", f"{st.tok_s:,.1f} output tok/s, ETA {eta}"),
         ("cost", f"${st.cost_usd:,.2f} spent" + (f", ${st.projected_cost_usd:,.2f} projected"
                                                   if st.projected_cost_usd is not None else "")),
@@ -239,6 +250,8 @@ def status_table(st) -> Table:
     ]
     for k, v in rows:
         t.add_row(k, v)
+    for defect in st.audit_defects:
+        t.add_row("[bold red]audit defect[/]", escape(defect))
     for f in st.failed:
         t.add_row(f"failed {f['index']}", f"{f['error_type']}: {f['error']} ({f['attempts']} attempts)")
     for d in st.dying_workers:
@@ -265,9 +278,10 @@ def export(
         "the later job's between two")],
     out: Annotated[str, typer.Option(
         "--out", "-o", help="local path (a FIFO or device is written through), - for standard output, "
-        "or s3://bucket/key")],
+        "s3://bucket/key, gs://bucket/key; with --format hf a folder or hf://datasets/ORG/NAME")],
     fmt: Annotated[str | None, typer.Option(
-        "--format", help="jsonl, parquet, specforge, tokens or openai (default by suffix: parquet or jsonl)")] = None,
+        "--format", help="jsonl, parquet, specforge, tokens, openai or hf (a Hub-ready folder: Parquet shards and a "
+        "dataset card); default by target: hf for hf://, parquet for .parquet, else jsonl")] = None,
     allow_incomplete: Annotated[bool, typer.Option(
         "--allow-incomplete", help="export the chunks done so far of an unfinished job")] = False,
     partial: Annotated[bool, typer.Option("--partial", hidden=True, help="old name of --allow-incomplete")] = False,
@@ -284,10 +298,42 @@ def export(
 
     settings = settings_from(store_url=store_url)
     preflight(settings, store=True)
-    left_out = LeftOut()
+    left_out, audited = LeftOut(), AuditCounts()
     with live_progress(console) as progress:
         n = run_guarded(export_job, store_for(settings), job[0], out, fmt, allow_incomplete or partial, stable,
-                        only_finished, left_out, progress, redo_jobs=job[1:])
+                        only_finished, left_out, progress, redo_jobs=job[1:], audited=audited)
     console.print(f"wrote {n} records to {'standard output' if out == '-' else out}")
+    print_audit(audited)
     for reason, count in left_out.reasons.items():
         console.print(f"left out {count}: {reason}")
+
+
+def print_audit(audited: AuditCounts) -> None:
+    console.print(audited.line(), highlight=False)
+    for defect in audited.defects:
+        console.print(f"[bold red]defect:[/] {escape(defect)}", highlight=False, soft_wrap=True)
+    if audited.failed > len(audited.defects):
+        console.print(f"and {audited.failed - len(audited.defects)} more defects")
+
+
+@app.command()
+def verify(
+    job: JobOpt,
+    allow_incomplete: Annotated[bool, typer.Option(
+        "--allow-incomplete", help="audit the chunks done so far of an unfinished job")] = False,
+    store_url: StoreOpt = None,
+) -> None:
+    """Audit a job's records against their own token ids without exporting them: each record's text is
+    what its ids decode to, its token count theirs, no end id before its last position, its finish reason
+    what its ids say. Exit 1 when any record fails."""
+    from fleet.export.verify import verify_job
+    from fleet.store import store_for
+
+    settings = settings_from(store_url=store_url)
+    preflight(settings, store=True)
+    audited = AuditCounts()
+    with live_progress(console) as progress:
+        run_guarded(verify_job, store_for(settings), job, audited, allow_incomplete, progress)
+    print_audit(audited)
+    if audited.failed:
+        raise typer.Exit(1)

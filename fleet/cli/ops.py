@@ -23,7 +23,15 @@ from fleet.cli.app import (
 )
 from fleet.errors import FleetError
 from fleet.model.gpus import GPU_TABLE, gpu_spec
-from fleet.tools.plan import DEFAULT_BATCH, DEFAULT_BYTES_PER_PARAM, ModelFacts, Plan, make_plan, model_facts_from_dir
+from fleet.settings import PLANNED_ENGINE
+from fleet.tools.jobplan import (
+    DEFAULT_BATCH,
+    DEFAULT_BYTES_PER_PARAM,
+    ModelFacts,
+    Plan,
+    make_plan,
+    model_facts_from_dir,
+)
 
 out = Console()  # results go to stdout; app.console (stderr) carries errors and logs
 
@@ -70,7 +78,9 @@ def render_plan(plan: Plan) -> Table:
     table = Table(title="fleet plan", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
-    table.add_row("fleet", f"{plan.gpus} x {plan.gpu} ({spec.hbm_gb:g} GB, {spec.hbm_tb_s:g} TB/s)")
+    workers = f"; {plan.gpus // plan.gpus_per_worker} workers of {plan.gpus_per_worker} GPUs (tensor parallel)" \
+        if plan.gpus_per_worker > 1 else ""
+    table.add_row("fleet", f"{plan.gpus} x {plan.gpu} ({spec.hbm_gb:g} GB, {spec.hbm_tb_s:g} TB/s){workers}")
     table.add_row("price", f"${plan.usd_per_gpu_hour:,.2f}/GPU-hour = ${plan.usd_per_hour:,.2f}/hour")
     table.add_row("job shape", plan.shape)
     per_prompt = f" x {plan.prompt_tokens:,.0f} prompt tokens" if plan.prompt_tokens else ""
@@ -105,7 +115,7 @@ def render_plan(plan: Plan) -> Table:
     if cap is not None:
         table.add_row(
             "sglang capacity",
-            f"{cap['batch']} requests at once (SGLang's limit {cap['max_running_requests']}, KV room for "
+            f"{cap['batch']} requests at once per worker (SGLang's limit {cap['max_running_requests']}, KV room for "
             f"{cap['kv_bound_requests']}); weights {cap['weights_gib']:.1f} GiB, KV {cap['kv_kib_per_token']:g} "
             f"KiB/token, state {cap['state_mib_per_slot']:.1f} MiB/slot x {cap['state_slots_per_request']} per "
             f"request, mem_fraction_static {cap['mem_fraction_static']}",
@@ -117,6 +127,9 @@ def render_plan(plan: Plan) -> Table:
 @app.command()
 def plan(
     gpus: Annotated[int, typer.Option("--gpus", help="GPU count")] = 1,
+    gpus_per_worker: Annotated[int, typer.Option(
+        "--gpus-per-worker", min=1, help="GPUs each worker spans with tensor parallelism (`fleet worker "
+        "--gpus-per-worker`): the capacity and roofline of one engine over that many")] = 1,
     gpu: Annotated[str, typer.Option("--gpu", help=f"GPU kind: {GPU_KINDS}")] = "b200",
     usd_per_gpu_hour: Annotated[
         float | None, typer.Option("--usd-per-gpu-hour", help="price (FLEET_USD_PER_GPU_HOUR)")
@@ -172,6 +185,9 @@ def plan(
     radix: Annotated[
         str | None, typer.Option("--radix", help="capacity: radix cache auto|on|off (FLEET_SGLANG__RADIX_CACHE)")
     ] = None,
+    engine: Annotated[
+        str, typer.Option("--engine", help="capacity: the engine whose capacity model sizes the batch")
+    ] = PLANNED_ENGINE,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Throughput, wall time and cost of a job on a fleet, next to the roofline.
@@ -179,7 +195,7 @@ def plan(
     With --model, the capacity model (fleet.model.capacity) says how many requests SGLang really
     runs at once on that GPU, and the roofline is taken at that batch.
     """
-    from fleet.tools.plan import fill_shape, job_shape, reference_shape
+    from fleet.tools.jobplan import fill_shape, job_shape, reference_shape
 
     settings = settings_from(model=model, store_url=store_url)
     if usd_per_gpu_hour is None:
@@ -197,9 +213,10 @@ def plan(
         prompts, prompt_tokens, output_tokens = shape.prompts, shape.prompt_tokens, shape.output_tokens
         cap = None
         if model:
-            from fleet.engines.sglang.plan import job_capacity
+            from fleet.engines.specs import spec_for
 
-            cap = job_capacity(settings, gpu, prompt_tokens + output_tokens, mtp=mtp, radix=radix)
+            cap = spec_for(engine).job_capacity(settings, gpu, prompt_tokens + output_tokens, mtp=mtp, radix=radix,
+                                                gpus=gpus_per_worker)
         if batch is None:
             batch = cap.batch if cap is not None and cap.batch else DEFAULT_BATCH
         facts = _model_facts(
@@ -216,6 +233,7 @@ def plan(
             tok_s_per_gpu=tok_s_per_gpu,
             model=facts,
             capacity=cap.to_dict() if cap is not None else None,
+            gpus_per_worker=gpus_per_worker,
         )
         result = replace(result, shape=shape.source)
     except FleetError as e:

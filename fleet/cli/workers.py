@@ -1,4 +1,4 @@
-"""`fleet worker`: one supervised worker process per GPU, or N for CPU engines."""
+"""`fleet worker`: one supervised worker process per GPU (or group of GPUs), or N for CPU engines."""
 
 from __future__ import annotations
 
@@ -21,7 +21,12 @@ from fleet.cli.app import (
 
 @app.command()
 def worker(
-    gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or '0,1,4': one pinned worker per GPU")] = None,
+    gpus: Annotated[str | None, typer.Option(
+        "--gpus", help="'all' or '0,1,4': one pinned worker per GPU, or per --gpus-per-worker group")] = None,
+    gpus_per_worker: Annotated[int | None, typer.Option(
+        "--gpus-per-worker", min=1, help="with --gpus: GPUs each worker is pinned to, its engine's tensor parallelism "
+        "set to match (a divisor of the GPU count); default: the engine's own setting (sglang.tp_size, "
+        "vllm.tensor_parallel_size), 1")] = None,
     workers: Annotated[int | None, typer.Option("--workers", "-w", help="CPU worker processes")] = None,
     host: Annotated[str | None, typer.Option("--host-name", help="host part of worker names")] = None,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
@@ -34,13 +39,20 @@ def worker(
     settings = settings_from(engine=engine, model=model, broker_url=broker_url, store_url=store_url, slots=slots)
     if not settings.broker_url:
         fail("no broker configured: set FLEET_BROKER_URL or pass --broker-url")
-    gpu_list = None
+    gpu_list, per_worker = None, 1
     if gpus:
+        from fleet.engines.specs import spec_for
         from fleet.errors import FleetError
-        from fleet.model.gpus import parse_gpu_spec
+        from fleet.model.gpus import gpu_groups, parse_gpu_spec
 
         try:
             gpu_list = parse_gpu_spec(gpus)
+            spec = spec_for(settings)
+            per_worker = gpus_per_worker or spec.gpus_per_worker(settings)
+            gpu_groups(gpu_list, per_worker)
+            settings = spec.spanning(settings, per_worker)
         except FleetError as e:
             fail(str(e))
-    Supervisor(settings, plan_workers(settings, workers, gpu_list, host)).run_forever()
+    elif gpus_per_worker:
+        fail("--gpus-per-worker needs --gpus (the GPUs to split among the workers)")
+    Supervisor(settings, plan_workers(settings, workers, gpu_list, host, per_worker)).run_forever()

@@ -1,2 +1,2 @@
-"""Coordination in Redis: the Celery app, every key, a chunk's state (`chunks`: queued marker,
-leases, lease clock, counters), the heartbeat, recovery and the one retry policy."""
+"""Coordination in Redis: the Celery app, every key, a chunk's state, one owner per
+family (`leases`, `chunkqueue`, `counters`, `figures`), the heartbeat, recovery and the one retry policy."""

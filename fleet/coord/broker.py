@@ -10,11 +10,10 @@ from typing import Any
 import redis
 from celery import Celery
 from kombu import Queue
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from fleet.coord import keys
 from fleet.coord.outages import Outages, WatchedRedis
+from fleet.coord.reconnect import FleetAMQP, client_retry
 from fleet.errors import ConfigError
 from fleet.settings import Settings
 
@@ -23,13 +22,19 @@ TASK_NAME = "fleet.run_chunk"
 #: stopping worker jump the queue, so recovery does not wait behind the whole job.
 PRIORITY_RECOVERY = 0
 PRIORITY_NORMAL = 6
+#: the name fleet's own connections give themselves (CLIENT SETNAME)
+CLIENT_NAME = "fleet"
+#: broker connections a process keeps for sending messages: more than its senders at once (K chunk
+#: threads, the reaper, the assister)
+BROKER_POOL = 64
 
 
 def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
     url = broker_url or settings.broker_url
     if not url:
         raise ConfigError("no broker configured: set FLEET_BROKER_URL (redis://host:port/db)")
-    app = Celery("fleet", broker=url, set_as_current=False)
+    # FleetAMQP: the consumer reconnects to a restarted broker with jittered waits (fleet.coord.reconnect).
+    app = Celery("fleet", broker=url, set_as_current=False, amqp=FleetAMQP)
     transport: dict[str, Any] = {
         # Redis emulates acks: a message unacked longer than this goes to another worker,
         # so it must exceed any chunk's run time (docs/architecture.md, Celery facts).
@@ -60,7 +65,10 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
         worker_pool="threads",
         worker_hijack_root_logger=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
-        broker_pool_limit=None,
+        # A pool, not a connection per message: with none (None) every send opened and closed two
+        # connections (the message and its task-sent event), 6 ms a chunk at enqueue and a
+        # handshake for the broker each time. Senders beyond the limit wait for a free one.
+        broker_pool_limit=BROKER_POOL,
     )
     return app
 
@@ -86,17 +94,20 @@ def send_chunk(
 
 
 def redis_client(settings: Settings) -> redis.Redis:
-    """The broker's Redis for leases and queue markers, retrying through short outages; it
-    records when the broker did not answer (fleet.coord.outages), for this process's reaper."""
+    """The broker's Redis for leases and queue markers, retrying through short outages with
+    jittered waits (fleet.coord.reconnect); it records when the broker did not answer
+    (fleet.coord.outages), for this process's reaper."""
     if not settings.broker_url:
         raise ConfigError("no broker configured: set FLEET_BROKER_URL (redis://host:port/db)")
     client = WatchedRedis.from_url(
         settings.broker_url,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=8),
+        retry=client_retry(),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         socket_timeout=10,
         socket_connect_timeout=5,
         health_check_interval=10,
+        # CLIENT LIST names fleet's connections apart from kombu's (the control-plane bench counts them so)
+        client_name=CLIENT_NAME,
     )
     client.outages = Outages(slow_s=settings.heartbeat_s)
     return client

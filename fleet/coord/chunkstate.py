@@ -1,7 +1,7 @@
 """What the store says about a job's chunks: done, quarantined, and their checkpoints.
 
 The store decides done and quarantined; what runs and what waits is Redis's
-(fleet.coord.chunks), which may lose it all without losing work.
+(fleet.coord.leases, chunkqueue, counters, figures), which may lose it all without losing work.
 """
 
 from __future__ import annotations

@@ -1,51 +1,156 @@
 """The heartbeat: one thread per worker process renewing every lease it holds
-(fleet.coord.chunks.Lease), so a live worker's leases never expire."""
+(fleet.coord.leases.Lease), so a live worker's leases never expire.
+
+One beat is one round trip (fleet.coord.leases.beat): every lease renewed, whatever the
+number of chunks the process runs (docs/architecture.md, "Scaling"). Every FIGURES_EVERY-th
+beat also carries each run's figures since the last (tokens made, its pace, samples not
+started) and looks whether its chunk was committed elsewhere or is assisted; a helper's copy
+and an assisted chunk look at every beat. What a beat reads back waits in the run's tally for
+its middleware, which never asks the broker itself.
+"""
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
+from collections import deque
+from dataclasses import dataclass
 
-from fleet.coord.chunks import Lease
+from fleet import metrics
+from fleet.coord import leases
+from fleet.coord.leases import Figures, Lease, Look
 
 log = logging.getLogger(__name__)
 
+#: beats whose round trip is kept (the control-plane bench reads their percentiles)
+KEPT_BEATS = 512
+#: one beat in this many carries the runs' figures (every 10 s at the 2 s default beat): what a
+#: running chunk costs the broker is then mostly its renewal (fleet bench control-plane)
+FIGURES_EVERY = 5
+
+
+@dataclass
+class Tally:
+    """One lease's figures for the next beat, and what the last beat saw."""
+
+    #: output tokens made since the last beat (not yet added to the chunk's count)
+    made: int = 0
+    pace: dict[str, int] | None = None
+    unstarted: int | None = None
+    #: the chunk's stats are cached: a run committed it (the progress middleware confirms in the store)
+    committed: bool = False
+    #: a helper holds the chunk's assist lease (the checkpoint middleware flushes at its cadence)
+    assisted: bool = False
+
 
 class Heartbeat:
-    """One thread per worker process renewing every lease it holds."""
+    """One thread per worker process renewing every lease it holds, one round trip a beat."""
 
     def __init__(self, interval_s: float):
         self.interval_s = interval_s
-        self._leases: set[Lease] = set()
+        self._tallies: dict[Lease, Tally] = {}
         self._lock = threading.Lock()
+        #: one beat at a time; a run's last figures wait for the beat that carries its others
+        self._sending = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fleet-heartbeat", daemon=True)
+        self._beats = 0
+        #: (epoch seconds, seconds it took) of each recent beat's round trip
+        self.round_trips: deque[tuple[float, float]] = deque(maxlen=KEPT_BEATS)
 
     def start(self) -> None:
         self._thread.start()
 
     def add(self, lease: Lease) -> None:
         with self._lock:
-            self._leases.add(lease)
+            self._tallies.setdefault(lease, Tally())
 
     def discard(self, lease: Lease) -> None:
         with self._lock:
-            self._leases.discard(lease)
+            self._tallies.pop(lease, None)
 
-    def held(self, job: str, index: int) -> Lease | None:
-        """The chunk lease (not an assist's) this process holds on the chunk, if any."""
+    def held(self, job: str, index: int, assist: bool = False) -> Lease | None:
+        """The chunk lease (or, with `assist`, the assist lease) this process holds on the chunk, if any."""
         with self._lock:
-            return next((x for x in self._leases if x.watched and (x.job, x.index) == (job, index)), None)
+            return next((x for x in self._tallies if x.watched != assist and (x.job, x.index) == (job, index)), None)
+
+    def tally(self, lease: Lease) -> Tally | None:
+        with self._lock:
+            return self._tallies.get(lease)
+
+    def report(self, lease: Lease, made: int, pace: dict[str, int] | None, unstarted: int | None) -> None:
+        """A run's figures: `made` more tokens, its pace and unstarted samples now (the next beat carries them)."""
+        with self._lock:
+            tally = self._tallies.get(lease)
+            if tally is not None:
+                tally.made += made
+                tally.pace, tally.unstarted = pace, unstarted
+
+    def settle(self, lease: Lease) -> int:
+        """The run ends: the tokens it made that no beat carried yet; no later beat carries its
+        figures (waits for a beat in flight, so an end is never overwritten by it)."""
+        with self._sending, self._lock:
+            tally = self._tallies.get(lease)
+            if tally is None:
+                return 0
+            made, tally.made, tally.pace, tally.unstarted = tally.made, 0, None, None
+            return made
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+    def beat(self) -> None:
+        """Renew every lease with its figures, one round trip per broker client (one in a worker)."""
+        with self._sending:
+            full = self._beats % FIGURES_EVERY == 0
+            self._beats += 1
             with self._lock:
-                leases = list(self._leases)
-            for lease in leases:
-                try:
-                    lease.renew()
-                except Exception as e:  # one failed renewal must not end the thread: every lease would expire
-                    log.warning("heartbeat for %s/%d failed: %s", lease.job, lease.index, e)
+                taken = [(lease, tally, self._figures(lease, tally, full)) for lease, tally in self._tallies.items()]
+            clients: dict[int, list[tuple[Lease, Tally, Figures]]] = {}
+            for entry in taken:
+                clients.setdefault(id(entry[0].r), []).append(entry)
+            for group in clients.values():
+                self._send(group)
+
+    @staticmethod
+    def _figures(lease: Lease, tally: Tally, full: bool) -> Figures:
+        """What this beat carries for a lease (under the lock): its figures on a full beat (taken
+        out of the tally), and what to look at."""
+        if not full:
+            return Figures(look=Look.COMMITTED if not lease.watched or tally.assisted else Look.NONE)
+        fig = Figures(tally.made, tally.pace, tally.unstarted, Look.ASSISTED if lease.watched else Look.COMMITTED)
+        tally.made, tally.pace, tally.unstarted = 0, None, None
+        return fig
+
+    def _send(self, group: list[tuple[Lease, Tally, Figures]]) -> None:
+        began = time.monotonic()
+        try:
+            seen = leases.beat(group[0][0].r, [g[0] for g in group], [g[2] for g in group])
+        except Exception as e:  # a failed beat must not end the thread: every lease would expire
+            with self._lock:
+                for lease, tally, fig in group:  # the figures go with the next beat
+                    if lease in self._tallies:
+                        tally.made += fig.made
+                        tally.pace = tally.pace if tally.pace is not None else fig.pace
+                        tally.unstarted = tally.unstarted if tally.unstarted is not None else fig.unstarted
+            log.warning("heartbeat of %d lease(s) failed: %s", len(group), e)
+            return
+        took = time.monotonic() - began
+        self.round_trips.append((time.time(), took))
+        metrics.BEAT_SECONDS.observe(took)
+        with self._lock:
+            for (_, tally, fig), s in zip(group, seen, strict=True):
+                if s.looked:
+                    tally.committed = s.committed
+                if s.looked and fig.look is Look.ASSISTED:
+                    tally.assisted = s.assisted
+
+    def _run(self) -> None:
+        # A random phase: processes started together (a host's workers) do not beat together.
+        if self._stop.wait(random.uniform(0, self.interval_s)):
+            return
+        self.beat()
+        while not self._stop.wait(self.interval_s):
+            self.beat()

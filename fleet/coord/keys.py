@@ -141,8 +141,10 @@ def requeue_guard(job: str, index: int) -> str:
 
 
 def progress(job: str) -> str:
-    """Hash index -> samples a running chunk still lacks; idle workers pick whom to assist."""
-    return f"{PREFIX}:{job}:progress"
+    """Sorted set of running chunk indexes scored by the samples each has not started yet: an idle
+    worker reads the top few to pick whom to assist, never every running chunk. (Until issue 33
+    a hash `fleet:<job>:progress`; a new name, so a fleet upgraded mid-job never meets the old type.)"""
+    return f"{PREFIX}:{job}:unstarted"
 
 
 def made(job: str) -> str:
@@ -160,6 +162,12 @@ def pace(job: str) -> str:
 def assist(job: str, index: int) -> str:
     """Lease of the one idle worker helping a straggler chunk at the end of a job."""
     return f"{PREFIX}:{job}:assist:{index}"
+
+
+def reaper_leader() -> str:
+    """String key, PX TTL: the process (`name:pid`) whose reaper runs the recovery round for the
+    whole fleet; every other worker's round only tries to take it (fleet.coord.recovery)."""
+    return f"{PREFIX}:reaper-leader"
 
 
 def stall_guard(job: str) -> str:

@@ -101,8 +101,9 @@ class Outages:
 
 
 class WatchedRedis(redis.Redis):
-    """A Redis client that times every command into its `outages` (pipelines are not timed:
-    the heartbeat's renewals and the reaper's scans are single commands)."""
+    """A Redis client that times every command into its `outages` (pipelines are not timed: the
+    heartbeat's beat is one command, a script, and the reaper's scan starts with one, SMEMBERS,
+    before its pipelines of lease checks)."""
 
     outages: Outages
 

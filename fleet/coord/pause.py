@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import redis
 
-from fleet.coord import chunks, suspects
+from fleet.coord import leases, suspects
 from fleet.coord.outages import Outages, Window
 from fleet.settings import Settings
 
@@ -53,7 +53,7 @@ class PauseJudge:
         return self.ttl_s + self.beat_s + RECONNECT_S
 
     def expiry(self, r: redis.Redis, job: str, index: int) -> Expiry | None:
-        started, beat = chunks.lease_clock(r, job, index)
+        started, beat = leases.lease_clock(r, job, index)
         last = max(started or 0, beat or 0)
         if not last:
             return None  # no clock: nothing says when it ran out

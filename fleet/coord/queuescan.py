@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from fleet.coord import chunks, keys
+from fleet.coord import keys, leases
 from fleet.coord.broker import TASK_NAME
 
 PAGE = 1000
@@ -98,4 +98,4 @@ def stale_markers(
         now = time.time()
         live = found.listed | {i for i, t in found.unacked.items() if now - t < lost_after_s}
         stale -= live
-    return {i for i in stale if not chunks.leased(r, job, i)}
+    return {i for i in stale if not leases.leased(r, job, i)}

@@ -4,18 +4,25 @@ One round (`Reaper.round`) serves every worker's periodic check, `fleet enqueue`
 `fleet run`, so a SIGKILLed worker's chunk runs elsewhere within about TTL + the check
 interval, whatever Celery's visibility timeout is. What a lost worker means for the chunk
 is fleet.coord.retry's decision (a worker loss is the chunk's fault only on evidence).
+
+Of the workers, one runs the round for the whole fleet: the one that holds the reaper lead
+(`Reaper.turn`, keys.reaper_leader); the others' turns only try to take it. The broker then
+serves one scan per round whatever the fleet's size (docs/architecture.md, "Scaling").
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import deque
 from collections.abc import Callable
 
 import redis
 from celery import Celery
 
-from fleet.coord import chunks, keys, suspects
-from fleet.coord.chunks import ChunkQueue
+from fleet.coord import keys, leases, suspects
+from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes
 from fleet.coord.outages import Outages, outages_of
 from fleet.coord.pause import PauseJudge
@@ -29,6 +36,19 @@ from fleet.store.manifest import load_manifest
 
 log = logging.getLogger(__name__)
 
+# Take the lead, or keep it: only its holder renews it.
+_LEAD = (
+    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]); return 1 end "
+    "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end return 0"
+)
+
+
+def lead_ttl_s(settings: Settings) -> float:
+    """How long the reaper lead lasts unrenewed: two rounds, but never past the lease TTL less a
+    heartbeat. A dead leader's own chunk leases run out a TTL after its last beat, and by then
+    another worker's turn can take the lead and requeue them: within TTL + one round still."""
+    return max(0.1, min(2 * settings.reaper_interval_s, settings.lease_ttl_s - settings.heartbeat_s))
+
 
 def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
                     outages: Outages | None = None) -> list[str]:
@@ -37,12 +57,12 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
     broker) is left to its holder to take back, then requeued without judgement."""
     queue, policy = ChunkQueue(app, settings.queue, r), RetryPolicy.from_settings(settings)
     judge = PauseJudge(outages or outages_of(r), settings)
-    expired, live = chunks.scan_leases(r)
+    expired, live = leases.scan_leases(r)
     lost = [(job, index) for job, index in expired if not store.exists(result_key(job, index))]
     for job, index in set(expired) - set(lost):
-        if chunks.forget_unleased(r, job, index) is not None:
+        if leases.forget_unleased(r, job, index) is not None:
             delete_checkpoints(store, job, index)
-            chunks.drop_clock(r, job, index)  # its process died after the commit: nothing to judge
+            leases.drop_clock(r, job, index)  # its process died after the commit: nothing to judge
             suspects.drop_lost(r, job, index)
     expiries = {(job, index): judge.expiry(r, job, index) for job, index in lost}
     judge.note_round([e for e in expiries.values() if e is not None], live)
@@ -52,9 +72,9 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
         pause = judge.pause(expiries[job, index])
         if pause is not None and judge.holding(pause):
             continue  # its holder, cut off like us, takes the lease back when it reaches the broker
-        if not chunks.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
+        if not leases.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
             continue
-        ran_s = chunks.forget_unleased(r, job, index)
+        ran_s = leases.forget_unleased(r, job, index)
         if ran_s is None:
             continue  # a new owner took it since the scan
         try:
@@ -63,7 +83,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
             else:
                 requeue_lost(r, store, queue, policy, job, index, ran_s)
         except Exception as e:  # the chunk left the running set: put it back, with its evidence, for the next round
-            chunks.rewatch(r, job, index)
+            leases.rewatch(r, job, index)
             log.warning("chunk %s: recovery failed, retried next round: %s", member, e)
             continue
         touched.append(member)
@@ -81,7 +101,7 @@ def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryP
     lost = suspects.lost_marks(r, job, index)
     owner = lost.owner
     if owner is not None:
-        note_death(r, policy, owner)
+        count_process_death(r, policy, owner)
     history = History.load(r, job, index, ran_s=ran_s, solo=lost.run is Run.ALONE, owner=owner,
                            waiting=lost.run is Run.WAITING)
     how = {Run.ALONE: ", alone", Run.WAITING: ", waiting to run alone", Run.SHARED: ""}[lost.run]
@@ -93,7 +113,7 @@ def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryP
     else:  # a lost worker never spends an attempt
         queue.requeue(job, index)
         log.warning("chunk %s lease expired without result: requeued (%s)", member, decision.why)
-    chunks.drop_clock(r, job, index)
+    leases.drop_clock(r, job, index)
     suspects.drop_lost(r, job, index, lost)
 
 
@@ -104,11 +124,11 @@ def requeue_paused(r: redis.Redis, queue: ChunkQueue, job: str, index: int) -> N
     queue.requeue(job, index)
     log.warning("chunk %s: lease ran out during a broker pause and %s did not take it back: requeued, "
                 "no death recorded", keys.member(job, index), lost.owner or "its holder")
-    chunks.drop_clock(r, job, index)
+    leases.drop_clock(r, job, index)
     suspects.drop_lost(r, job, index, lost)
 
 
-def note_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:
+def count_process_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:
     """Count a process's death against its worker; say so loudly when it benches the worker."""
     first, before = suspects.note_process_death(r, owner)
     if not first:
@@ -134,13 +154,13 @@ def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, st
         requeue_expired(r, store, app, settings, outages)
     except redis.RedisError as e:  # the broker may be restarting; the jobs below get their turn
         log.warning("expired-lease scan failed: %s", e)
-    for job in chunks.known_jobs(r):
+    for job in leases.known_jobs(r):
         if job in stall.finished:
             continue
         try:
             count = chunks_of(job)
             if count is None:
-                chunks.drop_job(r, job)
+                leases.drop_job(r, job)
                 log.warning("job %s has no manifest in %s: dropped from the job set", job, store.url)
                 continue
             stall.check(r, store, app, settings, job, count)
@@ -159,6 +179,10 @@ class Reaper:
         self.stall = StallWatch()
         #: when this process could not reach the broker (its client's record, kept between rounds)
         self.outages = outages_of(r)
+        #: whether this reaper led the fleet's recovery at its last turn
+        self.leading = False
+        #: (epoch seconds, seconds it took) of this reaper's recent rounds (the control-plane bench reads them)
+        self.rounds: deque[tuple[float, float]] = deque(maxlen=64)
 
     def _manifest_chunks(self, job: str) -> int | None:
         manifest = load_manifest(self.store, job)
@@ -166,10 +190,32 @@ class Reaper:
 
     def round(self) -> None:
         """Never raises: the broker may be restarting, the next round tries again."""
+        began = time.monotonic()
         try:
             watch_jobs(self.r, self.store, self.app, self.settings, self.stall, self.chunks_of, self.outages)
         except Exception as e:
             log.warning("recovery check failed: %s", e)
+        self.rounds.append((time.time(), time.monotonic() - began))
+
+    def turn(self, owner: str) -> bool:
+        """A worker's periodic turn: the round if this process (`owner`, `name:pid`) holds the reaper
+        lead or takes it now, else nothing. Whether it ran the round; never raises."""
+        try:
+            lead = bool(self.r.eval(_LEAD, 1, keys.reaper_leader(), owner, int(lead_ttl_s(self.settings) * 1000)))
+        except redis.RedisError as e:
+            log.warning("reaper lead check failed: %s", e)
+            return False
+        if lead != self.leading:
+            log.info("%s %s the fleet's recovery rounds", owner, "leads" if lead else "no longer leads")
+            self.leading = lead
+        if lead:
+            self.round()
+        return lead
+
+    def run(self, owner: str, stop: threading.Event) -> None:
+        """A worker's reaper thread: a turn every reaper interval until `stop` is set."""
+        while not stop.wait(self.settings.reaper_interval_s):
+            self.turn(owner)
 
 
 class StallWatch:
@@ -190,7 +236,7 @@ class StallWatch:
     def check(self, r: redis.Redis, store: Store, app: Celery, settings: Settings, job: str, total: int) -> list[int]:
         if job in self.finished:
             return []
-        if any(r.llen(q) for q in keys.queue_lists(settings.queue)) or chunks.watched_indexes(r, job):
+        if any(r.llen(q) for q in keys.queue_lists(settings.queue)) or leases.watched_indexes(r, job):
             self.idle_checks[job] = 0
             return []
         done = done_indexes(store, job)

@@ -6,7 +6,7 @@ It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
 - store, broker and network errors spend nothing and come back after a backoff;
 - a worker loss or engine death is evidence against the worker and the set of chunks it
   ran, not each of them: a death within the crash window of taking a chunk's lease (the
-  lease clock, fleet.coord.chunks; a fraction of the job's median chunk run time, capped by
+  lease clock, fleet.coord.leases; a fraction of the job's median chunk run time, capped by
   `crash_window_s`) makes it a suspect, which runs alone after `solo_after` such deaths;
   only deaths in solo runs count, and two on two hosts (or `max_crashes` on one) quarantine it;
   a death while it waits to run alone (its worker's other chunks still running) counts for
@@ -25,7 +25,7 @@ from enum import Enum
 
 import redis
 
-from fleet.coord import chunks, suspects
+from fleet.coord import counters, suspects
 from fleet.coord.chunkstate import Quarantine
 from fleet.coord.suspects import Suspicion, host_of, worker_of
 from fleet.errors import Fault
@@ -81,9 +81,9 @@ class History:
     @classmethod
     def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True,
              solo: bool = False, owner: str | None = None, waiting: bool = False) -> History:
-        """`ran_s` is the lease clock (fleet.coord.chunks.held_s): how long the failed run held the lease
+        """`ran_s` is the lease clock (fleet.coord.leases.held_s): how long the failed run held the lease
         (since it started alone, for a solo run); `owner` the process that ran it."""
-        spent = chunks.counters(r, job, index)
+        spent = counters.spent(r, job, index)
         streak = suspects.streak_before_death(r, owner) if owner else None
         worker = worker_of(owner) if owner else ""
         return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken, solo, waiting, worker,
@@ -212,7 +212,7 @@ def record(r: redis.Redis, job: str, index: int, decision: Decision, worker: str
     if decision.spend in (Spend.CRASH, Spend.SUSPECT):
         suspects.note_death(r, job, index, worker, solo=decision.spend is Spend.CRASH)
     if decision.spend in (Spend.ATTEMPT, Spend.CRASH, Spend.RETRY):
-        chunks.charge(r, job, index, decision.spend.value, decision.count)
+        counters.charge(r, job, index, decision.spend.value, decision.count)
     elif decision.clears:
         suspects.clear_suspicion(r, job, index)
 

@@ -9,7 +9,7 @@ from typing import Any
 import redis
 
 from fleet.coord import keys
-from fleet.coord.chunks import now_ms
+from fleet.coord.leases import now_ms
 
 
 def note_store_outage(r: redis.Redis, worker: str, since_ms: int, waiting: int) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 
 import redis
 
-from fleet.coord import chunks, keys
-from fleet.coord.chunks import now_ms
+from fleet.coord import counters, keys
+from fleet.coord.leases import now_ms
 
 #: how long the per-process marks (dead, committed) live: longer than any process's death takes to be seen
 PROCESS_MARK_TTL_S = 24 * 3600
@@ -65,7 +65,7 @@ def wait_solo(r: redis.Redis, job: str, index: int, owner: str) -> None:
 
 
 def start_solo(r: redis.Redis, job: str, index: int, owner: str) -> None:
-    """The run starts alone (its lease clock restarted by its owner, chunks.Lease.restart_clock)."""
+    """The run starts alone (its lease clock restarted by its owner, leases.Lease.restart_clock)."""
     with r.pipeline(transaction=True) as p:
         p.hset(keys.solo_runs(), keys.member(job, index), owner)
         p.hdel(keys.solo_waits(), keys.member(job, index))
@@ -176,7 +176,7 @@ def note_death(r: redis.Redis, job: str, index: int, worker: str, solo: bool) ->
 def clear_suspicion(r: redis.Redis, job: str, index: int) -> None:
     """A clean run (a result, or a loss long after the start) ends the suspicion."""
     r.hdel(keys.suspects(job), index)
-    chunks.clear_crashes(r, job, index)
+    counters.clear_crashes(r, job, index)
 
 
 # -- the job's chunk run time -------------------------------------------------------------

@@ -1,1 +1,1 @@
-"""Inference engines (sim, hf, sglang, vllm), one package each; fleet.engines.registry names them."""
+"""Inference engines (sim, hf, sglang, vllm, server), one package each; fleet.engines.registry names them."""

@@ -11,11 +11,14 @@ checkpoints each running request's ids and a later run continues from them
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from fleet.errors import RecordError
-from fleet.records import GenDelta, GenRequest, GenResult
+from fleet.errors import ConfigError, FleetError, RecordError
+from fleet.model.endings import Decode, prefix_ending
+from fleet.records import Ending, GenDelta, GenRequest, GenResult
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from fleet.settings import Settings
@@ -65,6 +68,44 @@ class Engine(ABC):
     async def shutdown(self) -> None:  # noqa: B027 - optional hook
         """Release the model."""
 
+    # -- what the ids say, for continuation and the audit (docs/architecture.md, "Audit") --
+
+    def end_ids(self) -> frozenset[int]:
+        """The ids that end a sample (end of sequence)."""
+        return frozenset()
+
+    @property
+    def context_budget(self) -> int | None:
+        """Prompt + output tokens the engine really runs a request to: fleet asks for no more, and the audit
+        takes a length cut there as a filled context (docs/architecture.md, "Audit"); None: no limit."""
+        return None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Output ids as text, special tokens skipped, as the engine reports a record's text."""
+        raise NotImplementedError
+
+    def stops_of(self, request: GenRequest) -> tuple[str, ...] | None:
+        """The stop strings the engine ends this request at."""
+        return request.sampling.stop
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run tokenizer work where this engine keeps it (inline unless the engine says otherwise)."""
+        return fn(*args)
+
+    async def ended(self, request: GenRequest) -> Ending | None:
+        """Where the request's prefix ids already end its sample (an end id, a stop string, its max
+        tokens): such a sample is finished and is never continued, since an engine given those ids
+        as a prompt would go on past their end."""
+        if not request.prefix_ids:
+            return None
+        return await self.off_loop(prefix_ending, list(request.prefix_ids), self.end_ids(), self.stops_of(request),
+                                   request.sampling.max_tokens, self.decode)
+
+    def restart_reason(self, request: GenRequest) -> str | None:
+        """Why this request's sampling cannot cross a seam on this engine (then its sample starts again
+        from token 0 instead of being continued), or None when it can."""
+        return None
+
     def model_name(self) -> str | None:
         return None
 
@@ -84,6 +125,8 @@ class EngineSpec(ABC):
     name: str = "engine"
     #: `fleet doctor` lists the GPUs for this engine
     needs_gpu: bool = False
+    #: it reads a model directory (FLEET_MODEL): the tokenizer, the chat template, generation_config.json
+    needs_model: bool = True
 
     @abstractmethod
     def build(self, settings: Settings) -> Engine:
@@ -101,6 +144,19 @@ class EngineSpec(ABC):
     def input_vocab(self, settings: Settings) -> int | None:
         """Token ids a pre-tokenized input may hold, or None where nothing is known."""
 
+    def job_tokenizer(self, config: dict[str, Any], job: str) -> Any:
+        """The tokenizer a job ran with (its manifest's config), for exports that rebuild prompt ids."""
+        raise FleetError(
+            f"job {job!r} ran on the {self.name} engine, which has no tokenizer: only pre-tokenized (input_ids) "
+            "records have exact prompt ids"
+        )
+
+    def decoder(self, config: dict[str, Any], job: str) -> Decode:
+        """Output ids to text as this engine reported a job's records (its manifest's config): what
+        the audit (fleet.audit) and the exports decode a record's ids with."""
+        tokenizer = self.job_tokenizer(config, job)
+        return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
+
     def planned(self, settings: Settings, gpu: str | None = None) -> Settings:
         """Settings whose S is what this engine can run on `gpu` (this host's by default), so the
         launcher's K and every worker agree before any engine starts."""
@@ -108,6 +164,26 @@ class EngineSpec(ABC):
 
     def engine_args(self, settings: Settings, gpu: str | None = None) -> dict[str, Any] | None:
         """The kwargs the worker passes to the engine (`fleet engine-args`); None: it takes none."""
+        return None
+
+    def gpus_per_worker(self, settings: Settings) -> int:
+        """The GPUs one engine spans as its settings ask (tensor parallelism); 1 where it cannot span."""
+        return 1
+
+    def spanning(self, settings: Settings, gpus: int) -> Settings:
+        """Settings whose engine spans `gpus` GPUs (a worker pinned to that many: `--gpus-per-worker`);
+        an engine that cannot, or whose settings ask for another count, is refused."""
+        if gpus != self.gpus_per_worker(settings):
+            raise ConfigError(f"engine {self.name} runs on one GPU: it cannot span {gpus} (--gpus-per-worker)")
+        return settings
+
+    def cpu_threads(self, settings: Settings) -> int | None:
+        """Torch threads each CPU worker of this engine runs (None: the cores shared among the workers)."""
+        return None
+
+    def job_capacity(self, settings: Settings, gpu: str, context_tokens: float, **choices: Any) -> Any:
+        """The capacity model's plan (fleet.model.capacity) for requests of `context_tokens` on a named GPU,
+        with `choices` (mtp, radix, gpus: per engine) over the settings; None where this engine has none."""
         return None
 
     def validate_args(self, settings: Settings) -> str | None:

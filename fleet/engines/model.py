@@ -1,31 +1,25 @@
-"""What the model engines (hf, sglang, vllm) share: a model directory and what its files say.
+"""What the model engines (hf, sglang, vllm, server) share: a model directory and what its files say.
 
 The tokenizer renders prompts (so token counts are exact) and generation_config.json
-gives the sampling defaults; both engines read them the same way, through fleet.model.prompting.
+gives the sampling defaults; both engines read them the same way, through fleet.model.facts.
 """
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
+import json
 from abc import abstractmethod
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from fleet.engines.base import Engine, EngineSpec
-from fleet.errors import EngineError
-from fleet.model.prompting import (
-    Prompt,
-    ended_in_thinking,
-    load_tokenizer,
-    model_facts,
-    render,
-    require_model,
-    resolve_model_dir,
-    split_reasoning,
-    trim_at_stop,
-)
+from fleet.errors import ConfigError, FleetError
+from fleet.model.endings import reported_text
+from fleet.model.facts import fill_sampling, model_facts
+from fleet.model.modeldir import require_model, resolve_model_dir
+from fleet.model.promptlimits import check_length
+from fleet.model.reasoning import ended_in_thinking, split_reasoning
+from fleet.model.rendering import Prompt, load_tokenizer, render
 from fleet.records import GenRequest, GenResult, prompt_digest
 from fleet.settings import Settings
 
@@ -50,12 +44,27 @@ class ModelEngine(Engine):
         self.tokenizer = load_tokenizer(self.model_path)
         self.defaults = model_facts(self.settings)["sampling"]
 
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run tokenizer work where this engine keeps it (hf: inline, as its stream renders)."""
-        return fn(*args)
+    def end_ids(self) -> frozenset[int]:
+        return frozenset(self.defaults.get("eos_token_ids") or ())
+
+    @property
+    def context_budget(self) -> int | None:
+        return self.context
+
+    def stops_of(self, request: GenRequest) -> tuple[str, ...] | None:
+        return fill_sampling(request.sampling, self.defaults).stop
 
     async def prompt_of(self, request: GenRequest) -> Prompt:
         return render(self.tokenizer, request)
+
+    async def room(self, request: GenRequest, prompt: Prompt) -> tuple[int, GenResult | None]:
+        """The new tokens the context leaves this request (its max tokens less its prefix, clipped; a
+        prompt over the context fails its record), and the result of one whose checkpointed ids already
+        fill it (then nothing is generated)."""
+        max_new = check_length(request, len(prompt.ids), self.context_budget)
+        if max_new > 0:
+            return max_new, None
+        return max_new, await self.whole(request, prompt, [], "length", None, {})
 
     async def whole(
         self, request: GenRequest, prompt: Prompt, new_ids: list[int], reason: str, engine_text: str | None,
@@ -96,24 +105,10 @@ class ModelEngine(Engine):
         return await self.whole(request, prompt, new_ids, reason, None, {})
 
     def decode_output(self, ids: list[int], reason: str, stops: tuple[str, ...] | None) -> tuple[list[int], str, bool]:
-        """(ids, text, stopped by a string) as the engines report them: the text without its end-of-
-        sequence token or special tokens, cut before the first stop string; the ids then end with
-        the token that completed that string."""
-        eos = set(self.defaults.get("eos_token_ids") or ())
-        body = ids[:-1] if reason == "stop" and ids and ids[-1] in eos else ids
-        text, hit = trim_at_stop(self.decode(body), stops)
-        if hit:
-            lo, hi = 1, len(body)  # the shortest prefix whose text holds a stop string
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if trim_at_stop(self.decode(body[:mid]), stops)[1]:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            ids = body[:lo]
-        return ids, text, hit
+        """(ids, text, stopped by a string) as the engines report them (fleet.model.endings)."""
+        return reported_text(ids, reason, self.end_ids(), stops, self.decode)
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def seam_window(self, request: GenRequest) -> int:
@@ -135,54 +130,8 @@ class ModelEngine(Engine):
         return any(s in whole and s not in head for s in request.sampling.stop or ())
 
 
-class EmbeddedEngine(ModelEngine):
-    """An engine library embedded in the worker (sglang, vllm): built on the worker's one
-    engine loop, which every request must then use; its real batch read back after start."""
-
-    def __init__(self, settings: Settings, kwargs: dict[str, Any]):
-        super().__init__(settings)
-        self.kwargs = kwargs
-        self._engine: Any = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        #: set once the engine is found broken: every later request gets it
-        self._dead: EngineError | None = None
-        #: what the engine really runs, read back after start (None until then)
-        self.effective_running: int | None = None
-        self.kv_tokens: int | None = None
-        #: one thread: the tokenizer is only ever used from it once the engine runs
-        self._render = ThreadPoolExecutor(1, thread_name_prefix="fleet-render")
-
-    def bind_loop(self) -> None:
-        """Called first in `start()`: the engine's receive path binds to this loop."""
-        self._loop = asyncio.get_running_loop()
-
-    async def render_prompt(self, request: GenRequest) -> Prompt:
-        """The request's prompt ids, rendered off the loop (templating is pure Python and the
-        loop carries the engine's own output path), once the engine is known to be usable."""
-        if self._dead is not None:
-            raise self._dead
-        if self._engine is None:
-            raise EngineError(f"{self.name} engine is not running (not started, or shut down)")
-        if asyncio.get_running_loop() is not self._loop:
-            raise EngineError(f"{self.name} engine called from a loop other than the one it started on")
-        return await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
-
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """On the render thread: once the engine runs, only that thread touches the tokenizer."""
-        return await asyncio.get_running_loop().run_in_executor(self._render, partial(fn, *args))
-
-    async def prompt_of(self, request: GenRequest) -> Prompt:
-        return await self.render_prompt(request)
-
-    def release(self) -> Any:
-        """Forget the engine and stop rendering; returns the engine for the caller to shut down."""
-        engine, self._engine = self._engine, None
-        self._render.shutdown(wait=False, cancel_futures=True)
-        return engine
-
-
 class ModelEngineSpec(EngineSpec):
-    """What the model engines (hf, sglang, vllm) share: a model directory and its files."""
+    """What the model engines (hf, sglang, vllm, server) share: a model directory and its files."""
 
     def model_identity(self, settings: Settings) -> dict[str, Any]:
         """Model files by revision, not by path: hosts may keep one snapshot in other directories."""
@@ -198,9 +147,43 @@ class ModelEngineSpec(EngineSpec):
     def shaping(self, settings: Settings) -> dict[str, Any]:
         """This engine's settings that change tokens (not speed, memory or logging)."""
 
+    #: the engine section's tensor-parallel setting (a GPU engine that spans GPUs), or None
+    tensor_parallel: str | None = None
+
+    def gpus_per_worker(self, settings: Settings) -> int:
+        return getattr(getattr(settings, self.name), self.tensor_parallel) if self.tensor_parallel else 1
+
+    def spanning(self, settings: Settings, gpus: int) -> Settings:
+        """The engine's tensor parallelism set to `gpus`; a different one set by hand is refused."""
+        if self.tensor_parallel is None:
+            return super().spanning(settings, gpus)
+        section = getattr(settings, self.name)
+        asked = getattr(section, self.tensor_parallel)
+        if self.tensor_parallel in section.model_fields_set and asked != gpus:
+            raise ConfigError(f"{self.name}.{self.tensor_parallel} is {asked} but each worker gets {gpus} GPU(s) "
+                              "(--gpus-per-worker): leave it unset or make them equal")
+        return settings.model_copy(update={self.name: section.model_copy(update={self.tensor_parallel: gpus})})
+
     def job_model(self, settings: Settings) -> dict[str, Any]:
         facts = model_facts(settings)
         return {"model": facts["model"], "sampling": facts["sampling"], "max_tokens_from": facts["max_tokens_from"]}
 
     def input_vocab(self, settings: Settings) -> int | None:
         return len(load_tokenizer(require_model(settings)))
+
+    def job_tokenizer(self, config: dict[str, Any], job: str) -> Any:
+        """The tokenizer of the job's model, refused when its chat template is not the job's."""
+        model = config.get("model") or {}
+        if not model.get("path"):
+            return super().job_tokenizer(config, job)
+        tokenizer = load_tokenizer(model["path"])
+        template = tokenizer.chat_template
+        if template is not None and not isinstance(template, str):
+            template = json.dumps(template, sort_keys=True)
+        sha = hashlib.sha256(template.encode()).hexdigest() if template else None
+        if model.get("chat_template_sha256") not in (None, sha):
+            raise FleetError(
+                f"the chat template at {model['path']!r} is not the one job {job!r} ran with "
+                "(sha256 differs from the manifest's)"
+            )
+        return tokenizer

@@ -1,26 +1,12 @@
-"""The engines fleet knows: one line each, from its name to its settings section (in the
-settings part, fleet.settings.ENGINE_SECTIONS) and its package. What fleet asks of an engine
-(build, identity, capacity, doctor, engine-args) is its `spec` module, imported by name when
-used (fleet.engines.specs).
+"""The engines fleet knows: one line each, from its name to the module whose SPEC (an EngineSpec)
+says everything fleet asks of it (build, identity, capacity, doctor, engine-args), imported by name
+when used (fleet.engines.specs). The names are the settings' (fleet.settings.ENGINE_SECTIONS, each
+engine's settings section): adding an engine is its package, its section and that one line.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from pydantic import BaseModel
-
 from fleet.settings import ENGINE_SECTIONS
 
-
-@dataclass(frozen=True)
-class Registered:
-    #: the settings section, FLEET_<NAME>__*
-    settings: type[BaseModel]
-    #: module whose SPEC (an EngineSpec) says everything else about the engine
-    spec: str
-
-
-ENGINES: dict[str, Registered] = {
-    name: Registered(section, f"fleet.engines.{name}.spec") for name, section in ENGINE_SECTIONS.items()
-}
+#: engine name -> module whose SPEC is its EngineSpec
+ENGINES: dict[str, str] = {name: f"fleet.engines.{name}.spec" for name in ENGINE_SECTIONS}

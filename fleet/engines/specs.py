@@ -13,7 +13,9 @@ from typing import Any
 from fleet.engines.base import Engine, EngineSpec
 from fleet.engines.registry import ENGINES
 from fleet.errors import ConfigError
+from fleet.model.endings import Decode
 from fleet.settings import Settings
+from fleet.store.manifest import Manifest
 
 
 def spec_for(engine: Settings | str) -> EngineSpec:
@@ -22,7 +24,7 @@ def spec_for(engine: Settings | str) -> EngineSpec:
     entry = ENGINES.get(name)
     if entry is None:
         raise ConfigError(f"unknown engine {name!r}: one of {', '.join(ENGINES)}")
-    return importlib.import_module(entry.spec).SPEC
+    return importlib.import_module(entry).SPEC
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -56,3 +58,13 @@ def input_vocab(settings: Settings) -> int | None:
     """Token ids a pre-tokenized input may hold: the tokenizer's size (padded embedding
     rows are not tokens), the sim engine's setting, or None where nothing is known."""
     return spec_for(settings).input_vocab(settings)
+
+
+def job_tokenizer(manifest: Manifest) -> Any:
+    """The tokenizer a job's records were made with (its engine's), for exports that rebuild prompts."""
+    return spec_for(manifest.config.get("engine", "")).job_tokenizer(manifest.config, manifest.job)
+
+
+def job_decoder(manifest: Manifest) -> Decode:
+    """Output ids to text as a job's engine reported its records (fleet.audit, the exports)."""
+    return spec_for(manifest.config.get("engine", "")).decoder(manifest.config, manifest.job)

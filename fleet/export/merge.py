@@ -56,9 +56,11 @@ class Merge:
 
     def __init__(self, redos: list[RedoRows]):
         self.redos = redos
+        self.picked_from: str | None = None
 
     def pick(self, row: Row) -> Row:
-        best = row
+        """The version of `row` to export; `picked_from` names the job it came from (None: the first)."""
+        best, self.picked_from = row, None
         for redo in self.redos:
             other = redo.take(row["pos"], row.get("sample", 0))
             if other is None:
@@ -67,5 +69,5 @@ class Merge:
                 raise ExportMismatch(f"job {redo.job!r} holds {other['id']!r} at input record {row['pos']} where "
                                      f"the job it redoes holds {row['id']!r}: it is not a redo of this job's input")
             if finished(other) or not finished(best):
-                best = other
+                best, self.picked_from = other, redo.job
         return best

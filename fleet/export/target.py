@@ -1,12 +1,13 @@
 """Where an export goes (docs/architecture.md, Records): `-` (standard output), a local path
-or an s3:// URL, and what may happen to what is already there.
+or a remote URL (s3://, gs://; hf://datasets/... for a Hub-ready folder, through the scheme's
+module of fleet.store.schemes), and what may happen to what is already there.
 
 Only a regular file, or a path where nothing is, is replaced, and atomically: the export is
 written to a temporary file beside it and renamed over it once checked. A FIFO or a
 character device (`/dev/null`, a terminal) is written through, never replaced (an operator
 once replaced the machine's /dev/null with an export); a symlink is followed, so the file
 behind it is replaced and the link stays a link. A directory, a block device (a disk) or a
-socket is refused. Standard output, FIFOs, devices and s3:// get the export from a spool
+socket is refused. Standard output, FIFOs, devices and remote URLs get the export from a spool
 file once it is checked, so a wrong export reaches none of them. Every way a target can fail
 is one TargetUnwritable naming it, and no temporary file is left behind.
 """
@@ -22,9 +23,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlparse
 
-from fleet.errors import ConfigError, TargetUnwritable
+from fleet.errors import StoreError, TargetUnwritable
+from fleet.store.schemes import Scheme, StoreOptions, scheme_of
 
 T = TypeVar("T")
 #: how `--out` names standard output
@@ -77,11 +78,13 @@ def target(out: str | Path, max_attempts: int = 10) -> Iterator[Spot]:
             yield spot
             attempt("standard output", "writing to it", _copy_to_stdout, spot.path)
         return
-    if text.startswith("s3://"):
-        s3 = S3Target(text, max_attempts)  # a missing bucket is refused before any row is read
+    scheme = scheme_of(text)
+    if scheme is not None:
+        options = StoreOptions(max_attempts=max_attempts)
+        scheme.check_target(text, options)  # a missing bucket is refused before any row is read
         with _spool(text) as spot:
             yield spot
-            s3.upload(spot.path)
+            _send(scheme, spot.path, text, options)
         return
     if text.endswith(("/", os.sep)):  # Path would drop the slash and write a file of that name
         raise refused(text, "it names a directory (it ends in /); give a file path in it")
@@ -163,36 +166,38 @@ def _copy_to_stdout(src: Path) -> None:
         shutil.copyfileobj(f, g, _COPY_BYTES)
 
 
-class S3Target:
-    """An s3:// export: its bucket is checked before any row is read; the spool file is
-    uploaded with boto3's managed (multipart, streamed) upload, so memory stays constant and
-    the object appears whole or not at all."""
+def _send(scheme: Scheme, src: Path, url: str, options: StoreOptions) -> None:
+    try:
+        scheme.send(src, url, options)
+    except StoreError as e:
+        raise refused(url, f"the upload failed ({e})") from e
 
-    def __init__(self, url: str, max_attempts: int):
-        import boto3
-        from botocore.config import Config
-        from botocore.exceptions import BotoCoreError, ClientError
 
-        parsed = urlparse(url)
-        self.url, self.bucket, self.key = url, parsed.netloc, parsed.path.lstrip("/")
-        if not self.bucket or not self.key or self.key.endswith("/"):
-            raise ConfigError(f"export target {url!r} names no object (s3://bucket/key)")
-        config = Config(retries={"mode": "adaptive", "max_attempts": max_attempts})
-        self.client = boto3.session.Session().client("s3", config=config)
-        try:
-            self.client.head_bucket(Bucket=self.bucket)
-        except ClientError as e:
-            if str(e.response.get("Error", {}).get("Code", "")) in {"404", "NoSuchBucket", "NotFound"}:
-                raise refused(url, f"the bucket {self.bucket!r} does not exist") from e
-            # anything else (403: a writer may lack ListBucket) is left to the upload to decide
-        except BotoCoreError as e:
-            raise refused(url, f"cannot reach S3 ({e})") from e
-
-    def upload(self, path: Path) -> None:
-        from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            self.client.upload_file(str(path), self.bucket, self.key)
-        except (BotoCoreError, ClientError, S3UploadFailedError) as e:
-            raise refused(self.url, f"the upload failed ({e})") from e
+@contextmanager
+def folder_target(out: str | Path, max_attempts: int = 10) -> Iterator[Spot]:
+    """A folder to write (a Hub-ready dataset): a local DIR is replaced whole once the block
+    succeeds (written beside it, then swapped in); a remote one is uploaded from a spool folder."""
+    text = str(out)
+    scheme = scheme_of(text)
+    if scheme is not None:
+        options = StoreOptions(max_attempts=max_attempts)
+        scheme.check_target(text, options)
+        with tempfile.TemporaryDirectory(prefix="fleet-export-") as tmp:
+            yield Spot(text, Path(tmp), f"writing the spool folder {tmp}")
+            _send(scheme, Path(tmp), text, options)
+        return
+    final = Path(text.removeprefix("file://")).expanduser()
+    if final.exists() and not final.is_dir():
+        raise refused(text, "it is a file; --format hf writes a folder")
+    attempt(text, f"creating the directory {final.parent}", final.parent.mkdir, 0o777, True, True)
+    tmp = unique_temp(final)
+    try:
+        attempt(text, f"creating a temporary folder in {final.parent}", tmp.mkdir)
+        yield Spot(text, tmp, f"writing its temporary folder in {final.parent}")
+        old = unique_temp(final)
+        if final.exists():
+            attempt(text, "moving the previous export aside", final.replace, old)
+        attempt(text, "renaming its temporary folder into place", tmp.replace, final)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

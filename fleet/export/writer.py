@@ -1,16 +1,20 @@
 """Write a job's results in input order in one of the formats of fleet.export.formats,
-streaming chunk by chunk to a target of fleet.export.target (a local path, `-` or an s3:// URL)."""
+streaming chunk by chunk to a target of fleet.export.target (a local path, `-` or a remote URL)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from fleet.audit.job import AuditCounts
 from fleet.coord.chunkstate import done_indexes
 from fleet.errors import FleetError
+from fleet.export.audit import ExportAudit
+from fleet.export.card import card
 from fleet.export.check import ExportCheck
 from fleet.export.formats import FORMATS, VOLATILE_FIELDS, ExportRow, LeftOut
 from fleet.export.merge import Merge, RedoRows, redo_manifests
-from fleet.export.target import target
+from fleet.export.target import folder_target, target
+from fleet.monitor.status import job_status
 from fleet.progress import Progress
 from fleet.store import Store
 from fleet.store.layout import read_chunk
@@ -21,20 +25,20 @@ __all__ = ["VOLATILE_FIELDS", "export_job"]
 
 
 def chunk_rows(
-    store: Store, job: str, index: int, inputs: bool, only_finished: bool, check: ExportCheck,
-    merge: Merge | None = None,
+    store: Store, job: str, index: int, inputs: bool, only_finished: bool, check: ExportCheck, audit: ExportAudit,
+    left_out: LeftOut, merge: Merge | None = None,
 ) -> list[ExportRow]:
     """One chunk's samples in input order (each the version `merge` picks among the job and its
-    redo jobs), each with its input record when `inputs`; every row passes `check` before any
-    filter, so the manifest's counts hold for every format."""
-    rows = read_result(store, job, index)[1]
-    rows = list(check.rows(map(merge.pick, rows) if merge else rows))
+    redo jobs), each with its input record where the format or the audit reads it; every row passes
+    `check` before any filter, so the manifest's counts hold for every format, and then the audit
+    against its own ids (fleet.export.audit)."""
+    stats, rows = read_result(store, job, index)
+    picked = [(merge.pick(r), merge.picked_from) if merge else (r, None) for r in rows]
+    checked = list(zip(check.rows(r for r, _ in picked), (j for _, j in picked), strict=True))
     if only_finished:
-        rows = [r for r in rows if finished(r)]
-    if not inputs:
-        return [ExportRow(r) for r in rows]
-    records = {rec.pos: rec for rec in read_chunk(store, job, index)}
-    return [ExportRow(r, records[r["pos"]]) for r in rows]
+        checked = [(r, j) for r, j in checked if finished(r)]
+    records = {rec.pos: rec for rec in read_chunk(store, job, index)} if inputs or audit.needs_inputs else {}
+    return audit.keep([(ExportRow(r, records.get(r["pos"])), j) for r, j in checked], stats, left_out)
 
 
 def done_chunks(store: Store, manifest: Manifest, allow_incomplete: bool) -> list[int]:
@@ -53,7 +57,7 @@ def done_chunks(store: Store, manifest: Manifest, allow_incomplete: bool) -> lis
 def export_job(
     store: Store, job: str, out: Path | str, fmt: str | None = None, allow_incomplete: bool = False,
     stable: bool = False, only_finished: bool = False, left_out: LeftOut | None = None,
-    progress: Progress | None = None, redo_jobs: list[str] | None = None,
+    progress: Progress | None = None, redo_jobs: list[str] | None = None, audited: AuditCounts | None = None,
 ) -> int:
     """Returns the number of lines written; refuses an unfinished job unless `allow_incomplete`.
 
@@ -61,31 +65,41 @@ def export_job(
     `only_finished` keeps only samples that stopped on their own with an answer (not at max
     tokens, not inside the thinking, not failed); rows a format cannot hold are counted in `left_out`.
     `redo_jobs` (redo jobs of `job`, fleet.export.merge) give each row the version that finished.
+    Every row is audited against its own ids first; a row that fails is left out, and `audited` gets
+    the counts and the named defects (fleet.export.audit). A folder format (hf) writes its folder and
+    its dataset card.
     """
     manifest = require_manifest(store, job)
     indexes = done_chunks(store, manifest, allow_incomplete)
     redos = redo_manifests(store, [job, *(redo_jobs or [])])
     merge = Merge([RedoRows(store, m.job, done_chunks(store, m, allow_incomplete)) for m in redos]) if redos else None
-    fmt = fmt or ("parquet" if str(out).endswith(".parquet") else "jsonl")
+    fmt = fmt or ("hf" if str(out).startswith("hf://") else "parquet" if str(out).endswith(".parquet") else "jsonl")
     if fmt not in FORMATS:
         raise FleetError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
     writer_cls = FORMATS[fmt]
     count = 0
+    left_out = left_out or LeftOut()
     check = ExportCheck(manifest, indexes)
+    audit = ExportAudit(store, manifest, audited if audited is not None else AuditCounts())
     total = check.expect_samples  # one checked row per sample; unknown for an incomplete export
     report = progress or (lambda phase, done, total: None)
     report("export", 0, total)
-    with target(out) as spot:
+    spots = folder_target(out) if writer_cls.folder else target(out)
+    with spots as spot:
         # Only the writer's own calls go through spot.call: an OSError there is the target's
         # (a full disk), while one from reading the store stays the store's.
-        writer = spot.call(writer_cls, spot.path, manifest, stable, left_out or LeftOut())
+        writer = spot.call(writer_cls, spot.path, manifest, stable, left_out)
         try:
             for index in indexes:
-                rows = chunk_rows(store, job, index, writer_cls.needs_inputs, only_finished, check, merge)
+                rows = chunk_rows(store, job, index, writer_cls.needs_inputs, only_finished, check, audit, left_out,
+                                  merge)
                 count += spot.call(writer.write, rows)
                 report("export", check.samples, total)
         finally:
             spot.call(writer.close)
         check.verify(out)  # raising here leaves `out` as it was
+        if writer_cls.folder:
+            text = card(manifest, job_status(store, None, job, manifest=manifest), count, only_finished)
+            spot.call((spot.path / "README.md").write_text, text, "utf-8")
     report("export", check.samples, check.samples)
     return count

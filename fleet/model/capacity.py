@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fleet.errors import ConfigError
+from fleet.model.config import mtp_layers
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -63,11 +64,13 @@ class Serving:
     max_running_requests: int | None = None  #: asked; None: the largest that fits
     context_tokens: float = 4096.0  #: KV tokens one running request holds (prompt + output)
     language_model_only: bool = False  #: a vision-language checkpoint loaded without its tower
+    tp: int = 1  #: GPUs one engine spans (tensor parallel): each holds 1/tp of the weights, KV heads and state
 
 
 @dataclass(frozen=True)
 class Capacity:
-    """One GPU's running batch, with the figures it is made of (GiB/KiB/MiB are binary)."""
+    """One engine's running batch, with the figures it is made of (GiB/KiB/MiB are binary); memory
+    figures are per GPU where the engine spans `gpus` of them."""
 
     gpu_gib: float
     mem_fraction_static: float
@@ -82,6 +85,7 @@ class Capacity:
     kv_bound_requests: int  #: requests whose context_tokens fit in the KV pool
     batch: int  #: what really runs at once: the lower of the two
     draft_kv_gib: float = 0.0  #: the MTP draft layer's KV pool, allocated outside the budget
+    gpus: int = 1  #: GPUs the engine spans; the batch runs on all of them at once
 
     def to_dict(self) -> dict[str, Any]:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -105,11 +109,6 @@ def full_and_linear_layers(cfg: dict[str, Any]) -> tuple[int, int]:
 def _head_dim(cfg: dict[str, Any]) -> int:
     heads = int(cfg.get("num_attention_heads", 1))
     return int(cfg.get("head_dim") or int(cfg.get("hidden_size", 0)) // max(heads, 1))
-
-
-def mtp_layers(config: dict[str, Any]) -> int:
-    cfg = text_config(config)
-    return int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
 
 
 def kv_bytes_per_token(config: dict[str, Any], *, mtp: bool = False, kv_bytes: int = 2) -> int:
@@ -222,13 +221,27 @@ def slots_per_request(serving: Serving, hybrid: bool) -> int:
     return MAMBA_BASE_SLOTS + (2 if serving.overlap else 0)
 
 
+def tp_shares(config: dict[str, Any], tp: int) -> tuple[int, int]:
+    """(KV, state) shards under tensor parallelism: attention's KV heads are split over the GPUs (a GPU
+    holds at least one head: fewer heads than GPUs are replicated; MLA's latent is replicated), and so
+    are the linear-attention value heads of the recurrent state."""
+    cfg = text_config(config)
+    heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads", 1)
+    kv_heads = 1 if cfg.get("kv_lora_rank") else int(heads)
+    value_heads = int(cfg.get("linear_num_value_heads") or tp)
+    return max(1, min(tp, kv_heads)), max(1, min(tp, value_heads))
+
+
 def capacity(config: dict[str, Any], gpu_mib: float, serving: Serving) -> Capacity:
-    """The running batch SGLang settles on for this model on a GPU of `gpu_mib` MiB."""
+    """The running batch SGLang settles on for this model on a GPU of `gpu_mib` MiB (on each of `serving.tp`
+    such GPUs, each holding its share of the weights and of every request's KV and state; SGLang's headroom
+    is taken as for one GPU)."""
     mfs = serving.mem_fraction_static or sglang_mem_fraction(gpu_mib)
-    weights = weight_bytes(config, mtp=serving.mtp, vision=not serving.language_model_only)
-    cell = kv_bytes_per_token(config)  # the budget's per-token cost: the target's layers only
-    draft_cell = kv_bytes_per_token(config, mtp=True) - cell if serving.mtp else 0
-    slot = state_bytes_per_slot(config)
+    kv_shards, state_shards = tp_shares(config, serving.tp)
+    weights = weight_bytes(config, mtp=serving.mtp, vision=not serving.language_model_only) / serving.tp
+    cell = kv_bytes_per_token(config) / kv_shards  # the budget's per-token cost: the target's layers only
+    draft_cell = kv_bytes_per_token(config, mtp=True) / kv_shards - cell if serving.mtp else 0
+    slot = state_bytes_per_slot(config) / state_shards
     multimodal = bool(config.get("vision_config")) and not serving.language_model_only
     pre_load = (gpu_mib - CUDA_CONTEXT_MIB) * MIB
     rest = pre_load * mfs - weights - (VLM_CACHE_MIB * MIB if multimodal else 0)
@@ -278,4 +291,5 @@ def capacity(config: dict[str, Any], gpu_mib: float, serving: Serving) -> Capaci
         kv_bound_requests=kv_bound,
         batch=max(1, min(running, kv_bound)) if running else 0,
         draft_kv_gib=kv_tokens * draft_cell / GIB,
+        gpus=serving.tp,
     )

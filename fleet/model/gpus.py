@@ -1,6 +1,7 @@
 """GPU facts (one table) and which GPUs this host has.
 
-The launcher pins one worker per GPU with CUDA_VISIBLE_DEVICES=<index>. The index comes
+The launcher pins each worker to its GPUs with CUDA_VISIBLE_DEVICES=<index>[,<index>...] (one,
+or a group of `--gpus-per-worker` for an engine that spans them with tensor parallelism). The index comes
 from nvidia-smi, which numbers GPUs in PCI bus order, while CUDA numbers them fastest
 first unless CUDA_DEVICE_ORDER=PCI_BUS_ID; `pin_env` sets both so the two agree.
 """
@@ -86,9 +87,23 @@ def gpu_memory_mib(kind: str | None = None) -> int | None:
     return min(g.memory_mib for g in gpus) if gpus else None
 
 
-def pin_env(index: int) -> dict[str, str]:
-    """Environment that makes GPU `index` (nvidia-smi numbering) the only one a process sees."""
-    return {"CUDA_VISIBLE_DEVICES": str(index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+def pin_env(indexes: int | list[int]) -> dict[str, str]:
+    """Environment that makes GPUs `indexes` (nvidia-smi numbering) the only ones a process sees."""
+    group = [indexes] if isinstance(indexes, int) else indexes
+    return {"CUDA_VISIBLE_DEVICES": ",".join(map(str, group)), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def gpu_groups(indexes: list[int], per_worker: int) -> list[list[int]]:
+    """The GPUs split into groups of `per_worker`, in order (one worker each); a count that does not
+    divide them is refused, since the GPUs left over would idle."""
+    if per_worker < 1:
+        raise ConfigError(f"--gpus-per-worker {per_worker}: a worker needs at least one GPU")
+    if len(indexes) % per_worker:
+        raise ConfigError(
+            f"--gpus-per-worker {per_worker} does not divide the {len(indexes)} GPUs given "
+            f"({', '.join(map(str, indexes))}): use a divisor of {len(indexes)}"
+        )
+    return [indexes[i : i + per_worker] for i in range(0, len(indexes), per_worker)]
 
 
 def _query_nvidia_smi() -> tuple[list[GpuInfo], str]:

@@ -14,7 +14,7 @@ import redis
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.coord.chunks import known_jobs
+from fleet.coord.leases import known_jobs
 from fleet.monitor.status import JobStatus, job_status
 from fleet.settings import Settings
 from fleet.store import Store

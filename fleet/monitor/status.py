@@ -14,14 +14,15 @@ from typing import Any
 
 import redis
 
-from fleet.coord import chunks
-from fleet.coord.chunks import queued_indexes, running_indexes
+from fleet.coord import figures
+from fleet.coord.chunkqueue import queued_indexes
 from fleet.coord.chunkstate import done_indexes, failed_indexes, read_failures
+from fleet.coord.leases import running_indexes
 from fleet.coord.mismatch import mismatched_workers
 from fleet.coord.storeoutages import store_outages
 from fleet.coord.suspects import dying_workers, healthy_others, stalled_workers
 from fleet.errors import StoreError
-from fleet.monitor.redo import redo_progress
+from fleet.monitor.redostatus import redo_progress
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, require_manifest
@@ -60,7 +61,7 @@ class JobStatus:
     #: samples that did not finish (cut, ended inside the thinking, errors, loops): what `--redo` takes
     samples_unfinished: int = 0
     #: this job's redo jobs (and theirs), each with its chunks done, and how many of its unfinished
-    #: samples they have finished since (fleet.monitor.redo; read only where asked, `fleet status`)
+    #: samples they have finished since (fleet.monitor.redostatus; read only where asked, `fleet status`)
     redo_jobs: dict[str, str] = field(default_factory=dict)
     redo_finished: int = 0
     #: output tokens made for chunks not yet committed, counted as they stream (broker's count)
@@ -70,6 +71,13 @@ class JobStatus:
     tokens_made_twice: int = 0
     #: checkpointed output tokens that samples were continued from instead of being made again
     tokens_continued: int = 0
+    #: samples started again from token 0: their sampling cannot cross a seam on their engine
+    samples_restarted: int = 0
+    #: the audit at commit (fleet.audit): samples checked against their own ids, those that failed,
+    #: and the first defects named
+    audit_checked: int = 0
+    audit_failed: int = 0
+    audit_defects: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
     #: output tok/s: the running chunks' pace while they report one (right seconds after a start),
     #: else committed chunks' tokens over the recent window
@@ -101,10 +109,14 @@ class JobStatus:
         return json.dumps(asdict(self), indent=2)
 
 
+#: defects of the audit at commit that status names (the count covers them all)
+MAX_DEFECTS_SHOWN = 10
+
+
 def done_stats(store: Store, r: redis.Redis | None, job: str, done: set[int]) -> list[ChunkStats]:
     """Result headers of done chunks: cached in Redis, read from the store when missing
     (a result written without a header counts as done, with no figures)."""
-    cached = chunks.cached_stats(r, job) if r is not None else {}
+    cached = figures.cached_stats(r, job) if r is not None else {}
     out = []
     for index in sorted(done):
         stats = cached.get(index)
@@ -113,14 +125,14 @@ def done_stats(store: Store, r: redis.Redis | None, job: str, done: set[int]) ->
             if stats is None:
                 continue
             if r is not None:
-                chunks.cache_stats(r, job, index, stats)
+                figures.cache_stats(r, job, index, stats)
         out.append(stats)
     return out
 
 
 @dataclass
 class LiveFigures:
-    """What the running chunks' runs report as their tokens stream (fleet.coord.chunks pace)."""
+    """What the running chunks' runs report as their tokens stream (fleet.coord.figures, pace)."""
 
     rate: float
     first_started: float
@@ -132,9 +144,9 @@ def live_figures(st: JobStatus, r: redis.Redis, job: str, done: set[int], now: f
     """Tokens in flight (made for chunks not committed yet) into `st`; the running chunks' pace,
     each its run's tokens over its run's time, summed: right seconds after a start, long before
     the first chunk commits. Paces not renewed for PACE_STALE_S belong to runs that died."""
-    st.tokens_in_flight = sum(n for i, n in chunks.made(r, job).items() if i not in done)
+    st.tokens_in_flight = sum(n for i, n in figures.made(r, job).items() if i not in done)
     fresh_ms = (now - PACE_STALE_S) * 1000
-    paces = [p for i, p in chunks.paces(r, job).items() if i not in done and p["at_ms"] > fresh_ms]
+    paces = [p for i, p in figures.paces(r, job).items() if i not in done and p["at_ms"] > fresh_ms]
     if not paces:
         return None
     rate = sum(p["made"] / max((p["at_ms"] - p["started_ms"]) / 1000, 1e-3) for p in paces)
@@ -200,6 +212,10 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.samples_unfinished += s.errors + s.records_truncated + s.records_ended_in_thinking + s.records_repetition
         st.tokens_made_twice += s.tokens_made_twice
         st.tokens_continued += s.tokens_continued
+        st.samples_restarted += s.samples_restarted
+        st.audit_checked += s.audit_checked
+        st.audit_failed += s.audit_failed
+        st.audit_defects += s.audit_defects[: max(0, MAX_DEFECTS_SHOWN - len(st.audit_defects))]
     st.workers = sorted({s.worker for s in stats if s.worker is not None})
     timed = [s for s in stats if s.timed()]
     finished = len(done) == manifest.chunks
@@ -208,9 +224,12 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         last = max(s.finished for s in timed if s.finished is not None)
         st.elapsed_s = round((last if finished else now) - first, 3)
         st.tok_s = round(recent_rate(timed, now, finished=finished), 2)
+        by_worker: dict[str, list[ChunkStats]] = {}
+        for s in timed:  # one pass: a thousand workers' rates must not cost a pass each
+            if s.worker is not None:
+                by_worker.setdefault(s.worker, []).append(s)
         for worker in st.workers:
-            mine = [s for s in timed if s.worker == worker]
-            st.worker_tok_s[worker] = round(recent_rate(mine, now, finished=finished), 2)
+            st.worker_tok_s[worker] = round(recent_rate(by_worker.get(worker, []), now, finished=finished), 2)
         accept = [s.spec_accept_length for s in stats if s.spec_accept_length]
         st.spec_accept_length = round(sum(accept) / len(accept), 3) if accept else None
     if live is not None and not finished:

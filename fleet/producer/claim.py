@@ -4,7 +4,8 @@
 object. Whoever loses the put compares identities: the same identity joins (its chunks
 are byte-equal, so rewriting them is safe, and the manifest still goes last), another
 one is refused before it writes anything. A claimer that died before its manifest leaves
-a claim that the next enqueue of the same identity completes.
+a claim that the next enqueue of the same identity completes; a Hub dataset's input is read
+at the commit that claim pinned (fleet.producer.enqueue.prepare_job), as a manifest's would be.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from fleet.errors import JobConflict
+from fleet.errors import JobConflict, ObjectMissing
 from fleet.store import Store
 from fleet.store.layout import claim_key
 from fleet.store.manifest import Manifest, config_diff
@@ -72,18 +73,29 @@ def check_same_job(existing: Manifest, new: JobIdentity) -> None:
         raise _conflict(existing.job, "exists", diff)
 
 
+def load_claim(store: Store, job: str) -> JobIdentity | None:
+    """The claim on `job`, None if there is none; JobConflict if this fleet cannot read it."""
+    try:
+        raw = store.get(claim_key(job))
+    except ObjectMissing:
+        return None
+    try:
+        return JobIdentity.model_validate_json(raw)
+    except ValidationError as e:  # written by another fleet version, or not by fleet at all
+        raise JobConflict(
+            f"job {job!r} holds a claim object ({claim_key(job)}) this fleet cannot read "
+            f"({e.error_count()} problem(s)); nothing was written. Use another --job name."
+        ) from None
+
+
 def claim_job(store: Store, new: JobIdentity) -> bool:
     """Claim the job name for `new`: True if this call claimed it, False if it joins an
     equal claim; JobConflict if another identity holds it."""
     if store.put_if_absent(claim_key(new.job), new.to_bytes()):
         return True
-    try:
-        held = JobIdentity.model_validate_json(store.get(claim_key(new.job)))
-    except ValidationError as e:  # written by another fleet version, or not by fleet at all
-        raise JobConflict(
-            f"job {new.job!r} holds a claim object ({claim_key(new.job)}) this fleet cannot read "
-            f"({e.error_count()} problem(s)); nothing was written. Use another --job name."
-        ) from None
+    held = load_claim(store, new.job)
+    if held is None:  # deleted since the put (by hand): claim it again
+        return claim_job(store, new)
     diff = differences(held, new)
     if diff:
         age = max(0.0, time.time() - held.claimed_at)

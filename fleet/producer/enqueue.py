@@ -15,9 +15,9 @@ from typing import Any
 import redis
 from celery import Celery
 
-from fleet.coord import chunks
+from fleet.coord import chunkqueue, counters, leases
 from fleet.coord.broker import make_celery, redis_client
-from fleet.coord.chunks import ChunkQueue
+from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import done_indexes, failed_indexes
 from fleet.coord.queuescan import stale_markers
 from fleet.coord.recovery import Reaper
@@ -25,7 +25,7 @@ from fleet.engines.identity import engine_identity, identity_hash
 from fleet.engines.specs import input_vocab, job_config
 from fleet.errors import FleetError, InputError, JobConflict
 from fleet.producer.chunker import write_chunks
-from fleet.producer.claim import JobIdentity, check_same_job, claim_job
+from fleet.producer.claim import JobIdentity, check_same_job, claim_job, load_claim
 from fleet.producer.digest import InputDigest
 from fleet.producer.inputs import read_records, validate
 from fleet.producer.redo import check_redo, redo_input, redo_settings
@@ -67,7 +67,8 @@ def job_identity(
     digest = InputDigest()
     if progress:
         progress("validate", 0, None)
-    records = validate(path, on_record=digest.update, vocab=input_vocab(settings), turns=settings.turns)
+    records = validate(path, on_record=digest.update, vocab=input_vocab(settings), turns=settings.turns,
+                       source=settings.input)
     if progress:
         progress("validate", records, records)
     return identity_of(settings, job, input_url, digest, records)
@@ -134,14 +135,19 @@ def prepare_job(
     existing = load_manifest(store, job)
     if existing is not None:
         check_compatible(existing, job_config(settings))
-    with local_input(input_url) as path:
-        ident = job_identity(settings, job, input_url, path, progress)
+    # A resumed job reads a Hub dataset at the commit it pinned, not wherever main is now: the
+    # manifest's, or, where an enqueue died between its claim and its manifest, the claim's.
+    held = existing if existing is not None else load_claim(store, job)
+    stored = held.input if held is not None else None
+    with local_input(input_url, settings.input, stored=stored, max_attempts=settings.s3_max_attempts) as fetched:
+        ident = job_identity(settings, job, fetched.pinned, fetched.path, progress)
         if existing is not None:
             check_same_job(existing, ident)
             return existing, False
         if not claim_job(store, ident):
             log.info("job %s: joining an enqueue of the same input and configuration", job)
-        return write_job(settings, store, read_records(path, settings.turns), ident, progress)
+        records = read_records(fetched.path, settings.turns, settings.input)
+        return write_job(settings, store, records, ident, progress)
 
 
 def prepare_redo(
@@ -202,10 +208,10 @@ def enqueue_missing(
     if retry_failed and failed:
         for index in failed - done:
             store.delete(failed_key(job, index))
-            chunks.forget(r, job, index)
+            counters.forget(r, job, index)
         failed = set()
-    running = chunks.running_indexes(r, job)
-    queued = chunks.queued_indexes(r, job)
+    running = leases.running_indexes(r, job)
+    queued = chunkqueue.queued_indexes(r, job)
     report.repaired = repair_markers(r, settings, job, queued - done - failed - running)
     queued -= set(report.repaired)
     skip = done | failed | running | queued
@@ -222,7 +228,7 @@ def repair_markers(r: redis.Redis, settings: Settings, job: str, markers: set[in
     """Clear the "queued" markers no message backs any more, so those chunks are sent again."""
     stale = stale_markers(r, settings.queue, job, markers, LOST_AFTER_LEASES * settings.lease_ttl_s)
     if stale:
-        chunks.clear_markers(r, job, stale)
+        chunkqueue.clear_markers(r, job, stale)
         log.warning("job %s: %d queued marker(s) had no message (worker lost after taking it): "
                     "re-enqueued %s", job, len(stale), sorted(stale))
     return sorted(stale)

@@ -324,11 +324,8 @@ def parse_line(raw: bytes, line: int, pos: int, vocab: int | None = None) -> Inp
     return parse_form(raw, line, pos, vocab)[0]
 
 
-def _parsed(
-    path: Path, vocab: int | None = None, turns: str = "last"
-) -> Iterator[tuple[int, tuple[InputRecord, str] | BadLine]]:
-    """(line number, record and form, or its problem) for every non-blank line, streaming."""
-    pos = 0
+def _objects(path: Path) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
+    """(line number, the line's decoded object or its problem) for every non-blank line, streaming."""
     with path.open("rb") as f:
         head = f.peek(8)
         kind = next((what for magic, what in NOT_TEXT.items() if head.startswith(magic)), None)
@@ -338,7 +335,6 @@ def _parsed(
             if not raw.strip():
                 continue
             try:
-                yield line, parse_form(raw, line, pos, vocab, turns)
+                yield line, _decode(raw, line)
             except BadLine as bad:
                 yield line, bad
-            pos += 1

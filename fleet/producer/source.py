@@ -1,72 +1,52 @@
-"""Where the input comes from: a local file as is, or an S3 object downloaded for two passes
-(any format: JSONL, Parquet)."""
+"""Where the input comes from (docs/architecture.md, Objects): a local file or dataset folder as
+is, or a remote one (s3://, gs://, hf://datasets/...) downloaded for the producer's two passes
+through the scheme's own module (fleet.store.schemes). A Hub dataset is read at one commit, which
+the job records (`Fetched.pinned`), so a resumed job reads the rows it started with."""
 
 from __future__ import annotations
 
-import os
-import re
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
-from fleet.errors import ConfigError, StoreError
+from fleet.errors import ConfigError
+from fleet.producer.datafiles import select
+from fleet.settings.inputs import InputSettings
+from fleet.store.schemes import Fetched, StoreOptions, local_path, scheme_of
 
 
 @contextmanager
 def local_input(
-    url: str, *, s3_max_attempts: int = 10, tmp_dir: Path | None = None
-) -> Iterator[Path]:
-    """A local path for the input: a local file as is, an `s3://` object downloaded to a
-    temporary file (streamed, removed on exit) in `tmp_dir`."""
-    if url.startswith("s3://"):
-        with _download(url, s3_max_attempts, tmp_dir) as path:
-            yield path
+    url: str, source: InputSettings | None = None, *, stored: str | None = None, max_attempts: int = 10,
+    tmp_dir: Path | None = None,
+) -> Iterator[Fetched]:
+    """The input on local disk: a local path as is; a remote object, folder or dataset downloaded
+    to a temporary folder in `tmp_dir` (removed on exit). `stored` is the input a job already
+    holds: a moving revision of it (a Hub dataset's main) is read at the commit the job pinned."""
+    source = source or InputSettings()
+    scheme = scheme_of(url)
+    if scheme is None:
+        path = local_path(url)
+        if not path.exists():
+            raise ConfigError(f"input {str(path)!r} does not exist")
+        if not (path.is_file() or path.is_dir()):
+            raise ConfigError(f"input {str(path)!r} is not a file or a dataset folder")
+        if source.revision:
+            raise ConfigError(f"input {url!r}: --revision is for hf://datasets/... inputs")
+        yield Fetched(path, described(url, source) if path.is_dir() else url)
         return
-    if url.startswith("file://"):
-        parsed = urlparse(url)
-        url = unquote(parsed.netloc + parsed.path)
-    elif "://" in url:
-        raise ConfigError(f"input {url!r}: use a local path, file://... or s3://bucket/key")
-    path = Path(url).expanduser()
-    if not path.exists():
-        raise ConfigError(f"input {str(path)!r} does not exist")
-    if not path.is_file():
-        raise ConfigError(f"input {str(path)!r} is not a file")
-    yield path
+    if source.revision:
+        url = scheme.revised(url, source.revision)
+    elif stored is not None:
+        url = scheme.pin(url, stored)
+    with tempfile.TemporaryDirectory(prefix="fleet-input-", dir=tmp_dir) as into:
+        fetched = scheme.fetch(url, Path(into), partial(select, config=source.config, split=source.split),
+                               StoreOptions(max_attempts=max_attempts))
+        yield Fetched(fetched.path, described(fetched.pinned, source) if fetched.path.is_dir() else fetched.pinned)
 
 
-@contextmanager
-def _download(url: str, max_attempts: int, tmp_dir: Path | None) -> Iterator[Path]:
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-
-    parsed = urlparse(url)
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    if not bucket or not key or key.endswith("/"):
-        raise ConfigError(f"input {url!r} names no object (s3://bucket/key)")
-    config = Config(retries={"mode": "adaptive", "max_attempts": max_attempts})
-    client = boto3.session.Session().client("s3", config=config)
-    # The key's extension stays on the copy: it picks the input's format (fleet/producer/formats/).
-    suffix = Path(key).suffix if re.fullmatch(r"\.\w{1,16}", Path(key).suffix) else ""
-    fd, name = tempfile.mkstemp(prefix="fleet-input-", suffix=suffix, dir=tmp_dir)
-    try:
-        try:
-            with os.fdopen(fd, "wb") as f:
-                client.download_fileobj(bucket, key, f)
-        except ClientError as e:
-            code = str(e.response.get("Error", {}).get("Code", ""))
-            if code in {"404", "NoSuchKey", "NoSuchBucket", "NotFound"}:
-                raise ConfigError(f"input {url!r} does not exist") from e
-            if code in {"403", "AccessDenied"}:
-                raise ConfigError(f"input {url!r}: access denied") from e
-            raise StoreError(f"cannot read input {url!r}: {code} {e}") from e
-        except NoCredentialsError as e:
-            raise ConfigError(f"input {url!r}: no AWS credentials found ({e})") from e
-        except BotoCoreError as e:
-            raise StoreError(f"cannot read input {url!r} after retries: {e}") from e
-        yield Path(name)
-    finally:
-        Path(name).unlink(missing_ok=True)
+def described(url: str, source: InputSettings) -> str:
+    """A dataset input's name with the config and split read from it: the job's `input`."""
+    return url + f"?config={source.config}&split={source.split}" if source.config else url + f"?split={source.split}"

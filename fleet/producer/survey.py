@@ -67,7 +67,7 @@ class PromptLengths:
         if self.tokenizer is None:
             self.unknown += 1
             return
-        from fleet.model.prompting import render_ids
+        from fleet.model.rendering import render_ids
 
         request = GenRequest(
             record_id=record.id, chunk=0, sample=0, sampling=Sampling(), messages=record.messages,
@@ -92,17 +92,19 @@ class PromptLengths:
 
 
 def survey(settings: Settings, input_url: str) -> InputSurvey:
-    """Check `input_url` (local or s3://) as `fleet enqueue` would, and count what it holds."""
-    from fleet.engines.specs import input_vocab
+    """Check `input_url` (a local file or dataset folder, s3://, gs:// or hf://datasets/...) as
+    `fleet enqueue` would, and count what it holds."""
+    from fleet.engines.specs import input_vocab, spec_for
 
     report = InputSurvey(input=input_url, model=settings.model)
     tokenizer = None
     if settings.model:
-        from fleet.model.prompting import context_length_of, load_tokenizer
+        from fleet.model.modeldir import context_length_of
+        from fleet.model.rendering import load_tokenizer
 
         tokenizer = load_tokenizer(settings.model)
         report.context = context_length_of(settings.model)
-    vocab = input_vocab(settings) if settings.model or settings.engine == "sim" else None
+    vocab = input_vocab(settings) if settings.model or not spec_for(settings).needs_model else None
     lengths = PromptLengths(settings, tokenizer)
     forms: Counter[str] = Counter()
 
@@ -110,11 +112,13 @@ def survey(settings: Settings, input_url: str) -> InputSurvey:
         report.samples += record.sample_count(settings.sampling.n)
         lengths.add(record)
 
-    with local_input(input_url) as path:
-        report.unit = lengths.unit = input_format(path).unit
+    with local_input(input_url, settings.input, max_attempts=settings.s3_max_attempts) as fetched:
+        path = fetched.path
+        report.input = fetched.pinned
+        report.unit = lengths.unit = input_format(path, settings.input).unit
         try:
             report.records = validate(path, max_report=None, on_record=seen, vocab=vocab, forms=forms,
-                                      turns=settings.turns)
+                                      turns=settings.turns, source=settings.input)
         except InputError as e:
             report.problems, report.bad_lines, report.unit = e.problems, e.total_bad, e.unit
             report.records = sum(forms.values())

@@ -26,15 +26,18 @@ from pydantic_settings import (
 
 from fleet.settings.engine import EngineSettings
 from fleet.settings.hf import HfSettings
+from fleet.settings.inputs import InputSettings
 from fleet.settings.repetition import RepetitionSettings
+from fleet.settings.server import ServerSettings
 from fleet.settings.sglang import DEFAULT_SGLANG_RUNNING, SglangSettings
 from fleet.settings.sim import SimSettings
 from fleet.settings.vllm import VllmSettings
 
 #: re-exported: callers name the engine sections from here
 __all__ = [
-    "DEFAULT_SGLANG_RUNNING", "ENGINE_SECTIONS", "EngineName", "EngineSettings", "HfSettings", "RepetitionSettings",
-    "SamplingSettings", "Settings", "SglangSettings", "SimSettings", "VllmSettings", "load_settings",
+    "DEFAULT_SGLANG_RUNNING", "ENGINE_SECTIONS", "PLANNED_ENGINE", "EngineName", "EngineSettings", "HfSettings",
+    "RepetitionSettings", "SamplingSettings", "ServerSettings", "Settings", "SglangSettings", "SimSettings",
+    "VllmSettings", "load_settings",
 ]
 
 DEFAULT_DATA_DIR = Path("fleet-data")
@@ -61,7 +64,10 @@ ENGINE_SECTIONS: dict[str, type[EngineSettings]] = {
     "hf": HfSettings,
     "sglang": SglangSettings,
     "vllm": VllmSettings,
+    "server": ServerSettings,
 }
+#: the engine whose capacity model `fleet plan --model` uses unless told another (fleet.model.capacity)
+PLANNED_ENGINE = "sglang"
 #: "sim", "hf", "sglang", "vllm"
 EngineName = Literal[tuple(ENGINE_SECTIONS)]  # type: ignore[valid-type]
 
@@ -69,10 +75,10 @@ EngineName = Literal[tuple(ENGINE_SECTIONS)]  # type: ignore[valid-type]
 class SamplingSettings(BaseModel):
     """Job-wide sampling; unset values come from the model's generation_config.json."""
 
-    temperature: float | None = Field(None, description="0 = greedy")
-    top_p: float | None = Field(None, description="nucleus sampling mass; 1 = off")
-    top_k: int | None = Field(None, description="candidates per step; 0 or -1 = off")
-    min_p: float | None = Field(None, description="drop tokens below this fraction of the top one; 0 = off")
+    temperature: float | None = Field(None, ge=0, description="0 = greedy")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling mass; 1 = off")
+    top_k: int | None = Field(None, ge=-1, description="candidates per step; 0 or -1 = off")
+    min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below this fraction of the top one; 0 = off")
     repetition_penalty: float | None = Field(None, gt=0, le=2, description="1 = none (SGLang's range)")
     presence_penalty: float | None = Field(None, ge=-2, le=2, description="0 = none")
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="0 = none")
@@ -93,9 +99,9 @@ class _Settings(BaseSettings):
     )
 
     broker_url: str | None = Field(None, description="redis:// or rediss://; unset for `fleet run` = local Redis")
-    store_url: str | None = Field(None, description="directory, file://... or s3://bucket/prefix")
+    store_url: str | None = Field(None, description="directory, file://..., s3://bucket/prefix or gs://bucket/prefix")
     data_dir: Path = Field(DEFAULT_DATA_DIR, description="local runtime files: store default, local Redis")
-    engine: EngineName = Field("sim", description="sim (simulated GPU), hf (transformers), sglang or vllm")
+    engine: EngineName = Field("sim", description=f"the engine: {', '.join(ENGINE_SECTIONS)} (architecture: Engines)")
     model: str | None = Field(None, description="model directory (or hub id where a hub is reachable)")
     chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1, description="records per chunk")
     slots: int | None = Field(None, ge=1, description="K chunks a worker runs at once; default derived")
@@ -195,7 +201,11 @@ class _Settings(BaseSettings):
         description="the repetition stop: a request whose output ends in an exact cycle of a short block is aborted "
         "(finish reason `repetition`); part of the job's configuration",
     )
-    # One section per engine (sim, hf, sglang, vllm) is added below, from ENGINE_SECTIONS.
+    input: InputSettings = Field(
+        default_factory=InputSettings,
+        description="which records of a dataset input to read: config, split, revision, column names",
+    )
+    # One section per engine is added below, from ENGINE_SECTIONS.
 
     @classmethod
     def settings_customise_sources(

@@ -1,5 +1,5 @@
 """The repetition stop's settings (FLEET_REPETITION__*), part of a job's configuration; the
-watch that applies them to a request's stream is fleet.engines.repetition."""
+watch that applies them to a request's stream is fleet.model.repetition."""
 
 from __future__ import annotations
 

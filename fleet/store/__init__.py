@@ -1,12 +1,13 @@
-"""The store (the source of truth) and its format: open one from a URL (a directory, file://..., or
-s3://bucket/prefix); `layout`, `manifest`, `results` and `checkpoints` say what lies in it."""
+"""The store (the source of truth) and its format: open one from a URL (a directory, file://...,
+s3://bucket/prefix or gs://bucket/prefix, fleet.store.schemes); `layout`, `manifest`, `results`
+and `checkpoints` say what lies in it."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
 
 from fleet.store.base import Store
+from fleet.store.schemes import StoreOptions, local_path, scheme_of
 
 if TYPE_CHECKING:
     from fleet.settings import Settings
@@ -15,19 +16,12 @@ __all__ = ["Store", "open_store", "store_for"]
 
 
 def open_store(url: str, s3_max_attempts: int = 10, multipart_threshold_mb: int = 64) -> Store:
-    if url.startswith("s3://"):
-        from fleet.store.s3 import S3Store
-
-        if not urlparse(url).netloc:
-            from fleet.errors import ConfigError
-
-            raise ConfigError(f"store URL {url!r} names no bucket (s3://bucket/prefix)")
-        return S3Store(url, s3_max_attempts, multipart_threshold_mb)
+    scheme = scheme_of(url)
+    if scheme is not None:
+        return scheme.store(url, StoreOptions(s3_max_attempts, multipart_threshold_mb))
     from fleet.store.local import LocalStore
 
-    if url.startswith("file://"):
-        url = urlparse(url).path
-    return LocalStore(url)
+    return LocalStore(local_path(url))
 
 
 def store_for(settings: Settings) -> Store:

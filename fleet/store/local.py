@@ -63,17 +63,16 @@ class LocalStore(Store):
 
     def list(self, prefix: str) -> Iterator[str]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
-        start = base if base.is_dir() else base.parent
+        # A folder prefix ("j/failed/") is that folder only: one that does not exist holds nothing,
+        # never its parent's whole tree (a job's every object, walked for an empty listing).
+        start = base if base.is_dir() or prefix.endswith("/") else base.parent
         if not start.exists():
             return
         keys = []
         for dirpath, _dirs, files in os.walk(start):
-            for name in files:
-                if name.startswith("."):
-                    continue
-                key = os.path.relpath(os.path.join(dirpath, name), self.root).replace(os.sep, "/")
-                if key.startswith(prefix):
-                    keys.append(key)
+            rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            folder = "" if rel == "." else rel + "/"
+            keys += [key for name in files if not name.startswith(".") and (key := folder + name).startswith(prefix)]
         yield from sorted(keys)
 
     def delete(self, key: str) -> None:

@@ -31,7 +31,7 @@ def cut_in_thinking(row: dict[str, Any]) -> bool:
     return row.get("finish_reason") == "length" and in_thinking(row)
 
 
-def ended_in_thinking(row: dict[str, Any]) -> bool:
+def row_ended_in_thinking(row: dict[str, Any]) -> bool:
     """A row whose model ended it (end of sequence or a stop string) before its think block
     closed: not a finished answer, and a trainer would add a `</think>` it never produced."""
     return row.get("finish_reason") == "stop" and in_thinking(row)
@@ -44,7 +44,7 @@ def finished(row: dict[str, Any]) -> bool:
 
 class ChunkStats(BaseModel):
     """A result's header: what `fleet status`, the metrics and the benchmarks read of a done
-    chunk, computed once at commit and cached in Redis (fleet.coord.chunks). Every field has
+    chunk, computed once at commit and cached in Redis (fleet.coord.figures). Every field has
     a default, so a header written by an older fleet still reads; unknown fields are ignored."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -83,6 +83,14 @@ class ChunkStats(BaseModel):
     finished: float | None = None
     worker: str | None = None
     attempt: int = 1
+    #: samples started again from token 0 because their sampling cannot cross a seam on this engine
+    samples_restarted: int = 0
+    #: the audit at commit (fleet.audit): samples checked against their ids, those that failed, named
+    audit_checked: int = 0
+    audit_failed: int = 0
+    audit_defects: list[str] = []
+    #: prompt + output tokens the committing engine allowed a request (a length cut's other limit)
+    context: int | None = None
 
     @property
     def tokens_made_twice(self) -> int:
@@ -112,7 +120,7 @@ def sample_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
         "errors": sum(1 for r in rows if r["finish_reason"] == "error"),
         "records_truncated": sum(1 for r in rows if r["finish_reason"] == "length"),
         "records_truncated_in_thinking": sum(1 for r in rows if cut_in_thinking(r)),
-        "records_ended_in_thinking": sum(1 for r in rows if ended_in_thinking(r)),
+        "records_ended_in_thinking": sum(1 for r in rows if row_ended_in_thinking(r)),
         "retractions": sum(r.get("retractions") or 0 for r in rows),
         "records_repetition": sum(1 for r in rows if r["finish_reason"] == "repetition"),
     }

@@ -198,8 +198,8 @@ def model_problems(model_dir: Path) -> tuple[list[str], str]:
 
 def check_model(settings: Settings) -> Check:
     if not settings.model:
-        if settings.engine == "sim":
-            return _skip("model", "engine sim needs no model")
+        if not spec_for(settings).needs_model:
+            return _skip("model", f"engine {settings.engine} needs no model")
         return Check("model", False, f"engine {settings.engine} needs FLEET_MODEL (a model directory)")
     try:
         model_dir = _resolve_model_dir(settings.model)

@@ -36,7 +36,7 @@ def job_dir(settings: Settings, job: str) -> Path:
     return settings.data_dir / "jobs" / job
 
 
-def describe(st: JobStatus) -> str:
+def status_line(st: JobStatus) -> str:
     return (f"chunks {st.chunks_done}/{st.chunks_total} done, {st.chunks_running} running, "
             f"{st.chunks_queued} queued, {st.chunks_failed} failed | {st.tok_s:,.0f} tok/s")
 
@@ -85,7 +85,7 @@ def watch(settings: Settings, store: Store, r: redis.Redis, app: Celery, supervi
         while True:
             supervisor.poll()
             st = job_status(store, r, job, settings.usd_per_gpu_hour, manifest)
-            progress.update(bar, completed=st.chunks_done, info=describe(st))
+            progress.update(bar, completed=st.chunks_done, info=status_line(st))
             if st.chunks_done + st.chunks_failed >= chunks:
                 return st
             if time.monotonic() - last_reap >= settings.reaper_interval_s:

@@ -10,8 +10,7 @@ modules stay free of it.
 from __future__ import annotations
 
 import redis
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError
 from kombu.exceptions import OperationalError
 
 from fleet.errors import BrokerUnreachable, ConfigError, ServiceUnreachable, StoreUnreachable
@@ -59,30 +58,13 @@ def ping_broker(settings: Settings) -> None:
 
 
 def ping_store(store: Store) -> None:
-    """For S3, one HeadBucket with a single retry (the store's own client retries for minutes)."""
-    from fleet.store.s3 import S3Store
+    """For a bucket store (s3://, gs://), one quick lookup of its bucket without the store's own
+    minutes of retries (fleet.store.schemes); a local directory's errors are already one clear line."""
+    from fleet.store.schemes import BucketScheme, scheme_of
 
-    if not isinstance(store, S3Store):
-        return  # a local directory: its own errors (permissions) are already one clear line
-    import boto3
-
-    client = boto3.session.Session().client(
-        "s3", config=Config(retries={"mode": "standard", "max_attempts": 2},
-                            connect_timeout=PING_TIMEOUT_S, read_timeout=PING_TIMEOUT_S),
-    )  # fmt: skip
-    where = f"{redact_url(store.url)} (endpoint {redact_url(client.meta.endpoint_url)})"
-    try:
-        client.head_bucket(Bucket=store.bucket)
-    except ClientError as e:
-        code = str(e.response.get("Error", {}).get("Code", ""))
-        what = {"404": "no such bucket", "NoSuchBucket": "no such bucket", "403": "access denied"}.get(code, code)
-        raise StoreUnreachable(
-            f"store {where} answered {what} ({_cause(e)}): check the bucket name and the credentials"
-        ) from None
-    except BotoCoreError as e:
-        raise StoreUnreachable(f"cannot reach the store at {where} ({_cause(e)}): {STORE_HINT}") from None
-    finally:
-        client.close()
+    scheme = scheme_of(store.url)
+    if isinstance(scheme, BucketScheme):
+        scheme.ping(store, PING_TIMEOUT_S)
 
 
 def unreachable(exc: BaseException, settings: Settings | None) -> ServiceUnreachable:

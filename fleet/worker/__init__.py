@@ -1,1 +1,1 @@
-"""The worker side: one process per GPU, one engine per process, K chunk slots sharing it."""
+"""The worker side: one process per GPU or GPU group, one engine per process, K chunk slots sharing it."""

@@ -85,15 +85,17 @@ class ChunkRun:
     live: dict[str, LiveSample] = field(default_factory=dict)
     #: output tokens the engine made for this run (the result's header sums `continued_at` instead)
     tokens_made: int = 0
-    #: tokens made for this chunk by earlier runs (fleet.coord.chunks), for the result's header
+    #: tokens made for this chunk by earlier runs (fleet.coord.figures), for the result's header
     made_before: int = 0
+    #: samples this run started again from token 0 instead of continuing them (Engine.restart_reason)
+    restarted: int = 0
     #: an end-of-job helper run: no chunk lease, first committed result wins
     assist: bool = False
     #: when the delivery arrived (the result's `started` and `seconds`; the crash evidence
-    #: is the lease clock, fleet.coord.chunks)
+    #: is the lease clock, fleet.coord.leases)
     started: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: this run among the process's runs (its lease owner, fleet.coord.chunks.run_owner)
+    #: this run among the process's runs (its lease owner, fleet.coord.leases.run_owner)
     serial: int = field(default_factory=lambda: next(_RUN_SERIALS))
     _inflight: int = 0
 
@@ -151,6 +153,14 @@ class ChunkRun:
         with self.lock:
             self.live[key] = live
         return live
+
+    def restart(self, live: LiveSample) -> None:
+        """A running sample that cannot be continued on this engine starts again from token 0: its
+        checkpointed ids are made again (tokens made twice), and its new segments chain from 0."""
+        with self.lock:
+            live.ids, live.flushed, live.digest, live.continued_at = [], 0, IdsDigest(), []
+            self.restarted += 1
+        metrics.SAMPLES_RESTARTED.inc()
 
     def extend(self, live: LiveSample, ids: list[int]) -> None:
         """New output ids of a running sample, as its stream delivers them (engine loop)."""

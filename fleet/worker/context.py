@@ -14,13 +14,13 @@ from typing import Any
 
 import redis
 
-from fleet.coord.chunks import ChunkQueue
+from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, load_manifest
-from fleet.worker.admission import Admission
+from fleet.worker.runslots import RunSlots
 from fleet.worker.spool import Spool
 
 #: seconds a worker trusts its copy of a job's manifest before reading it again
@@ -84,7 +84,7 @@ class WorkerContext:
     #: Celery node name, e.g. gpu0@host
     name: str
     #: this process, `name:pid`: a restarted worker with the same name is another process. Crash
-    #: evidence names processes; a lease names a run of one (fleet.coord.chunks.run_owner)
+    #: evidence names processes; a lease names a run of one (fleet.coord.leases.run_owner)
     owner: str
     queue: ChunkQueue
     policy: RetryPolicy
@@ -99,7 +99,7 @@ class WorkerContext:
     #: stops the process for its supervisor to restart it (the engine is gone)
     restart: Callable[[str], None] = lambda why: None
     #: which chunks this process runs now, and whether one runs alone (process-wide, both stacks)
-    admission: Admission = field(default_factory=Admission)
+    run_slots: RunSlots = field(default_factory=RunSlots)
     #: what the store refused to take yet, kept on this worker's disk (None: no spool)
     spool: Spool | None = None
     #: the chunks this process runs as their owner, one run each

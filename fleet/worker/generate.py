@@ -15,36 +15,31 @@ first turn its checkpoints lack, and the first turn that does not finish ends th
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
 
 from fleet import metrics
 from fleet.engines.base import Engine
-from fleet.engines.repetition import Cycle, RepetitionSettings, watch_for
 from fleet.errors import RecordError
+from fleet.model.repetition import Cycle, RepetitionSettings, RepetitionWatch, watch_for
 from fleet.model.turns import turn_count, turn_prompt
-from fleet.records import TURN_FIELDS, GenRequest, GenResult, InputRecord, OutputRecord, Sampling, derive_seed
+from fleet.records import (
+    TURN_FIELDS,
+    GenRequest,
+    GenResult,
+    InputRecord,
+    OutputRecord,
+    Sampling,
+    record_sampling,
+    record_seed,
+)
 from fleet.store.results import finished
 from fleet.worker.chunk import ChunkRun, LiveSample, sample_key
 from fleet.worker.watchdog import EngineClock
 
-_SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-    "max_tokens", "stop",
-)  # fmt: skip
-
-
-def effective_sampling(defaults: dict[str, Any], record: InputRecord, seed: int) -> Sampling:
-    values = {k: defaults.get(k) for k in _SAMPLING_FIELDS}
-    if record.sampling:
-        for k in _SAMPLING_FIELDS:
-            v = getattr(record.sampling, k)
-            if v is not None:
-                values[k] = v
-    stop = tuple(values.pop("stop") or ()) or None
-    return Sampling(**values, stop=stop, seed=seed)
+log = logging.getLogger(__name__)
 
 
 def requests_for(run: ChunkRun) -> list[tuple[InputRecord, GenRequest]]:
@@ -57,13 +52,11 @@ def requests_for(run: ChunkRun) -> list[tuple[InputRecord, GenRequest]]:
         for sample in range(record.sample_count(defaults.get("n", 1))):
             if sample_key(record.id, sample) in run.finished:
                 continue
-            base = record.sampling.seed if record.sampling and record.sampling.seed is not None else None
-            seed = base + sample if base is not None else derive_seed(job_seed, record.id, sample)
             request = GenRequest(
                 record_id=record.id,
                 chunk=run.index,
                 sample=sample,
-                sampling=effective_sampling(defaults, record, seed),
+                sampling=record_sampling(defaults, record, record_seed(job_seed, record, sample)),
                 messages=record.messages,
                 prompt=record.prompt,
                 input_ids=record.input_ids,
@@ -128,6 +121,25 @@ def longest_first(engine: Engine, pairs: list[tuple[InputRecord, GenRequest]]) -
     return [pairs[i] for i in order]
 
 
+async def ended_prefix(
+    engine: Engine, req: GenRequest, watch: RepetitionWatch | None
+) -> tuple[GenResult, Cycle | None] | None:
+    """The record of a sample whose checkpointed ids already end it, else None. Its last run made an
+    end id, a stop string, its max tokens or a loop and stopped before its record was kept (a
+    hand-over, a kill): the record is what that run made, with the reason its ids give, and nothing
+    is generated past its end (docs/architecture.md, "Tokens as they are made")."""
+    ending = await engine.ended(req)
+    if ending is not None:
+        req.prefix_ids = req.prefix_ids[: ending.length]
+    cycle = watch.feed(req.prefix_ids) if watch is not None else None
+    if cycle is not None:  # the loop was already there when the last run stopped
+        return await engine.cut(req, [], "repetition"), cycle
+    if ending is not None:
+        metrics.SAMPLES_ENDED_IN_CHECKPOINT.inc()
+        return await engine.cut(req, [], ending.reason), None
+    return None
+
+
 async def read_stream(
     engine: Engine, req: GenRequest, run: ChunkRun, live: LiveSample, repetition: RepetitionSettings,
     clock: EngineClock | None = None,
@@ -137,10 +149,10 @@ async def read_stream(
     stop watches the whole output (a continued sample's prefix first) and ends a loop early:
     the record keeps what it made, with finish reason `repetition`."""
     watch = watch_for(repetition)
-    if watch is not None and req.prefix_ids:
-        cycle = watch.feed(req.prefix_ids)
-        if cycle is not None:  # the loop was already there when the last run stopped
-            return await engine.cut(req, [], "repetition"), cycle
+    if req.prefix_ids:
+        ended = await ended_prefix(engine, req, watch)
+        if ended is not None:
+            return ended
     stream = engine.stream(req)
     result, new = None, 0
     try:
@@ -151,8 +163,7 @@ async def read_stream(
                 if clock is not None:
                     clock.tick()
                 cycle = watch.feed(delta.ids) if watch is not None else None
-                if cycle is not None and delta.result is None:
-                    await engine.abort(req.request_id)
+                if cycle is not None and delta.result is None:  # closing the stream aborts the request
                     metrics.REPETITION_STOPS.inc()
                     return await engine.cut(req, live.ids[len(req.prefix_ids) :], "repetition"), cycle
             if delta.result is not None:
@@ -184,6 +195,11 @@ async def generate_chunk(
         live = run.begin(record.id, req.sample, turn)
         req.prefix_ids = list(live.ids)
         req.request_id = f"{run.name}/{record.id}/{req.sample}" + (f"/turn{turn}" if turn else "") + f"/{nonce}"
+        if req.prefix_ids and (why := engine.restart_reason(req)) and not await engine.ended(req):
+            log.info("chunk %s: record %r sample %d starts again from token 0, not %d: %s", run.name, record.id,
+                     req.sample, len(req.prefix_ids), why)
+            run.restart(live)
+            req.prefix_ids = []
         if req.prefix_ids:
             metrics.TOKENS_CONTINUED.inc(len(req.prefix_ids))
         run.inflight += 1

@@ -1,9 +1,9 @@
-"""Start and supervise worker processes: one per GPU (pinned) or N for CPU engines.
+"""Start and supervise worker processes: one per GPU or group of GPUs (pinned) or N for CPU engines.
 
 An engine crash kills its worker process (SGLang sends SIGQUIT to its host), so the
 launcher restarts dead workers with backoff and logs why they died. Before it starts a
-successor it ends every process the dead worker left (vLLM's EngineCore survives its
-worker's SIGKILL and would keep the GPU's memory: fleet.worker.proctree). SIGTERM to the
+successor it ends every process the dead worker left that the parent-death signal
+(fleet.worker.parent) did not end: a program a subprocess exec'd, a double fork (fleet.worker.proctree). SIGTERM to the
 launcher stops every worker gracefully and leaves none of their processes; a launcher
 killed outright takes its workers with it (fleet.worker.parent).
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet.engines.specs import spec_for
-from fleet.model.gpus import pin_env
+from fleet.model.gpus import gpu_groups, pin_env
 from fleet.settings import Settings
 from fleet.worker import proctree
 from fleet.worker.parent import LAUNCHER_PID_ENV
@@ -38,11 +38,14 @@ class WorkerSpec:
 
 
 def plan_workers(
-    settings: Settings, workers: int | None, gpus: list[int] | None, host: str | None = None
+    settings: Settings, workers: int | None, gpus: list[int] | None, host: str | None = None, per_worker: int = 1
 ) -> list[WorkerSpec]:
+    """One worker per GPU, or per group of `per_worker` GPUs (named by its GPUs: gpu0+1@host), or
+    `workers` CPU workers."""
     host = host or socket.gethostname()
     if gpus:
-        specs = [WorkerSpec(f"gpu{i}@{host}", pin_env(i)) for i in gpus]
+        specs = [WorkerSpec(f"gpu{'+'.join(map(str, group))}@{host}", pin_env(group))
+                 for group in gpu_groups(gpus, per_worker)]
     else:
         specs = cpu_workers(settings, workers or 1, host)
     if settings.metrics_port:  # one Prometheus port per worker process
@@ -54,7 +57,7 @@ def plan_workers(
 def cpu_workers(settings: Settings, count: int, host: str) -> list[WorkerSpec]:
     # CPU workers share the cores: torch's default of one thread per core in every
     # process oversubscribes them and runs dozens of times slower.
-    threads = str(settings.hf.threads or max(1, (os.cpu_count() or 1) // count))
+    threads = str(spec_for(settings).cpu_threads(settings) or max(1, (os.cpu_count() or 1) // count))
     cpu_env = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", threads)}
     return [WorkerSpec(f"cpu{i}@{host}", dict(cpu_env)) for i in range(count)]
 

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+#: seconds between a worker's heartbeat events (Celery's default is 2): each is a PUBLISH that
+#: Redis matches against every pattern subscription (a worker's remote-control channel is one),
+#: so a thousand workers at 2 s cost the broker more than their leases do. Flower marks a worker
+#: offline after two missed ones (docs/architecture.md, "Scaling").
+EVENT_HEARTBEAT_S = 10
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="fleet-worker")
@@ -12,10 +18,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
 
-    from fleet.worker.parent import from_env
+    from fleet.worker.parent import engine_processes_die_with_their_parent, from_env
 
     from_env()
-    from fleet.worker.app import app, settings
+    engine_processes_die_with_their_parent()
+    from fleet.worker.celeryapp import app, settings
 
     app.worker_main(
         [
@@ -26,10 +33,19 @@ def main(argv: list[str] | None = None) -> None:
             f"--queues={settings.queue}",
             f"--loglevel={args.loglevel}",
             "--task-events",
+            # Mingle asks every worker for its state at each start and gossip subscribes each
+            # worker to every other's events: both grow with the square of the fleet, and fleet
+            # uses neither (docs/architecture.md, "Scaling").
             "--without-mingle",
+            "--without-gossip",
+            f"--heartbeat-interval={EVENT_HEARTBEAT_S}",
         ]
     )
 
 
 if __name__ == "__main__":
     main()
+elif __name__ == "__mp_main__":  # imported first in every child multiprocessing spawns below a worker
+    from fleet.worker.parent import spawned_below_a_worker
+
+    spawned_below_a_worker()

@@ -1,8 +1,9 @@
 """A worker's process tree: what a worker and its engine started, found and ended.
 
-vLLM's EngineCore arms no PR_SET_PDEATHSIG (SGLang's processes do): a worker killed outright
-(SIGKILL, the OOM killer) leaves it running, holding the GPU's memory, while the launcher starts
-a successor beside it. So the launcher makes itself a child subreaper (orphans of a dead worker
+vLLM's EngineCore arms no PR_SET_PDEATHSIG of its own (SGLang's processes do); fleet.worker.parent
+arms one in every Python process below a worker, and this module ends what that misses (a program
+a subprocess exec'd, a double fork), which would hold the GPU's memory while the launcher starts a
+successor beside it. So the launcher makes itself a child subreaper (orphans of a dead worker
 are reparented to it, not to init, and it reaps them), starts each worker in a session of its
 own and tags its environment (`TREE_ENV`); every process the worker starts inherits the tag
 (multiprocessing's spawn, setsid and double forks keep the environment), which finds them wherever

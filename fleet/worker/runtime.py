@@ -16,9 +16,9 @@ from typing import Any
 from celery import Celery
 
 from fleet import metrics
-from fleet.coord import chunks, keys, storeoutages, suspects
+from fleet.coord import figures, keys, leases, storeoutages, suspects
 from fleet.coord.broker import redis_client
-from fleet.coord.chunks import ChunkQueue
+from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.recovery import Reaper
 from fleet.coord.retry import RetryPolicy
@@ -45,6 +45,8 @@ STALL_EXIT_S = 30.0
 STALL_EXIT_CODE = 70
 #: seconds a stalled worker waits for its chunks to be handed back before it kills its engine
 STALL_HAND_BACK_S = 10.0
+#: running chunks per job an idle worker considers for assist, those lacking the most samples
+STRAGGLERS_READ = 16
 
 
 class Runtime:
@@ -99,7 +101,7 @@ class Runtime:
             outcome = (self.assister if assist else self.owner).execute(run, self.task)
         finally:
             self.active.discard(run)
-        describe(run, outcome)
+        log_outcome(run, outcome)
         return {
             "job": job, "index": index, "committed": isinstance(outcome, Committed),
             "outcome": type(outcome).__name__.lower(),
@@ -114,7 +116,7 @@ class Runtime:
         """Once the queue is empty and the engine has room, help the most lagging chunk."""
         while not self._stop.wait(self.settings.assist_poll_s):
             try:
-                if self._assisting.is_set() or self.ctx.stopping.is_set() or self.ctx.admission.alone:
+                if self._assisting.is_set() or self.ctx.stopping.is_set() or self.ctx.run_slots.alone:
                     continue
                 if self.inflight() >= self.engine.max_running:
                     continue
@@ -129,17 +131,19 @@ class Runtime:
 
     def _straggler(self) -> tuple[str, int] | None:
         """The running chunk of another worker with the most unstarted samples; never a suspect
-        (it may kill its helper, and it runs alone to settle that)."""
+        (it may kill its helper, and it runs alone to settle that). Reads each job's top few
+        (figures.stragglers), not every running chunk: the fleet's idle workers ask this every
+        assist poll at a job's end."""
         r, best = self.ctx.redis, None
-        for job in chunks.known_jobs(r):
+        for job in leases.known_jobs(r):
             suspected = suspects.suspected_indexes(r, job)
-            for index, unstarted in chunks.unstarted(r, job).items():
-                if unstarted <= 0 or (best and unstarted <= best[0]) or (job, index) in self._assisted:
+            for index, unstarted in figures.stragglers(r, job, STRAGGLERS_READ):
+                if (best and unstarted <= best[0]) or (job, index) in self._assisted:
                     continue
                 if index in suspected:
                     continue
-                owner = chunks.holder(r, job, index)
-                if owner is None or owner == self.ctx.owner or chunks.assisted(r, job, index):
+                owner = leases.holder(r, job, index)
+                if owner is None or owner == self.ctx.owner or leases.assisted(r, job, index):
                     continue
                 best = (unstarted, job, index)
         return (best[1], best[2]) if best else None
@@ -182,8 +186,7 @@ class Runtime:
 
     def _reaper(self) -> None:
         reaper = Reaper(self.ctx.redis, self.ctx.store, self.app, self.settings, self.ctx.manifests.chunks)
-        while not self._stop.wait(self.settings.reaper_interval_s):
-            reaper.round()
+        reaper.run(self.ctx.owner, self._stop)
 
     def begin_shutdown(self) -> None:
         """SIGTERM, a hand-over: Celery stops consuming; every running chunk flushes its samples'
@@ -244,7 +247,7 @@ class Runtime:
         self.ctx.redis.close()
 
 
-def describe(run: ChunkRun, outcome: Outcome) -> None:
+def log_outcome(run: ChunkRun, outcome: Outcome) -> None:
     """One log line per run, at the level its outcome deserves."""
     if isinstance(outcome, Failed):
         log.error("chunk %s attempt %d failed: %s: %s", run.name, run.attempt, type(outcome.cause).__name__,

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fleet.audit.job import JobAudit
 from fleet.errors import FleetError, StoreError
 from fleet.store import Store
 from fleet.store.layout import read_chunk, result_key
@@ -64,7 +65,7 @@ class ChunkTask:
         expected = run.expected()
         if len(rows) != expected:
             raise FleetError(f"chunk {run.name} has {len(rows)} of {expected} samples; not committing")
-        stats = self.stats(run, rows)
+        stats = self.stats(run, rows).model_copy(update=self.audit(run, rows))
         key, data = result_key(run.job, run.index), encode_result(stats, rows)
         try:
             written = self.store.put_if_absent(key, data)
@@ -78,6 +79,24 @@ class ChunkTask:
         if self.spool is not None:
             self.spool.answered()
         return self.outcome(run, stats, written)
+
+    def audit(self, run: ChunkRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """Every sample checked against its own ids before the result is written (fleet.audit), with the
+        engine's own decoding, where the engine keeps its tokenizer work; a defect is logged and named in
+        the result's header. The audit never holds back a commit: a failure to run it is logged."""
+        engine = self.host.engine
+        assert run.manifest is not None
+        audit = JobAudit(run.manifest, engine.decode)
+        records = {r.pos: r for r in run.records}
+        try:
+            counts, _ = self.host.submit(engine.off_loop(audit.check, rows, records, engine.context_budget)).result()
+        except Exception as e:  # noqa: BLE001 - the tokens are made; the export audits them again
+            log.warning("chunk %s: the audit could not run: %s: %s", run.name, type(e).__name__, e)
+            return {"context": engine.context_budget}
+        for defect in counts.defects:
+            log.error("audit: job %s %s", run.job, defect)
+        return {"audit_checked": counts.checked, "audit_failed": counts.failed, "audit_defects": counts.defects,
+                "context": engine.context_budget}
 
     def wait_for_store(self, run: ChunkRun, stats: ChunkStats, key: str, data: bytes,
                        poll: Callable[[], Outcome | None]) -> Outcome:
@@ -128,4 +147,5 @@ class ChunkTask:
             finished=time.time(),
             worker=run.worker,
             attempt=run.attempt,
+            samples_restarted=run.restarted,
         )

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from fleet.coord.broker import make_celery
-from fleet.coord.chunks import ChunkQueue
+from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.retry import RetryPolicy
 from fleet.engines.identity import engine_identity, identity_hash

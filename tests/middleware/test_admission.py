@@ -8,9 +8,9 @@ import time
 
 from fleet.coord import keys, suspects
 from fleet.errors import EngineError
-from fleet.worker.admission import Admission
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.outcome import Committed, Failed, HandedBack
+from fleet.worker.runslots import RunSlots
 from tests.fleetproc import wait_for
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import hold, raise_
@@ -38,11 +38,11 @@ def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worke
 
     first = threading.Thread(target=run, args=(0, hold(worker.task, release.is_set)))
     first.start()
-    wait_for(lambda: len(worker.ctx.admission) == 1, 10, "chunk 0 admitted")
+    wait_for(lambda: len(worker.ctx.run_slots) == 1, 60, "chunk 0 admitted")
     # When chunk 1 is delivered, it takes its lease and waits for chunk 0 to end
     second = threading.Thread(target=run, args=(1,))
     second.start()
-    wait_for(lambda: worker.ctx.admission.alone is not None, 10, "chunk 1 claims the worker")
+    wait_for(lambda: worker.ctx.run_slots.alone is not None, 60, "chunk 1 claims the worker")
     assert r.hget(keys.solo_runs(), f"{JOB}/1") is None and r.get(keys.lease(JOB, 1)) is not None
     # marked as waiting, not running, alone: a death now is no evidence either way
     assert r.hget(keys.solo_waits(), f"{JOB}/1") == worker.ctx.owner.encode()
@@ -61,7 +61,7 @@ def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worke
     assert suspects.suspicion(r, JOB, 1).deaths == 0
     assert r.hget(keys.solo_runs(), f"{JOB}/1") is None and r.hget(keys.lease_holder(), f"{JOB}/1") is None
     assert r.hget(keys.solo_waits(), f"{JOB}/1") is None
-    assert worker.ctx.admission.alone is None and len(worker.ctx.admission) == 0
+    assert worker.ctx.run_slots.alone is None and len(worker.ctx.run_slots) == 0
     assert suspects.median_duration(r, JOB) is not None
 
 
@@ -115,13 +115,13 @@ def test_an_engine_death_in_a_solo_run_counts_against_the_chunk(worker, r, store
 
 def test_a_process_is_healthy_once_it_finished_a_batch():
     # Given a process that ran three chunks at once
-    admission = Admission()
+    slots = RunSlots()
     runs = [ChunkRun(job=JOB, index=i, attempt=1, worker="gpu0@a") for i in range(3)]
-    assert all(admission.enter(run) for run in runs)
+    assert all(slots.enter(run) for run in runs)
     for run in runs:
-        admission.leave(run)
+        slots.leave(run)
     # Then one or two commits are no proof of health (a crash-looping process may get that far); three are
-    assert [admission.committed() for _ in range(4)] == [False, False, True, True]
+    assert [slots.committed() for _ in range(4)] == [False, False, True, True]
 
 
 def test_a_suspect_handed_back_while_waiting_to_run_alone_leaves_no_marks(worker, r, store):
@@ -134,10 +134,10 @@ def test_a_suspect_handed_back_while_waiting_to_run_alone_leaves_no_marks(worker
 
     first = threading.Thread(target=run, args=(0, hold(worker.task, release.is_set)))
     first.start()
-    wait_for(lambda: len(worker.ctx.admission) == 1, 10, "chunk 0 admitted")
+    wait_for(lambda: len(worker.ctx.run_slots) == 1, 60, "chunk 0 admitted")
     second = threading.Thread(target=run, args=(1,))
     second.start()
-    wait_for(lambda: r.hget(keys.solo_waits(), f"{JOB}/1") is not None, 10, "chunk 1 waits to run alone")
+    wait_for(lambda: r.hget(keys.solo_waits(), f"{JOB}/1") is not None, 60, "chunk 1 waits to run alone")
     # When the worker shuts down during the wait
     worker.ctx.stopping.set()
     second.join(30)

@@ -40,6 +40,22 @@ def test_a_stopping_helper_keeps_the_owners_checkpoints(worker, other, store, r)
     assert partials(store, 1) == [checkpoint_prefix(JOB, 1) + "000001-owner"]
 
 
+def test_a_run_stopped_after_another_worker_committed_its_chunk_leaves_no_checkpoint(worker, other, store):
+    # Given a checkpoint of chunk 1, and a helper assisting it
+    store.put(checkpoint_prefix(JOB, 1) + "000001-owner", b"")
+    stopping = other.ctx.stopping
+
+    def committed_then_stopping(run) -> None:
+        store.put(result_key(JOB, 1), b"committed by the owner")
+        stopping.set()
+
+    # When the owner commits the chunk and then the helper's worker starts stopping mid-run
+    _, outcome = other.run(1, hold(other.task, lambda: False, then=committed_then_stopping), assist=True)
+    # Then the helper hands back, and no checkpoint is kept for a chunk no one will run again
+    assert isinstance(outcome, HandedBack)
+    assert partials(store, 1) == []
+
+
 def test_redelivery_after_commit_drops_leftover_checkpoints(worker, store, r):
     # Given a committed chunk whose worker died before deleting its checkpoints
     assert isinstance(worker.run(2)[1], Committed)
@@ -49,3 +65,30 @@ def test_redelivery_after_commit_drops_leftover_checkpoints(worker, store, r):
     # Then the run does nothing but drop the checkpoints
     assert isinstance(outcome, Skipped) and outcome.reason == "already has a result"
     assert partials(store, 2) == [] and queued_messages(r) == []
+
+
+def test_a_chunk_suspected_of_killing_an_engine_starts_its_running_samples_again(worker, store, r, settings):
+    from fleet.coord import suspects
+    from fleet.engines.sim.engine import sim_length
+    from fleet.engines.sim.tokens import SimVocab, sim_tokens
+    from fleet.records import derive_seed
+    from fleet.store.checkpoints import IdsDigest, Segment, encode_checkpoint
+    from fleet.store.layout import checkpoint_key
+
+    # Given a checkpoint of chunk 0 with the first ids of two of its samples, as a run left them when its
+    # engine died, and the chunk suspected of that death
+    segments = []
+    for rid in ("r00000", "r00001"):
+        seed = derive_seed(0, rid, 0)
+        ids, _ = sim_tokens(SimVocab(), seed, sim_length(settings.sim, seed), 10**6)
+        segments.append(Segment(rid, 0, 0, IdsDigest().hexdigest(), ids[:3]))
+    store.put(checkpoint_key(JOB, 0, 1, "gpu0@dead"), encode_checkpoint([], worker.ctx.identity_hash, segments))
+    suspects.note_death(r, JOB, 0, "gpu0@dead", solo=False)
+    # When it runs again
+    _, outcome = worker.run(0)
+    # Then those samples were made again from token 0 (a continuation's prefill is what likely killed it),
+    # counted, and the chunk committed
+    assert isinstance(outcome, Committed)
+    stats, rows = read_result(store, JOB, 0)
+    assert stats is not None and stats.samples_restarted == 2
+    assert all(row["continued_at"] is None for row in rows)

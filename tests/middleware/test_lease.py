@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from fleet.coord import keys
-from fleet.coord.chunks import holder, run_owner
+from fleet.coord.leases import holder, run_owner
 from fleet.store.layout import result_key
 from fleet.worker.outcome import Committed, Skipped
 from tests.middleware.conftest import JOB, queued_messages

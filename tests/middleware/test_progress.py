@@ -25,7 +25,7 @@ def test_owner_stops_at_once_when_its_helper_committed_first(worker, other, r, s
     # Then the owner drops its copy without waiting to finish, and the checkpoints go
     assert isinstance(outcome, Superseded)
     assert store.exists(result_key(JOB, 0)) and list(store.list(checkpoint_prefix(JOB, 0))) == []
-    assert r.hget(keys.progress(JOB), 0) is None
+    assert r.zscore(keys.progress(JOB), 0) is None
 
 
 def test_commit_caches_stats_and_counts_requests_where_they_change(worker, r):

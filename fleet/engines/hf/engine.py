@@ -8,17 +8,24 @@ Sampling is done per row by `RowSampler` (temperature, top-k, top-p, min-p, temp
 = greedy) and stopping per row by `RowStopper` (eos ids from generation_config.json, the
 row's max_tokens, its stop strings), so requests with different settings share a batch.
 
-Seeds: each request draws from its own `torch.Generator` seeded with `Sampling.seed`, one
-draw per generated token, so a request's random stream never depends on its batch
-neighbours. A regenerated record therefore gets the same tokens whenever its logits are
-the same; they are bit-identical for the same batch composition on the same device and
-dtype, and across batch compositions they can differ in the last float bits (padding
-changes the matmul shapes), which can flip a near-tie. Greedy decoding has no randomness.
+Seeds: the uniform that picks a row's token at output position p is `draw(seed, p)`
+(fleet.records), a function of the sample's seed and the position alone: a request's random
+stream never depends on its batch neighbours, and a sample continued after p ids draws what its
+uninterrupted run drew at p, never its first draws again. A regenerated or continued record
+therefore gets the same tokens whenever its logits are the same; they are bit-identical for the
+same batch composition on the same device and dtype, and across batch compositions (or a
+re-prefill of a continued prefix) they can differ in the last float bits, which can flip a
+near-tie. Greedy decoding has no randomness.
+
+A row's result is handed to its stream the step it finishes, together with its last ids, not when
+the batch ends: a hand-over in between then finds the row finished, never ids ending in an end token
+with no record (docs/architecture.md, "Tokens as they are made").
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -27,16 +34,10 @@ from typing import Any
 
 from fleet.engines.model import ModelEngine
 from fleet.errors import EngineError
-from fleet.model.prompting import (
-    NEUTRAL,
-    Prompt,
-    check_length,
-    context_length_of,
-    fill_sampling,
-    render,
-    resolve_model_dir,
-)
-from fleet.records import GenDelta, GenRequest, GenResult, Sampling, derive_seed
+from fleet.model.facts import NEUTRAL, fill_sampling
+from fleet.model.modeldir import context_length_of, resolve_model_dir
+from fleet.model.rendering import Prompt, render
+from fleet.records import GenDelta, GenRequest, GenResult, Sampling, derive_seed, draw
 from fleet.settings import Settings
 
 #: Tokens of decoded tail, beyond the longest stop string, checked for a stop each step.
@@ -73,10 +74,9 @@ class RowSampler:
         #: output ids each row already had before this run (a continued sample's prefix): penalised too
         self.prefixes = torch.tensor(prefixes or [0] * len(samplings), device=device)
         self.greedy = self.temp <= 0
-        self.generators = [
-            torch.Generator(device=device).manual_seed(s.seed if s.seed is not None else 0)
-            for s in samplings
-        ]
+        self.seeds = [s.seed if s.seed is not None else 0 for s in samplings]
+        #: output position of each row's next token: its prefix, then one more each step
+        self.starts = list(prefixes or [0] * len(samplings))
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         import torch
@@ -84,14 +84,15 @@ class RowSampler:
         scores = scores.float()
         if scores.shape[-1] > self.vocab:  # padded embedding rows are not tokens
             scores[:, self.vocab :] = float("-inf")
+        if input_ids is not None and self.prompt_width is None:
+            self.prompt_width = input_ids.shape[1]
         if input_ids is not None and self.penalised:
-            if self.prompt_width is None:
-                self.prompt_width = input_ids.shape[1]
             first = self.prompt_width - int(self.prefixes.max())
             scores = self._penalise(scores, input_ids[:, first:], self.prompt_width - self.prefixes - first)
         choice = scores.argmax(-1)
         if not bool(self.greedy.all()):
-            choice = torch.where(self.greedy, choice, self._sample(scores))
+            step = input_ids.shape[1] - self.prompt_width if input_ids is not None and self.prompt_width else 0
+            choice = torch.where(self.greedy, choice, self._sample(scores, step))
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, choice[:, None], 0.0)
 
@@ -113,7 +114,7 @@ class RowSampler:
         scores = torch.where(seen, penalised, scores)
         return scores - self.frequency[:, None] * counts - self.presence[:, None] * seen.to(scores.dtype)
 
-    def _sample(self, scores: Any) -> Any:
+    def _sample(self, scores: Any, step: int) -> Any:
         import torch
 
         temp = torch.where(self.greedy, torch.ones_like(self.temp), self.temp)
@@ -129,7 +130,8 @@ class RowSampler:
         probs = probs.masked_fill(probs.cumsum(-1) - probs > self.top_p[:, None], 0.0)
         probs = probs.masked_fill(probs < self.min_p[:, None] * probs[:, :1], 0.0)
         cdf = probs.cumsum(-1)
-        draws = torch.stack([torch.rand((), generator=g, device=g.device) for g in self.generators])
+        draws = torch.tensor([draw(seed, start + step) for seed, start in zip(self.seeds, self.starts, strict=True)],
+                             dtype=cdf.dtype, device=cdf.device)
         pos = torch.searchsorted(cdf, (draws * cdf[:, -1])[:, None]).clamp(max=width - 1)
         return order.gather(1, pos).squeeze(1)
 
@@ -152,6 +154,8 @@ class RowStopper:
     prefixes: list[int] = field(default_factory=list)
     #: per row: called with a list of new ids, from the generating thread
     emit: list[Any] = field(default_factory=list)
+    #: per row: called with the row's generated ids and why it stopped, the step it stops
+    finish: list[Any] = field(default_factory=list)
     #: per row: the stream was closed (aborted or cancelled): stop generating it
     aborted: list[Any] = field(default_factory=list)
     interval: int = 1
@@ -176,6 +180,10 @@ class RowStopper:
                 self.finished[i] = (n, "stop")
             elif n >= self.max_new[i]:
                 self.finished[i] = (n, "length")
+            else:
+                continue
+            if self.finish and self.finished[i][1] != "abort":
+                self.finish[i](input_ids[i, self.prompt_width : self.prompt_width + n].tolist(), self.finished[i][1])
         if self.emit and (n % self.interval == 0):
             self._emit(input_ids, n)
         done = [i in self.finished for i in range(len(last))]
@@ -183,6 +191,8 @@ class RowStopper:
 
     def _emit(self, input_ids: Any, n: int) -> None:
         for i, send in enumerate(self.emit):
+            if i in self.finished and self.finish:  # its last ids went out with its result
+                continue
             upto = self.finished[i][0] if i in self.finished else n
             sent = self.emitted.get(i, 0)
             if upto > sent:
@@ -224,7 +234,7 @@ class HfEngine(ModelEngine):
         self.model: Any = None
         self.device: str | None = None
         self.eos_ids: frozenset[int] = frozenset()
-        self.batches = 0
+        self.batches = 0  #: batches started
         self._queue: asyncio.Queue[_Pending] | None = None
         self._batcher: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -273,9 +283,9 @@ class HfEngine(ModelEngine):
         if self._queue is None:
             raise EngineError("hf engine used before start()")
         prompt = render(self.tokenizer, request)
-        max_new = check_length(request, len(prompt.ids), self.context)
-        if max_new <= 0:  # its checkpointed ids already fill the context
-            yield GenDelta([], await self.whole(request, prompt, [], "length", None, {}))
+        max_new, filled = await self.room(request, prompt)
+        if filled is not None:
+            yield GenDelta([], filled)
             return
         sampling = fill_sampling(request.sampling, self.defaults)
         if sampling.seed is None:
@@ -327,12 +337,8 @@ class HfEngine(ModelEngine):
                 batch = await self._next_batch()
                 if not batch:
                     continue
-                results = await loop.run_in_executor(self._executor, self._run_batch, batch, loop)
-                self.batches += 1
-                now = loop.time()
-                for pending, result in zip(batch, results, strict=True):
-                    result.meta["latency_s"] = now - pending.queued_at
-                    pending.deltas.put_nowait(result)
+                self.batches += 1  # counted as it starts: its rows' results reach their streams before it returns
+                await loop.run_in_executor(self._executor, self._run_batch, batch, loop)
                 batch = []
         except asyncio.CancelledError:
             self._fail_all(batch, EngineError("hf engine shut down"))
@@ -366,7 +372,9 @@ class HfEngine(ModelEngine):
 
     # -- one batch, in the worker thread ----------------------------------------------------
 
-    def _run_batch(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> list[GenResult]:
+    def _run_batch(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
+        """Generate one batch; each row's result goes to its stream the step the row finishes, and
+        the rows still running when the batch ends get theirs at the end (max tokens)."""
         import torch
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
@@ -378,9 +386,17 @@ class HfEngine(ModelEngine):
         rows = [[pad] * (width - len(ids)) + ids for ids in inputs]
         mask = [[0] * (width - len(ids)) + [1] * len(ids) for ids in inputs]
         eos = sorted(self.eos_ids)
+        size = len(batch)
+        delivered: set[int] = set()
+
+        def finish(i: int, generated: list[int], why: str) -> None:
+            delivered.add(i)
+            batch[i].put(loop, self._result(batch[i], generated, why, size))
+
         stopper = RowStopper(
             width, [p.max_new for p in batch], self.eos_ids, [p.sampling.stop or () for p in batch],
             self.tokenizer, prefixes=prefixes, emit=[partial(p.put, loop) for p in batch],
+            finish=[partial(finish, i) for i in range(size)],
             aborted=[partial(getattr, p, "closed") for p in batch], interval=self.settings.hf.stream_interval,
             eos_token_id=eos,
         )  # fmt: skip
@@ -400,12 +416,11 @@ class HfEngine(ModelEngine):
                 stopping_criteria=StoppingCriteriaList([stopper]),
             )
         new = out[:, width:].tolist()
-        size = len(batch)
-        return [self._result(p, new[i], stopper.finished.get(i), size) for i, p in enumerate(batch)]
+        for i, p in enumerate(batch):
+            if i not in delivered and not p.closed:
+                p.put(loop, self._result(p, new[i][: p.max_new], "length", size))
 
-    def _result(
-        self, p: _Pending, generated: list[int], finished: tuple[int, str] | None, size: int
-    ) -> GenResult:
-        n, why = finished or (min(len(generated), p.max_new), "length")
+    def _result(self, p: _Pending, generated: list[int], why: str, size: int) -> GenResult:
         reason = "length" if why == "length" else "stop"
-        return self.assemble(p.request, p.prompt, generated[:n], reason, None, {"batch_size": size})
+        facts = {"batch_size": size, "latency_s": time.monotonic() - p.queued_at}
+        return self.assemble(p.request, p.prompt, generated, reason, None, facts)

@@ -17,6 +17,9 @@ class HfSpec(ModelEngineSpec):
 
         return HfEngine(settings)
 
+    def cpu_threads(self, settings: Settings) -> int | None:
+        return settings.hf.threads
+
     def shaping(self, settings: Settings) -> dict[str, Any]:
         # HfEngine picks bfloat16 on CUDA and float32 on CPU: the device is the dtype.
         return {"device": settings.hf.device, "context_length": settings.hf.context_length}

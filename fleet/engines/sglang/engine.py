@@ -5,41 +5,29 @@ deployment's exact kwargs on a laptop. `SglangEngine` imports sglang only in `st
 which runs on the worker's long-lived loop thread: the engine's receive loop binds to the
 first event loop that uses it (docs/architecture.md), so every request must come from that loop.
 
-We pass token ids (the prompt is templated once, by `fleet.model.prompting`) but keep SGLang's
+We pass token ids (the prompt is templated once, by `fleet.model.rendering`) but keep SGLang's
 tokenizer (`skip_tokenizer_init` stays False): stop strings and detokenisation need it,
 and detokenising in SGLang's own process keeps that work off the worker's loop.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fleet.engines.model import EmbeddedEngine
-from fleet.engines.sglang.plan import (
-    check_choices,
-    is_hybrid,
-    language_model_only,
-    local_config,
-    mem_fraction,
-    radix_on,
-    with_planned_running,
-)
-from fleet.errors import EngineError, RecordError
+from fleet.engines.sglang.plan import check_choices, language_model_only, mem_fraction, radix_on, with_planned_running
+from fleet.engines.stream import Step, StreamEngine
+from fleet.engines.wire import SGLANG_SCHEDULER_MARGIN, sglang_sampling
+from fleet.errors import EngineError, FleetError, RecordError
+from fleet.model.config import is_hybrid, local_config
 from fleet.model.gpus import gpu_memory_mib
-from fleet.model.prompting import (
-    check_length,
-    check_vocab,
-    context_length_of,
-    fill_sampling,
-    require_model,
-    vocab_size_of,
-)
-from fleet.records import GenDelta, GenRequest, Sampling
+from fleet.model.modeldir import context_length_of, require_model, vocab_size_of
+from fleet.model.promptlimits import check_vocab
+from fleet.model.rendering import Prompt
+from fleet.records import GenRequest, Sampling
 from fleet.settings import DEFAULT_SGLANG_RUNNING, Settings, SglangSettings
 
 log = logging.getLogger(__name__)
@@ -112,26 +100,6 @@ def engine_kwargs(settings: Settings, gpu: str | None = None) -> dict[str, Any]:
     return kw
 
 
-def sampling_params(s: Sampling, max_new: int, eos_ids: list[int], seeded: bool) -> dict[str, Any]:
-    """SGLang sampling params, every value explicit: the Engine path ignores generation_config."""
-    params: dict[str, Any] = {
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k if s.top_k and s.top_k > 0 else -1,
-        "min_p": s.min_p,
-        "repetition_penalty": 1.0 if s.repetition_penalty is None else s.repetition_penalty,
-        "presence_penalty": s.presence_penalty or 0.0,
-        "frequency_penalty": s.frequency_penalty or 0.0,
-        "max_new_tokens": max_new,
-        "stop_token_ids": eos_ids,
-    }
-    if s.stop:
-        params["stop"] = list(s.stop)
-    if seeded and s.seed is not None:
-        params["sampling_seed"] = s.seed  # honoured only with enable_deterministic_inference
-    return params
-
-
 def reserved_tokens(s: SglangSettings) -> int:
     """managers/utils.py compute_num_reserved_tokens: EAGLE-family drafts (NEXTN is an alias)
     hold max(topk x steps, draft tokens) output slots, counted against every prompt."""
@@ -170,8 +138,10 @@ def finish_reason(meta: dict[str, Any]) -> str:
     raise RecordError(f"sglang finished the request with {kind!r}{code}: {message or raw}")
 
 
-class SglangEngine(EmbeddedEngine):
+class SglangEngine(StreamEngine):
     name = "sglang"
+    # SGLang's penalizers (sampling/penaltylib) all cumulate output ids only
+    output_only = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 
     def __init__(self, settings: Settings):
         super().__init__(settings, engine_kwargs(settings))
@@ -181,25 +151,38 @@ class SglangEngine(EmbeddedEngine):
         self.vocab: int | None = None
 
     @property
-    def max_running(self) -> int:
-        """S: SGLang's effective max_running_requests once started, else what fleet asks."""
-        return self.effective_running or self.kwargs["max_running_requests"]
+    def context_budget(self) -> int | None:
+        """Prompt + output tokens SGLang really runs a request to: its tokenizer manager refuses more than
+        the context less the draft slots it reserves (EAGLE/NEXTN), and its scheduler silently clips
+        max_new_tokens to max_req_len - prompt - 1, with max_req_len = context - 1 (init_req_max_new_tokens):
+        two short of the context. Asking for exactly that keeps a length cut's record what fleet asked."""
+        return None if self.context is None else self.context - max(self.reserved_tokens, SGLANG_SCHEDULER_MARGIN)
 
-    async def start(self) -> None:
-        """Build the engine on this (the worker's) loop; blocks it while the weights load."""
-        self.bind_loop()
-        self.load_model_files()
+    @property
+    def asked_running(self) -> int:
+        return self.kwargs["max_running_requests"]
+
+    async def launch(self) -> Any:
+        """The engine on this (the worker's) loop; blocks it while the weights load."""
         self.vocab = vocab_size_of(self.model_path)
         try:
             import sglang
         except ImportError as e:
             raise EngineError(f"engine 'sglang' needs the sglang package: {e}") from e
         with kept_logging():  # Engine() calls logging.basicConfig(force=True): fleet's lines go
-            try:
-                self._engine = sglang.Engine(**self.kwargs)
-            except Exception as e:
-                raise EngineError(f"sglang.Engine failed to start: {type(e).__name__}: {e}") from e
-        await self._read_back()
+            return sglang.Engine(**self.kwargs)
+
+    async def read_back(self) -> None:
+        """What the scheduler settled on: it lowers max_running_requests to what its KV and
+        state pools hold, at a level fleet hides. Awaited on this loop: Engine.get_server_info
+        would run_until_complete on it, which a running loop refuses."""
+        states = await self._engine.tokenizer_manager.get_internal_state()
+        state = (states or [{}])[0]
+        self.kv_tokens = (state.get("memory_usage") or {}).get("token_capacity")
+        running = state.get("effective_max_running_requests_per_dp")
+        self.settle_running(running, f"lower sglang.max_running_requests to {running}, or free memory "
+                            "(sglang.radix_cache=off, sglang.mtp=false, sglang.mem_fraction_static); see `fleet plan "
+                            "--model`")
         manager = getattr(self._engine, "tokenizer_manager", None)
         self.context = (
             getattr(manager, "context_len", None)
@@ -207,90 +190,38 @@ class SglangEngine(EmbeddedEngine):
             or context_length_of(self.model_path)
         )
 
-    async def _read_back(self) -> None:
-        """What the scheduler settled on: it lowers max_running_requests to what its KV and
-        state pools hold, at a level fleet hides. Awaited on this loop: Engine.get_server_info
-        would run_until_complete on it, which a running loop refuses."""
-        states = await self._engine.tokenizer_manager.get_internal_state()
-        state = (states or [{}])[0]
-        running = state.get("effective_max_running_requests_per_dp")
-        self.kv_tokens = (state.get("memory_usage") or {}).get("token_capacity")
-        asked = self.kwargs["max_running_requests"]
-        if running is None:
-            log.warning("sglang reports no effective_max_running_requests_per_dp: assuming %d", asked)
-            return
-        self.effective_running = int(running)
-        if self.effective_running < asked:
-            log.warning(
-                "sglang runs %d requests at once, not the %d asked (KV tokens %s): lower "
-                "sglang.max_running_requests to %d, or free memory (sglang.radix_cache=off, "
-                "sglang.mtp=false, sglang.mem_fraction_static); see `fleet plan --model`",
-                self.effective_running,
-                asked,
-                self.kv_tokens,
-                self.effective_running,
-            )
-        else:
-            log.info("sglang runs %d requests at once (KV tokens %s)", self.effective_running, self.kv_tokens)
-
-    async def stream(self, request: GenRequest) -> AsyncIterator[GenDelta]:
-        prompt = await self.render_prompt(request)
+    def check(self, request: GenRequest, prompt: Prompt, sampling: Sampling) -> None:
         check_vocab(request, prompt.ids, self.vocab)
-        budget = None if self.context is None else self.context - self.reserved_tokens
-        max_new = check_length(request, len(prompt.ids), budget)
-        if max_new <= 0:  # its checkpointed ids already fill the context
-            yield GenDelta([], await self.whole(request, prompt, [], "length", None, {}))
-            return
-        sampling = fill_sampling(request.sampling, self.defaults)
-        eos_ids = self.defaults["eos_token_ids"]
-        params = sampling_params(sampling, max_new, eos_ids, self.settings.sglang.deterministic)
-        new: list[int] = []
-        texts: list[str] = []
-        window = self.seam_window(request)
-        async for out in self._call(request, prompt.ids + request.prefix_ids, params):
-            ids = list(out.get("output_ids") or [])  # incremental_streaming_output: only the new ids
-            new += ids
-            texts.append(out.get("text") or "")
-            meta = out.get("meta_info") or {}
-            if window and len(new) - len(ids) < window and await self.seam_stopped(request, new):
-                await self.abort(request.request_id)
-                yield GenDelta(ids, await self.whole(request, prompt, new, "stop", None, {}))
-                return
-            if meta.get("finish_reason") is None:
-                if ids:
-                    yield GenDelta(ids)
-                continue
-            reason = finish_reason(meta)
-            facts = {ours: meta[theirs] for ours, theirs in META_FIELDS if meta.get(theirs) is not None}
-            yield GenDelta(ids, await self.whole(request, prompt, new, reason, "".join(texts), facts))
-            return
-        raise RecordError(f"sglang ended record {request.record_id!r} without a finish reason")
 
-    async def _call(self, request: GenRequest, ids: list[int], params: dict) -> AsyncIterator[dict]:
-        """SGLang's stream of one request, its errors sorted: a validation error or an abort
-        fails the record alone; anything else means the engine is gone."""
-        try:
-            stream = await self._engine.async_generate(
-                input_ids=ids, sampling_params=params, stream=True, rid=request.request_id or None
-            )
-            async for out in stream:
-                yield out
-        except ValueError as e:  # request validation in SGLang's tokenizer manager
-            raise RecordError(f"sglang rejected record {request.record_id!r}: {e}") from e
-        except (GeneratorExit, asyncio.CancelledError):
-            raise
-        except Exception as e:
-            if isinstance(getattr(e, "status_code", None), int):  # fastapi.HTTPException: an abort
-                raise RecordError(f"sglang aborted record {request.record_id!r} ({e.status_code}): {e}") from e
-            self._dead = EngineError(f"sglang engine failed: {type(e).__name__}: {e}")
-            raise self._dead from e
+    async def submit(self, request: GenRequest, ids: list[int], sampling: Sampling, max_new: int) -> AsyncIterator[Any]:
+        """SGLang's incremental stream of one request: each output holds only the new ids."""
+        params = sglang_sampling(sampling, max_new, self.defaults["eos_token_ids"], self.settings.sglang.deterministic)
+        return await self._engine.async_generate(
+            input_ids=ids, sampling_params=params, stream=True, rid=request.request_id or None
+        )
+
+    def unpack(self, request: GenRequest, out: Any) -> Step:
+        meta = out.get("meta_info") or {}
+        ids = out.get("output_ids") or []
+        if meta.get("finish_reason") is None:
+            return Step(ids, out.get("text"))
+        facts = {ours: meta[theirs] for ours, theirs in META_FIELDS if meta.get(theirs) is not None}
+        return Step(ids, out.get("text"), finish_reason(meta), facts)
+
+    def sort_error(self, request: GenRequest, error: Exception) -> FleetError:
+        """A validation error or an abort with an HTTP status fails the record alone; anything else
+        means the engine is gone."""
+        if isinstance(error, ValueError):  # request validation in SGLang's tokenizer manager
+            return RecordError(f"sglang rejected record {request.record_id!r}: {error}")
+        status = getattr(error, "status_code", None)
+        if isinstance(status, int):  # fastapi.HTTPException: an abort
+            return RecordError(f"sglang aborted record {request.record_id!r} ({status}): {error}")
+        return EngineError(f"sglang engine failed: {type(error).__name__}: {error}")
 
     async def abort(self, request_id: str) -> None:
         if self._engine is not None and request_id:
             self._engine.tokenizer_manager.abort_request(rid=request_id)
 
-    async def shutdown(self) -> None:
+    async def close(self, engine: Any) -> None:
         """Stop SGLang; note that it kills every child process of this process."""
-        engine = self.release()
-        if engine is not None:
-            engine.shutdown()
+        engine.shutdown()

@@ -7,69 +7,23 @@ after start (fleet.engines.sglang); this is the plan that read-back is checked a
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from fleet.errors import ConfigError
 from fleet.model.capacity import Capacity, Serving, capacity, sglang_mem_fraction
+from fleet.model.config import is_hybrid, local_config
 from fleet.model.gpus import gpu_memory_mib
 from fleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
-#: Architectures SGLang serves with a mamba (linear-attention) state, from sglang 0.5.23's
-#: `_MAMBA_RADIX_CACHE_ARCHS`; `extra_buffer` is refused for any other model.
-HYBRID_ARCHITECTURES = frozenset(
-    {
-        "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-        "KimiLinearForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM",
-        "JetNemotronForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM",
-        "BailingMoeV2_5ForCausalLM",
-    }
-)  # fmt: skip
 #: Architectures whose vision tower SGLang 0.5.23 can leave out (`ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES`);
 #: it refuses `language_model_only` for any other, Qwen3.5/3.6 included.
 LANGUAGE_MODEL_ONLY_ARCHITECTURES = frozenset(
     {"DeepseekV4ForCausalLM", "MuseGlimmerForConditionalGeneration", "Cosmos3ForConditionalGeneration",
      "Cosmos3EdgeForConditionalGeneration"}
 )  # fmt: skip
-#: Layer kinds that carry recurrent state in hybrid configs (`layer_types`); this also covers
-#: architectures that are hybrid only in some configs (GraniteMoeHybrid).
-STATEFUL_LAYERS = frozenset({"linear_attention", "mamba", "gated_deltanet"})
-
-
-def is_hybrid(config: dict[str, Any]) -> bool:
-    """Whether a model's config.json describes a model with mamba / linear-attention state."""
-    for section in (config, config.get("text_config") or {}):
-        if set(section.get("architectures") or ()) & HYBRID_ARCHITECTURES:
-            return True
-        if set(section.get("layer_types") or ()) & STATEFUL_LAYERS:
-            return True
-    return False
-
-
-def local_config(model: str) -> dict[str, Any]:
-    """config.json from the model directory or the local hub cache; {} if neither has it.
-
-    Never downloads: engine-args must answer on a machine without the model or a network.
-    """
-    path: Path | str | None = Path(model).expanduser() / "config.json"
-    if not Path(path).is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            path = try_to_load_from_cache(model, "config.json")
-        except Exception:  # not a valid repo id either
-            path = None
-    if not isinstance(path, (str, Path)) or not Path(path).is_file():
-        log.warning("no config.json for %r: assuming a model without mamba state", model)
-        return {}
-    return json.loads(Path(path).read_text())
-
-
 def radix_on(settings: Settings, config: dict[str, Any]) -> bool:
     """auto: keep SGLang's prefix cache except where it costs a hybrid model 5x the state."""
     s = settings.sglang
@@ -120,6 +74,7 @@ def serving(settings: Settings, config: dict[str, Any], gpu_mib: float | None) -
         max_running_requests=s.max_running_requests,
         context_tokens=float(s.context_tokens),
         language_model_only=language_model_only(settings, config),
+        tp=s.tp_size,
     )
 
 
@@ -135,10 +90,14 @@ def plan_capacity(settings: Settings, gpu: str | None = None, *, config: dict[st
 
 
 def job_capacity(
-    settings: Settings, gpu: str, context_tokens: float, *, mtp: bool | None = None, radix: str | None = None
+    settings: Settings, gpu: str, context_tokens: float, *, mtp: bool | None = None, radix: str | None = None,
+    gpus: int | None = None,
 ) -> Capacity | None:
-    """`plan_capacity` for a job whose requests hold `context_tokens` each, on a named GPU."""
+    """`plan_capacity` for a job whose requests hold `context_tokens` each, on a named GPU (`gpus` of them
+    per engine: tensor parallel)."""
     update: dict[str, Any] = {"context_tokens": max(1, round(context_tokens))}
+    if gpus is not None:
+        update["tp_size"] = gpus
     if mtp is not None:
         update["mtp"] = mtp
     if radix is not None:

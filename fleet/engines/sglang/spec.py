@@ -12,8 +12,11 @@ from fleet.engines.model import ModelEngineSpec
 from fleet.model.gpus import query_gpus
 from fleet.settings import Settings
 
-#: sglang settings (and engine_kwargs keys) that change throughput and memory, not tokens
+#: sglang settings (and engine_kwargs keys) that change throughput and memory, not tokens. Tensor parallelism
+#: changes the order of reductions as the batch's composition does, which no identity holds either: hosts
+#: whose workers span other GPU counts share a job (`fleet worker --gpus-per-worker`)
 SGLANG_SPEED_ONLY = frozenset({
+    "tp_size",
     "max_running_requests", "mem_fraction_static", "chunked_prefill_size",
     "enable_hierarchical_cache", "hicache_ratio", "hicache_size", "hicache_write_policy",
     "log_level", "cuda_graph_max_bs", "disable_cuda_graph", "enable_metrics", "watchdog_timeout",
@@ -23,6 +26,7 @@ SGLANG_SPEED_ONLY = frozenset({
 
 class SglangSpec(ModelEngineSpec):
     name = "sglang"
+    tensor_parallel = "tp_size"
     needs_gpu = True
 
     def build(self, settings: Settings) -> Engine:
@@ -43,6 +47,11 @@ class SglangSpec(ModelEngineSpec):
         from fleet.engines.sglang.plan import with_planned_running
 
         return with_planned_running(settings, gpu)
+
+    def job_capacity(self, settings: Settings, gpu: str, context_tokens: float, **choices: Any) -> Any:
+        from fleet.engines.sglang.plan import job_capacity
+
+        return job_capacity(settings, gpu, context_tokens, **choices)
 
     def engine_args(self, settings: Settings, gpu: str | None = None) -> dict[str, Any]:
         from fleet.engines.sglang.engine import engine_kwargs

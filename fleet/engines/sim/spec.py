@@ -5,12 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.engines.base import Engine, EngineSpec
+from fleet.engines.sim.tokens import SimVocab
+from fleet.model.endings import Decode
 from fleet.model.outputlen import default_max_tokens
 from fleet.settings import Settings
+
+#: how sim ids are made (fleet.engines.sim.tokens): 2, each id chained to the ids before it
+TOKENS_VERSION = 2
 
 
 class SimSpec(EngineSpec):
     name = "sim"
+    needs_model = False
 
     def build(self, settings: Settings) -> Engine:
         from fleet.engines.sim.engine import SimEngine
@@ -18,14 +24,23 @@ class SimSpec(EngineSpec):
         return SimEngine(settings.sim)
 
     def identity(self, settings: Settings) -> dict[str, Any]:
-        # Speed and fault-test switches do not change tokens.
-        return {"sim": {"mean_output_tokens": settings.sim.mean_output_tokens, "sigma": settings.sim.sigma}}
+        # Speed and fault-test switches do not change tokens; the vocabulary and the token chain do.
+        return {"sim": self._model(settings) | {"tokens": TOKENS_VERSION}}
+
+    @staticmethod
+    def _model(settings: Settings) -> dict[str, Any]:
+        return {"mean_output_tokens": settings.sim.mean_output_tokens, "sigma": settings.sim.sigma,
+                "vocab_size": SimVocab.of(settings.sim.vocab_size).size}
 
     def job_model(self, settings: Settings) -> dict[str, Any]:
         sampling = settings.sampling.model_dump()
         sampling["max_tokens"], max_tokens_from = default_max_tokens(None, settings.sampling.max_tokens)
-        model = {"name": "sim", "mean_output_tokens": settings.sim.mean_output_tokens, "sigma": settings.sim.sigma}
-        return {"sampling": sampling, "max_tokens_from": max_tokens_from, "model": model}
+        sampling["eos_token_ids"] = [SimVocab.of(settings.sim.vocab_size).eos]
+        return {"sampling": sampling, "max_tokens_from": max_tokens_from,
+                "model": {"name": "sim", **self._model(settings)}}
+
+    def decoder(self, config: dict[str, Any], job: str) -> Decode:
+        return SimVocab.of((config.get("model") or {}).get("vocab_size")).decode
 
     def input_vocab(self, settings: Settings) -> int | None:
         return settings.sim.vocab_size

@@ -11,15 +11,16 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
 
-from fleet.engines.sglang.plan import is_hybrid, local_config
-from fleet.model.prompting import require_model
+from fleet.model.config import is_hybrid, local_config, mtp_layers
+from fleet.model.modeldir import require_model
+from fleet.model.outputlen import context_of
 from fleet.settings import Settings
 
 #: KV cache for vLLM's CPU build where neither memory setting is given: its own default reserves
 #: 92% of the host's memory up front and refuses to start where anything else holds memory
 CPU_KV_CACHE_BYTES = 1 << 30
-#: config.json keys that count a checkpoint's MTP layers (Qwen3-Next / Qwen3.5, DeepSeek-V3 family)
-MTP_LAYER_KEYS = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
+#: vLLM's own default step budget where chunked prefill is off (SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+CPU_MIN_BATCHED_TOKENS = 2048
 
 
 def cpu_build() -> bool:
@@ -29,15 +30,6 @@ def cpu_build() -> bool:
     except PackageNotFoundError:
         return False
     return True
-
-
-def mtp_layers(config: dict[str, Any]) -> int:
-    """MTP layers the checkpoint carries (0: none, so no MTP speculation is possible)."""
-    for section in (config, config.get("text_config") or {}):
-        for key in MTP_LAYER_KEYS:
-            if section.get(key):
-                return int(section[key])
-    return 0
 
 
 def mtp_on(settings: Settings, config: dict[str, Any]) -> bool:
@@ -52,6 +44,17 @@ def prefix_caching_on(settings: Settings, config: dict[str, Any]) -> bool:
     if s.prefix_caching != "auto":
         return s.prefix_caching == "on"
     return not is_hybrid(config) or s.shared_prefixes or settings.sampling.n > 1
+
+
+def whole_prefills(kw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """Prefills in one step on vLLM's CPU build. A seeded request whose prefill is split over steps
+    kills its EngineCore there: `_bookkeeping_sync` rewinds the request's generator with `set_offset`,
+    which a CPU torch.Generator lacks. Every sampled request is seeded (fleet.records.record_seed), and
+    a continued one's prompt holds its ids made so far, so prefills must never be split: chunked
+    prefill off, and a step's token budget at least a whole context (vLLM refuses less)."""
+    context = kw.get("max_model_len") or context_of(config) or 0
+    return {"enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(kw.get("max_num_batched_tokens") or 0, context, CPU_MIN_BATCHED_TOKENS)}
 
 
 def engine_kwargs(settings: Settings) -> dict[str, Any]:
@@ -85,6 +88,8 @@ def engine_kwargs(settings: Settings) -> dict[str, Any]:
             kw[arg] = getattr(s, name)
     if cpu_build() and s.kv_cache_memory_bytes is None and s.gpu_memory_utilization is None:
         kw["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    if cpu_build():
+        kw.update(whole_prefills(kw, config))
     if mtp_on(settings, config):
         kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": s.num_speculative_tokens}
         # per-request acceptance (CompletionOutput.spec_decode_metrics), which lands in the records

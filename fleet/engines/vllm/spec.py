@@ -8,8 +8,10 @@ from fleet.engines.base import Engine
 from fleet.engines.model import ModelEngineSpec
 from fleet.settings import Settings
 
-#: vllm settings (and engine_kwargs keys) that change throughput and memory, not tokens
+#: vllm settings (and engine_kwargs keys) that change throughput and memory, not tokens (tensor parallelism:
+#: as sglang's tp_size, fleet.engines.sglang.spec)
 VLLM_SPEED_ONLY = frozenset({
+    "tensor_parallel_size",
     "max_num_seqs", "kv_cache_memory_bytes", "gpu_memory_utilization", "prefix_caching", "shared_prefixes",
     "context_tokens", "max_num_batched_tokens", "enforce_eager", "log_level", "engine_kwargs",
     "enable_prefix_caching", "disable_log_stats", "swap_space", "block_size",
@@ -18,6 +20,7 @@ VLLM_SPEED_ONLY = frozenset({
 
 class VllmSpec(ModelEngineSpec):
     name = "vllm"
+    tensor_parallel = "tensor_parallel_size"
 
     @property
     def needs_gpu(self) -> bool:  # type: ignore[override]
@@ -32,8 +35,8 @@ class VllmSpec(ModelEngineSpec):
         return VllmEngine(settings)
 
     def shaping(self, settings: Settings) -> dict[str, Any]:
-        from fleet.engines.sglang.plan import local_config
         from fleet.engines.vllm.plan import mtp_on
+        from fleet.model.config import local_config
 
         shaped = {k: v for k, v in settings.vllm.model_dump().items() if k not in VLLM_SPEED_ONLY}
         # Greedy output with and without MTP can differ at bf16 near-ties: speculation shapes tokens.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fleet.export.formats.base import ExportRow, LeftOut, Writer
+from fleet.export.formats.hf import HfWriter
 from fleet.export.formats.jsonl import VOLATILE_FIELDS, JsonlWriter
 from fleet.export.formats.openai import OpenAIBatchWriter
 from fleet.export.formats.parquet import ParquetWriter
@@ -15,6 +16,7 @@ FORMATS: dict[str, type[Writer]] = {
     "specforge": SpecForgeWriter,
     "tokens": TokensWriter,
     "openai": OpenAIBatchWriter,
+    "hf": HfWriter,
 }
 
 __all__ = ["FORMATS", "VOLATILE_FIELDS", "ExportRow", "LeftOut", "Writer"]

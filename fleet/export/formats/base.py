@@ -43,6 +43,8 @@ class Writer:
 
     #: whether rows need their input record (messages, input ids) from the chunk objects
     needs_inputs: ClassVar[bool] = False
+    #: writes a folder (a Hub-ready dataset), not one file
+    folder: ClassVar[bool] = False
 
     def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
         self.path, self.manifest, self.stable, self.left_out = path, manifest, stable, left_out

@@ -28,9 +28,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from fleet.engines.specs import job_decoder
 from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut
-from fleet.export.formats.tokens import job_tokenizer
-from fleet.model.prompting import THINK_CLOSE, trim_at_stop
+from fleet.model.endings import Decode, reported_text
+from fleet.model.reasoning import THINK_CLOSE
 from fleet.store.manifest import Manifest
 
 ERROR_CODE = "record_error"
@@ -65,7 +66,7 @@ class OpenAIBatchWriter(JsonLinesWriter):
     def __init__(self, path: Path, manifest: Manifest, stable: bool, left_out: LeftOut):
         super().__init__(path, manifest, stable, left_out)
         self.created = int(datetime.fromisoformat(manifest.created).timestamp())
-        self.tokenizer: Any = None
+        self.decode: Decode | None = None
 
     def completion_text(self, row: ExportRow) -> str:
         """All a completion generated (module docstring): what `usage` counts."""
@@ -74,16 +75,14 @@ class OpenAIBatchWriter(JsonLinesWriter):
             return out["output"]
         ids = out.get("output_ids")
         sampling = self.manifest.config.get("sampling") or {}
-        if ids is None or self.manifest.config.get("engine") == "sim":
+        if ids is None:
             return joined(out)
-        if self.tokenizer is None:
-            self.tokenizer = job_tokenizer(self.manifest)
-        if ids and out["finish_reason"] == "stop" and ids[-1] in (sampling.get("eos_token_ids") or ()):
-            ids = ids[:-1]
+        if self.decode is None:
+            self.decode = job_decoder(self.manifest)
         assert row.record is not None
         own = row.record.sampling.stop if row.record.sampling and row.record.sampling.stop else None
         stops = tuple(own or sampling.get("stop") or ())
-        return trim_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), stops)[0]
+        return reported_text(ids, out["finish_reason"], sampling.get("eos_token_ids") or (), stops, self.decode)[1]
 
     def write(self, rows: list[ExportRow]) -> int:
         written, group = 0, []

@@ -46,13 +46,16 @@ class ParquetWriter(Writer):
         self.schema = pa.schema([*(PARQUET_SCHEMA.field(f) for f in self.fields), *turns, EXTRA_COLUMN])
         self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
 
-    def write(self, rows: list[ExportRow]) -> int:
+    def table(self, rows: list[ExportRow]) -> pa.Table:
         table = [
             {**{k: r.out.get(k) for k in self.fields}, "turns": turns_of(r.out, self.fields),
              "extra": json.dumps(r.out["extra"], ensure_ascii=False) if r.out.get("extra") else None}
             for r in rows
         ]  # fmt: skip
-        self.writer.write_table(pa.Table.from_pylist(table, schema=self.schema))
+        return pa.Table.from_pylist(table, schema=self.schema)
+
+    def write(self, rows: list[ExportRow]) -> int:
+        self.writer.write_table(self.table(rows))
         return len(rows)
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.export.formats.base import ExportRow, JsonLinesWriter, with_sample_and_extra
-from fleet.model.prompting import THINK_CLOSE, THINK_OPEN
+from fleet.model.reasoning import THINK_CLOSE, THINK_OPEN
 from fleet.model.turns import conversation
 
 

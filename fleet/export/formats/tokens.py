@@ -21,11 +21,10 @@ before it, as the worker rendered it, and checked against that turn's digest.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
+from fleet.engines.specs import job_tokenizer
 from fleet.errors import FleetError
 from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut, with_sample_and_extra
 from fleet.model.turns import turn_prompt
@@ -58,7 +57,7 @@ class PromptIds:
         return ids
 
     def render(self, record: InputRecord, messages: list[Message] | None = None) -> list[int]:
-        from fleet.model.prompting import render_ids
+        from fleet.model.rendering import render_ids
 
         config = self.manifest.config
         request = GenRequest(
@@ -71,29 +70,6 @@ class PromptIds:
         if self.tokenizer is None:
             self.tokenizer = job_tokenizer(self.manifest)
         return self.tokenizer
-
-
-def job_tokenizer(manifest: Manifest) -> Any:
-    """The tokenizer of the job's model, refused when its chat template is not the job's."""
-    from fleet.model.prompting import load_tokenizer
-
-    model = manifest.config.get("model") or {}
-    if manifest.config.get("engine") == "sim" or not model.get("path"):
-        raise FleetError(
-            f"job {manifest.job!r} ran on the sim engine, which has no tokenizer: only "
-            "pre-tokenized (input_ids) records have exact prompt ids"
-        )
-    tokenizer = load_tokenizer(model["path"])
-    template = tokenizer.chat_template
-    if template is not None and not isinstance(template, str):
-        template = json.dumps(template, sort_keys=True)
-    sha = hashlib.sha256(template.encode()).hexdigest() if template else None
-    if model.get("chat_template_sha256") not in (None, sha):
-        raise FleetError(
-            f"the chat template at {model['path']!r} is not the one job {manifest.job!r} ran with "
-            "(sha256 differs from the manifest's)"
-        )
-    return tokenizer
 
 
 class TokensWriter(JsonLinesWriter):

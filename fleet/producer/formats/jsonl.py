@@ -1,11 +1,12 @@
-"""JSONL input: the line parser of fleet/producer/reader.py behind the format interface."""
+"""JSONL input: the line decoder of fleet/producer/reader.py behind the format interface."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
-from fleet.producer.formats.base import InputFormat, Parsed
-from fleet.producer.reader import _parsed
+from fleet.producer.formats.base import InputFormat
+from fleet.producer.reader import BadLine, _objects
 
 
 class JsonlInput(InputFormat):
@@ -14,6 +15,5 @@ class JsonlInput(InputFormat):
     unit = "line"
     suffixes = (".jsonl", ".json")
 
-    def parsed(self, vocab: int | None = None, turns: str = "last") -> Iterator[Parsed]:
-        for line, result in _parsed(self.path, vocab, turns):
-            yield Parsed(line, result)
+    def objects(self) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
+        return _objects(self.path)

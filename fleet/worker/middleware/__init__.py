@@ -11,8 +11,8 @@ from fleet.worker.middleware.crash import CrashMiddleware
 from fleet.worker.middleware.gates import ManifestGate, ResultGate, StopGate
 from fleet.worker.middleware.lease import AssistLeaseMiddleware, LeaseMiddleware
 from fleet.worker.middleware.metrics import MetricsMiddleware
-from fleet.worker.middleware.progress import ProgressMiddleware
 from fleet.worker.middleware.retry import RetryMiddleware
+from fleet.worker.middleware.runprogress import ProgressMiddleware
 from fleet.worker.middleware.stats import StatsMiddleware
 
 __all__ = ["Middleware", "Order", "assist_stack", "owner_stack"]

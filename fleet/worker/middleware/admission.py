@@ -68,9 +68,9 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
             return health, bench_s
 
     def before(self, run: ChunkRun, state: AdmissionState) -> Outcome | None:
-        ctx, admission = self.ctx, self.ctx.admission
+        ctx, slots = self.ctx, self.ctx.run_slots
         if run.assist:  # a helper never runs beside a chunk that must run alone
-            if not admission.enter(run):
+            if not slots.enter(run):
                 return HandedBack("a chunk runs alone on this worker")
             state.entered = True
             return None
@@ -86,14 +86,14 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
             return HandedBack(f"suspected chunk, last died on {suspicion.last}: left to other workers for "
                               f"{ctx.settings.suspect_hold_s - since:.0f}s", hold_s=HOLD_S)
         alone = ctx.policy.runs_alone(suspicion) or bench_s is not None
-        if not admission.enter(run, alone):
+        if not slots.enter(run, alone):
             return HandedBack("a chunk runs alone on this worker", hold_s=HOLD_S)
         state.entered, state.suspect, state.claimed = True, bool(suspicion), alone
         if alone:  # a death while it waits for the others is no evidence either way
             suspects.wait_solo(ctx.redis, run.job, run.index, ctx.owner)
         suspects.note_holder(ctx.redis, run.job, run.index, ctx.owner)
         if alone:
-            if not admission.wait_alone(run, ctx.stopping):
+            if not slots.wait_alone(run, ctx.stopping):
                 return HandedBack(f"on shutdown of worker {ctx.name}")
             lease = ctx.heartbeat.held(run.job, run.index)
             if lease is not None:
@@ -110,7 +110,7 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
         if not state.entered:
             return None
         ctx = self.ctx
-        ctx.admission.leave(run)
+        ctx.run_slots.leave(run)
         alone = state.alone_since is not None
         if state.claimed:
             suspects.end_solo(ctx.redis, run.job, run.index, ctx.owner)
@@ -120,7 +120,7 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
             return replace(outcome, solo=alone)
         if not isinstance(outcome, Committed):
             return None
-        if ctx.admission.committed():
+        if ctx.run_slots.committed():
             suspects.note_commit(ctx.redis, ctx.owner)
         if not run.assist and not run.resumed:
             suspects.note_duration(ctx.redis, run.job, time.time() - (state.alone_since or run.started))

@@ -9,11 +9,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from fleet.coord import chunks
+from fleet.coord import suspects
 from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ChunkCorrupt, ObjectMissing, StoreError
 from fleet.store.checkpoints import Segment, encode_checkpoint, longest_prefixes, read_checkpoint
-from fleet.store.layout import checkpoint_key, checkpoint_prefix
+from fleet.store.layout import checkpoint_key, checkpoint_prefix, result_key
 from fleet.worker.chunk import ChunkRun, sample_key, turn_key
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Outcome, result_exists
@@ -25,7 +25,6 @@ log = logging.getLogger(__name__)
 @dataclass
 class CheckpointState:
     last_flush: float = field(default_factory=time.monotonic)
-    last_look: float = 0.0
     #: sticky: a helper that finished first has released its key by the time we look
     assisted: bool = False
     #: the worker was told to stop (SIGTERM) and this run flushed for it
@@ -59,6 +58,17 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
             del run.turns[key]
         run.partials = {turn_key(i, n, t): p for (i, n, t), p in longest_prefixes(segments).items()
                         if sample_key(i, n) not in run.finished}  # fmt: skip
+        if run.partials and not run.assist and suspects.suspicion(self.ctx.redis, run.job, run.index):
+            # An engine died while this chunk ran. A continuation's prefill (prompt + ids made) is the
+            # likeliest request to bring it down: vLLM's CPU build once died of every seeded one. So the
+            # suspect's running samples start again from token 0, their ids made twice, instead of the
+            # same prefill killing engine after engine until the whole chunk is quarantined; the chunk's
+            # finished rows are kept (docs/architecture.md, "Failures")
+            log.warning("chunk %s is suspected of killing an engine: %d running sample(s) start again from token 0 "
+                        "(%d tokens made twice) instead of being continued", run.name, len(run.partials),
+                        sum(len(p.ids) for p in run.partials.values()))
+            run.restarted += len(run.partials)
+            run.partials = {}
         run.resumed = len(run.finished)
         if run.resumed or run.partials or run.turns:
             log.info("chunk %s resumes with %d checkpointed samples, %d finished turns of running ones and %d "
@@ -97,11 +107,13 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
     def progress(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
         now, settings = time.monotonic(), self.ctx.settings
         # While another worker assists the chunk, checkpoint at the assist cadence, so the
-        # helper starts from fresh records and the two waste little work on each other.
+        # helper starts from fresh records and the two waste little work on each other. The
+        # heartbeat reads the helper's assist lease with its renewals (fleet.coord.heartbeat).
         assist_flush_s = settings.assist_poll_s / 2
-        if not state.assisted and now - state.last_look >= assist_flush_s:
-            state.last_look = now
-            state.assisted = chunks.assisted(self.ctx.redis, run.job, run.index)
+        if not state.assisted:
+            lease = self.ctx.heartbeat.held(run.job, run.index)
+            tally = self.ctx.heartbeat.tally(lease) if lease is not None else None
+            state.assisted = tally is not None and tally.assisted
         age = now - state.last_flush
         draining = self.ctx.draining.is_set() and not state.drained
         if draining or age >= settings.checkpoint_interval_s or (state.assisted and age >= assist_flush_s):
@@ -110,7 +122,16 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         return None
 
     def after(self, run: ChunkRun, state: CheckpointState, outcome: Outcome) -> None:
-        if result_exists(outcome):
+        if result_exists(outcome) or self.committed_elsewhere(run):
             delete_checkpoints(self.ctx.store, run.job, run.index)
         else:  # failed, handed back, or cancelled: keep what this run generated
             self.flush(run, state, last=True)
+
+    def committed_elsewhere(self, run: ChunkRun) -> bool:
+        """A run stopped without a result (a SIGTERM, a helper's copy cancelled) whose chunk
+        another worker has committed meanwhile: its checkpoint would be kept for a chunk that
+        no one runs again. Not known (the store refuses) counts as not committed: flush."""
+        try:
+            return self.ctx.store.exists(result_key(run.job, run.index))
+        except StoreError:
+            return False

@@ -4,7 +4,7 @@ before the failed chunk's own fate is decided (fleet.coord.retry)."""
 
 from __future__ import annotations
 
-from fleet.coord.recovery import note_death
+from fleet.coord.recovery import count_process_death
 from fleet.errors import EngineError
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
@@ -19,4 +19,4 @@ class CrashMiddleware(Middleware[None]):
             self.ctx.stopping.set()
             self.ctx.restart(f"engine failed ({outcome.cause})")
             if outcome.leased_s is not None:  # it held the chunk lease: a death holding chunks
-                note_death(self.ctx.redis, self.ctx.policy, self.ctx.owner)
+                count_process_death(self.ctx.redis, self.ctx.policy, self.ctx.owner)

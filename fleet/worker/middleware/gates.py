@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.coord import chunks
+from fleet.coord import chunkqueue
 from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ManifestMissing
 from fleet.store.layout import result_key
@@ -55,7 +55,7 @@ class ResultGate(Middleware[None]):
         ctx = self.ctx
         if ctx.store.exists(result_key(run.job, run.index)):
             if not run.assist:
-                chunks.taken(ctx.redis, run.job, run.index)  # the message is off the queue
+                chunkqueue.taken(ctx.redis, run.job, run.index)  # the message is off the queue
             delete_checkpoints(ctx.store, run.job, run.index)
             return Skipped("already has a result")
         return None

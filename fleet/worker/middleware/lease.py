@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from fleet.coord import chunks
-from fleet.coord.chunks import Lease, run_owner
+from fleet.coord import chunkqueue, leases
+from fleet.coord.leases import Lease, run_owner
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Failed, HandedBack, Outcome, Skipped
@@ -39,7 +39,7 @@ class LeaseMiddleware(Middleware[LeaseState]):
     def before(self, run: ChunkRun, state: LeaseState) -> Outcome | None:
         ctx = self.ctx
         if not self.assist:
-            chunks.taken(ctx.redis, run.job, run.index)  # the message is off the queue
+            chunkqueue.taken(ctx.redis, run.job, run.index)  # the message is off the queue
             if not ctx.owned.claim(run.job, run.index, run.serial):
                 return Skipped(f"chunk {run.name} runs in this process already")
             state.owned = True
@@ -58,7 +58,7 @@ class LeaseMiddleware(Middleware[LeaseState]):
         if lease.retake():
             log.warning("lease on %s expired while running (a broker pause or wipe): taken again", run.name)
             return None
-        return Skipped(f"lease on {run.name} taken by {chunks.holder(self.ctx.redis, run.job, run.index)!r}: "
+        return Skipped(f"lease on {run.name} taken by {leases.holder(self.ctx.redis, run.job, run.index)!r}: "
                        "run cancelled")
 
     def after(self, run: ChunkRun, state: LeaseState, outcome: Outcome) -> Outcome | None:

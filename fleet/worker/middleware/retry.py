@@ -21,7 +21,7 @@ class RetryMiddleware(Middleware[None]):
 
     def after(self, run: ChunkRun, state: None, outcome: Outcome) -> None:
         if isinstance(outcome, HandedBack):
-            self._requeue(run, outcome.delay_s, outcome.hold_s)  # the runtime logs the hand-back (describe)
+            self._requeue(run, outcome.delay_s, outcome.hold_s)  # the runtime logs the hand-back (log_outcome)
         elif isinstance(outcome, Failed):
             self._failed(run, outcome)
 

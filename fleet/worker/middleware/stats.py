@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleet.coord import chunks
+from fleet.coord import figures
 from fleet.worker.chunk import ChunkRun
 from fleet.worker.middleware.base import Middleware, Order
 from fleet.worker.outcome import Committed, Outcome
@@ -13,4 +13,4 @@ class StatsMiddleware(Middleware[None]):
 
     def after(self, run: ChunkRun, state: None, outcome: Outcome) -> None:
         if isinstance(outcome, Committed):
-            chunks.cache_stats(self.ctx.redis, run.job, run.index, outcome.stats)
+            figures.cache_stats(self.ctx.redis, run.job, run.index, outcome.stats)

@@ -42,7 +42,9 @@ request is aborted with HTTP 500), `fake_effective_running` (what the scheduler 
 `fake_retractions` (times each request was retracted, meta_info `num_retractions`).
 Output ids are a function of the context's first four ids and the absolute position, so a
 request continued from prompt + the ids made so far goes on and ends as the uninterrupted one
-would (as a greedy model does).
+would (as a greedy model does). Texts are what the detokenizer makes of those ids with the
+model's own tokenizer (managers/detokenizer_manager.py): skip_special_tokens by default, and an
+incremental step's text holds back a character still incomplete at its end ("\ufffd").
 `crash(message)` makes every request from then on raise. With FAKE_SGLANG_JOURNAL set, each
 engine start and each request appends a JSON line there, for tests that run real worker
 processes and cannot see `instances`.
@@ -51,6 +53,7 @@ processes and cannot see `instances`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -177,6 +180,10 @@ class Engine:
         logging.basicConfig(level=getattr(logging, level.upper()), format="[sglang] %(message)s", force=True)
         if fake.get("fake_fail_start"):
             raise RuntimeError("Initialization failed. scheduler died: CUDA out of memory")
+        visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+        if visible and kwargs.get("tp_size", 1) > len(visible):  # a tensor-parallel rank without its GPU
+            raise RuntimeError(f"Initialization failed. scheduler died: tp_size {kwargs['tp_size']} but "
+                               f"{len(visible)} GPU(s) visible (CUDA error: invalid device ordinal)")
         self.kwargs = kwargs
         self.thread = threading.current_thread()
         self.loop = asyncio.get_running_loop()  # the real engine binds to the first loop too
@@ -193,15 +200,29 @@ class Engine:
         self.dead: BaseException | None = None
         self.shut_down = False
         self.inside = 0  #: requests inside async_generate: running plus queued in the scheduler
+        self._tokenizer: Any = None
         instances.append(self)
-        journal({"event": "start", "pid": os.getpid(), "kwargs": kwargs, "effective": self.effective})
+        journal({"event": "start", "pid": os.getpid(), "kwargs": kwargs, "effective": self.effective,
+                 "visible": os.environ.get("CUDA_VISIBLE_DEVICES")})
 
     def get_server_info(self) -> dict[str, Any]:
         state = self.loop.run_until_complete(self.tokenizer_manager.get_internal_state())
         return {"max_total_num_tokens": TOKEN_CAPACITY, "internal_states": state}
 
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.kwargs["model_path"]))
+        return self._tokenizer
+
+    def detokenize(self, ids: list[int], params: dict[str, Any]) -> str:
+        return self.tokenizer().decode(ids, skip_special_tokens=params.get("skip_special_tokens", True))
+
+    @functools.cached_property
     def vocab_size(self) -> int | None:
-        """config.json's vocab_size: the embedding rows (SGLang itself never checks input ids against it)."""
+        """config.json's vocab_size, read once: the embedding rows (SGLang itself never checks input ids
+        against it)."""
         path = Path(str(self.kwargs.get("model_path", ""))) / "config.json"
         return json.loads(path.read_text()).get("vocab_size") if path.is_file() else None
 
@@ -232,7 +253,7 @@ class Engine:
         assert prompt is None and input_ids, "fleet sends token ids, never text"
         self.tokenizer_manager.validate(input_ids, params)
         verify_sampling(params)
-        vocab = self.vocab_size()
+        vocab = self.vocab_size
         if vocab is not None and any(not 0 <= i < vocab for i in input_ids):
             # No check in 0.5.23: F.embedding raises IndexError in the scheduler, whose death
             # SIGQUITs the process that started the engine.
@@ -256,6 +277,7 @@ class Engine:
         ids = self._ids(input_ids, n, params)
         made: list[int] = []
         sent = 0
+        said = ""  #: the text streamed so far
         try:
             async with self.slots:  # queued inside beyond the effective limit, as the scheduler does
                 self.running += 1
@@ -266,14 +288,18 @@ class Engine:
                         await asyncio.sleep(step * self.step_s)
                         made.extend(ids[len(made) : len(made) + step])
                         if rid in self.tokenizer_manager.aborted:
-                            yield self._abort(rid, made, sent, incremental)
+                            yield self._abort(rid, made, sent, said, params, incremental)
                             return
                         if stream and len(made) < n:
                             new = made[sent:]
                             sent = len(made)
+                            text = self.detokenize(made, params)
+                            if text.endswith("\ufffd"):  # an incomplete character waits for its next bytes
+                                text = said
                             # not incremental: the whole output so far, by reference, as the real one passes it
-                            yield {"text": "x" * len(new) if incremental else "x" * len(made),
+                            yield {"text": text[len(said):] if incremental else text,
                                    "output_ids": new if incremental else made, "meta_info": {"finish_reason": None}}
+                            said = text
                 finally:
                     self.running -= 1
         finally:
@@ -291,6 +317,7 @@ class Engine:
         out = self._output(input_ids, {**params, "max_new_tokens": max_new}, n, time.monotonic() - began, ids)
         if stream and incremental:
             out["output_ids"] = out["output_ids"][sent:]
+            out["text"] = out["text"][len(said):]
         yield out
 
     @staticmethod
@@ -308,8 +335,12 @@ class Engine:
         seed = sum(input_ids[:4]) * 7
         return [(seed + len(input_ids) + i) % 1000 + 10 for i in range(n)]
 
-    def _abort(self, rid: str, made: list[int], sent: int, incremental: bool) -> dict[str, Any]:
-        return {"text": "", "output_ids": made[sent:] if incremental else list(made),
+    def _abort(
+        self, rid: str, made: list[int], sent: int, said: str, params: dict[str, Any], incremental: bool
+    ) -> dict[str, Any]:
+        text = self.detokenize(made, params)
+        return {"text": text[len(said):] if incremental else text,
+                "output_ids": made[sent:] if incremental else list(made),
                 "meta_info": {"finish_reason": {"type": "abort", "message": f"Abort request {rid}"},
                               "completion_tokens": len(made)}}
 
@@ -324,7 +355,7 @@ class Engine:
         if finish["type"] == "stop":
             ids[-1] = EOS
         return {
-            "text": f"fake reasoning over {len(input_ids)} tokens\n</think>\n\nfake answer of {n} tokens",
+            "text": self.detokenize(ids, params),
             "output_ids": ids,
             "meta_info": {
                 "id": f"req-{self.calls}",

@@ -10,7 +10,7 @@ per (bytes read / memory bandwidth) seconds, and never more than its BF16 FLOP/s
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +31,17 @@ class ModelFacts:
 
     params_b: float  #: parameters read per decode step, billions
     bytes_per_param: float = DEFAULT_BYTES_PER_PARAM
-    batch: int = DEFAULT_BATCH  #: running requests per GPU
+    batch: int = DEFAULT_BATCH  #: running requests per worker (per GPU where a worker has one)
     kv_bytes_per_token: float = 0.0  #: KV cache bytes per token of context (all layers)
     context_tokens: float | None = None  #: mean KV length while decoding; default prompt + output/2
     state_bytes_per_request: float = 0.0  #: recurrent (linear-attention) state per request
     accept_length: float = 1.0  #: tokens committed per decode step (speculative decoding)
+    gpus_per_worker: int = 1  #: GPUs one engine spans (tensor parallel): each reads its share of every step
 
 
 @dataclass(frozen=True)
 class Roofline:
-    """Per-GPU upper bound on decode tok/s."""
+    """Per-GPU upper bound on decode tok/s (bytes and memory: one GPU's)."""
 
     weight_bytes: float
     kv_bytes_per_step: float
@@ -58,6 +59,8 @@ class Roofline:
 class Plan:
     gpus: int
     gpu: str
+    #: GPUs each worker spans (its engine's tensor parallelism); gpus / gpus_per_worker workers
+    gpus_per_worker: int
     usd_per_gpu_hour: float
     prompts: int
     prompt_tokens: float
@@ -85,16 +88,20 @@ def roofline(spec: GpuSpec, model: ModelFacts, prompt_tokens: float, output_toke
     if model.params_b <= 0 or model.batch < 1 or model.accept_length <= 0:
         raise ConfigError("roofline needs params > 0, batch >= 1 and accept length > 0")
     context = model.context_tokens if model.context_tokens is not None else prompt_tokens + output_tokens / 2
-    weight_bytes = model.params_b * 1e9 * model.bytes_per_param
-    per_request = model.kv_bytes_per_token * context + model.state_bytes_per_request
+    # A worker spanning n GPUs: each holds and reads 1/n of the weights and of every request's KV and state,
+    # in parallel (their all-reduces are left out), and the worker's batch is shared by its n GPUs.
+    n = model.gpus_per_worker
+    weight_bytes = model.params_b * 1e9 * model.bytes_per_param / n
+    per_request = (model.kv_bytes_per_token * context + model.state_bytes_per_request) / n
     kv_bytes = model.batch * per_request
     step_bytes = weight_bytes + kv_bytes
     step_s = step_bytes / (spec.hbm_tb_s * 1e12)
-    memory_tok_s = model.batch * model.accept_length / step_s
+    memory_tok_s = model.batch * model.accept_length / step_s / n
     compute_tok_s = spec.bf16_tflops * 1e12 / (2 * model.params_b * 1e9)
     # Memory is sized for the longest context, not the mean one the bandwidth sees.
     peak_context = model.context_tokens if model.context_tokens is not None else prompt_tokens + output_tokens
-    peak_bytes = weight_bytes + model.batch * (model.kv_bytes_per_token * peak_context + model.state_bytes_per_request)
+    peak_bytes = weight_bytes + model.batch * (model.kv_bytes_per_token * peak_context
+                                               + model.state_bytes_per_request) / n
     return Roofline(
         weight_bytes=weight_bytes,
         kv_bytes_per_step=kv_bytes,
@@ -120,6 +127,7 @@ def make_plan(
     tok_s_per_gpu: float | None = None,
     model: ModelFacts | None = None,
     capacity: dict[str, Any] | None = None,
+    gpus_per_worker: int = 1,
 ) -> Plan:
     """The plan for `prompts` prompts on `gpus` GPUs of kind `gpu`.
 
@@ -127,6 +135,10 @@ def make_plan(
     """
     if gpus < 1 or prompts < 0 or output_tokens <= 0 or usd_per_gpu_hour < 0:
         raise ConfigError("plan needs gpus >= 1, prompts >= 0, output tokens > 0, price >= 0")
+    if gpus_per_worker < 1 or gpus % gpus_per_worker:
+        raise ConfigError(f"--gpus-per-worker {gpus_per_worker} does not divide --gpus {gpus}")
+    if model is not None:
+        model = replace(model, gpus_per_worker=gpus_per_worker)
     spec = gpu_spec(gpu)
     roof = roofline(spec, model, prompt_tokens, output_tokens) if model else None
     basis = "estimate"
@@ -144,6 +156,7 @@ def make_plan(
     return Plan(
         gpus=gpus,
         gpu=gpu.strip().lower(),
+        gpus_per_worker=gpus_per_worker,
         usd_per_gpu_hour=usd_per_gpu_hour,
         prompts=prompts,
         prompt_tokens=prompt_tokens,

@@ -1,20 +1,20 @@
-"""The one owner of a chunk's state in Redis: queued marker, lease and running set, the
-lease clock, and the attempt, crash and retry counters.
+"""The one owner of a chunk's lease in Redis: the lease and the running set, the lease clock,
+the assist lease, the requeue guard and the job set; and the beat that renews a process's leases.
 
-The producer, the worker and the reaper change that state only through this module, and
-no other module names those keys (tests/test_architecture.py checks). Redis may lose it
-all without losing work: the store decides done and quarantined.
+The producer, the worker and the reaper change that state only through this module, and no
+other module names those keys (tests/test_architecture.py checks). Redis may lose it all
+without losing work: the store decides done and quarantined (docs/architecture.md, "Recovery").
 
-- queued marker (keys.queued): set before a chunk's message is sent, cleared when a worker
-  takes the message. `fleet enqueue` trusts it to avoid double sends.
 - lease (keys.lease) and running set (keys.running): one live owner per chunk; a chunk in
   the running set without a lease lost its worker, and the reaper sends it round again.
 - lease clock (keys.lease_started, keys.lease_beat): when the lease was taken and last
   renewed. How long a run held its lease is the one crash evidence fleet.coord.retry
   reads, for a failure the worker saw (taken -> now) and for a lost worker (taken -> beat).
-- counters (keys.attempts, crashes, retries): what fleet.coord.retry spent on the chunk.
-- running figures: samples a running chunk still lacks (keys.progress, for assist), and the
-  done chunks' `ChunkStats` (keys.chunk_stats, a cache of the result headers).
+- job set (keys.jobs): a lease taken relearns its job, so a broker that lost everything
+  finds the jobs still running.
+- the beat (`beat`): one script per heartbeat renews every lease of a process and carries its
+  runs' figures, in one round trip whatever the number of chunks it runs (docs/architecture.md,
+  "Scaling"). The figures go under the keys their owner gives (fleet.coord.figures.figure_keys).
 """
 
 from __future__ import annotations
@@ -24,14 +24,12 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from enum import IntEnum
 
 import redis
-from celery import Celery
 
-from fleet import metrics
 from fleet.coord import keys
-from fleet.coord.broker import PRIORITY_NORMAL, PRIORITY_RECOVERY, send_chunk
-from fleet.store.results import ChunkStats
+from fleet.coord.figures import figure_keys
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +71,86 @@ _FORGET_IF_UNLEASED = (
     "local s = redis.call('hget', KEYS[3], ARGV[1]); local b = redis.call('hget', KEYS[4], ARGV[1]); "
     "return {s or '', b or ''}"
 )
+# One heartbeat of a process: every lease it holds renewed (only the owner's, as _RENEW),
+# each run's figures added, and what the runs must know read back, in one round trip. The
+# leases' holders, the helpers' assist leases and each job's committed chunks are read with
+# one MGET or HMGET each, not a command per lease: a running chunk costs a PEXPIRE and a
+# HINCRBY here, the rest is per beat or per job.
+# KEYS: lease-beat, then per lease: lease, made, pace, unstarted, stats, assist.
+# ARGV: now ms, then per lease: owner, TTL ms, member ('' unwatched), index, tokens made since
+# its last figures ('0' none), pace JSON ('' none), unstarted samples ('' none), and what to
+# look at: '0' nothing, '1' its stats, '2' its stats and its assist key.
+# Returns per lease 1 (renewed) + 2 (its stats are cached: a run committed it) + 4 (assisted)
+# + 8 (looked). The lease-beat stamps and paces go in one HSET per hash, unstarted in one ZADD.
+_BEAT = """
+local now, n, out, beats, sets, ranks, asked = ARGV[1], (#KEYS - 1) / 6, {}, {}, {}, {}, {}
+local function put(into, key, a, b)
+  local t = into[key]
+  if not t then t = {}; into[key] = t end
+  t[#t + 1] = a; t[#t + 1] = b
+end
+local leases, assists = {}, {}
+for i = 1, n do leases[i] = KEYS[2 + (i - 1) * 6]; assists[i] = KEYS[7 + (i - 1) * 6] end
+local held = redis.call('mget', unpack(leases))
+local helped = redis.call('mget', unpack(assists))
+for i = 1, n do
+  local k, a, seen = 1 + (i - 1) * 6, 1 + (i - 1) * 8, 0
+  local index = ARGV[a + 4]
+  if held[i] == ARGV[a + 1] then
+    redis.call('pexpire', KEYS[k + 1], ARGV[a + 2])
+    seen = 1
+    if ARGV[a + 3] ~= '' then beats[#beats + 1] = ARGV[a + 3]; beats[#beats + 1] = now end
+  end
+  if ARGV[a + 5] ~= '0' then redis.call('hincrby', KEYS[k + 2], index, ARGV[a + 5]) end
+  if ARGV[a + 6] ~= '' then put(sets, KEYS[k + 3], index, ARGV[a + 6]) end
+  if ARGV[a + 7] ~= '' then put(ranks, KEYS[k + 4], ARGV[a + 7], index) end
+  local look = ARGV[a + 8]
+  if look ~= '0' then
+    seen = seen + 8
+    put(asked, KEYS[k + 5], i, index)
+    if look == '2' and helped[i] then seen = seen + 4 end
+  end
+  out[i] = seen
+end
+for key, pairs_ in pairs(asked) do
+  local fields = {}
+  for j = 2, #pairs_, 2 do fields[#fields + 1] = pairs_[j] end
+  local stats = redis.call('hmget', key, unpack(fields))
+  for j = 1, #fields do if stats[j] then out[pairs_[2 * j - 1]] = out[pairs_[2 * j - 1]] + 2 end end
+end
+if #beats > 0 then redis.call('hset', KEYS[1], unpack(beats)) end
+for key, fields in pairs(sets) do redis.call('hset', key, unpack(fields)) end
+for key, scored in pairs(ranks) do redis.call('zadd', key, unpack(scored)) end
+return out
+"""
+# The beats in between: renewals only, and whether the chunks of a few leases (a helper's, an
+# assisted owner's) were committed. KEYS: lease-beat, the n lease keys, the m stats keys.
+# ARGV: now ms, TTL ms, n, then per lease: owner, member ('' unwatched); then the m indexes.
+# Returns n renewed flags (0/1), then m committed flags. A fraction of the full beat's work:
+# a running chunk costs the broker a PEXPIRE and three strings here (one MGET reads every holder).
+_RENEW_ALL = """
+local now, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local out, beats, leases = {}, {}, {}
+for i = 1, n do leases[i] = KEYS[1 + i] end
+local held = redis.call('mget', unpack(leases))
+for i = 1, n do
+  local owner, member = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+  if held[i] == owner then
+    redis.call('pexpire', KEYS[1 + i], ttl)
+    out[i] = 1
+    if member ~= '' then beats[#beats + 1] = member; beats[#beats + 1] = now end
+  else
+    out[i] = 0
+  end
+end
+for j = 1, #KEYS - 1 - n do
+  out[n + j] = redis.call('hexists', KEYS[1 + n + j], ARGV[3 + 2 * n + j])
+end
+if #beats > 0 then redis.call('hset', KEYS[1], unpack(beats)) end
+return out
+"""
+#: the running set's members whose leases one MGET reads (the reaper's scan, status)
+SCAN_SHARD = 1000
 # A new owner's clock (its lease is live) is not the lost worker's: it stays.
 _DROP_CLOCK_IF_UNLEASED = (
     "if redis.call('exists', KEYS[1]) == 1 then return 0 end "
@@ -105,9 +183,6 @@ def run_owner(process: str, run: int) -> str:
 def process_of(owner: str) -> str:
     """"gpu0@host:1234#7" (a run's lease owner) -> "gpu0@host:1234" (its process)."""
     return owner.partition("#")[0]
-
-
-# --- leases and the running set -------------------------------------------------------
 
 
 class Lease:
@@ -184,6 +259,89 @@ class Lease:
         return process_of(value) if value else None
 
 
+class Look(IntEnum):
+    """What a beat reads back for a lease besides its renewal."""
+
+    #: nothing
+    NONE = 0
+    #: whether the chunk's stats are cached (a run committed it)
+    COMMITTED = 1
+    #: that, and whether a helper holds its assist lease
+    ASSISTED = 2
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a run reports with its lease's renewal: output tokens made since its last figures, and
+    an owner's pace ({made, started_ms, samples, sample_tokens}) and samples not started yet
+    (None: nothing to say, as for a helper's copy); and what the beat reads back for it."""
+
+    made: int = 0
+    pace: dict[str, int] | None = None
+    unstarted: int | None = None
+    look: Look = Look.NONE
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one beat read back for a lease."""
+
+    renewed: bool
+    #: what it looked at (Figures.look); the two below say nothing without it
+    looked: bool = False
+    #: the chunk's stats are cached: a run committed it (a sign the store confirms)
+    committed: bool = False
+    #: a helper holds the chunk's assist lease
+    assisted: bool = False
+
+
+def beat(r: redis.Redis, leases: list[Lease], figures: list[Figures]) -> list[Seen]:
+    """Renew every lease of a process and add its runs' figures, in one round trip (one script,
+    one command): a worker's broker load does not grow with the chunks it runs. A beat without
+    figures (and leases of one TTL, as a worker's are) runs the lighter renewal script. A lease
+    whose renewal failed is marked lost, as by `Lease.renew`."""
+    if not leases:
+        return []
+    now = now_ms()
+    full = any(f.made or f.pace is not None or f.unstarted is not None or f.look is Look.ASSISTED for f in figures)
+    if full or len({x.ttl_ms for x in leases}) > 1:
+        seen = _full_beat(r, leases, figures, now)
+    else:
+        seen = _renew_all(r, leases, figures, now)
+    for lease, s in zip(leases, seen, strict=True):
+        if not s.renewed and not lease.lost:
+            lease.lost = True
+            log.warning("lease on %s/%d lost (expired or taken over)", lease.job, lease.index)
+    return seen
+
+
+def _full_beat(r: redis.Redis, leases: list[Lease], figures: list[Figures], now: int) -> list[Seen]:
+    keys_: list[str] = [keys.lease_beat()]
+    args: list[str | int] = [now]
+    for lease, fig in zip(leases, figures, strict=True):
+        job, index = lease.job, lease.index
+        keys_ += [lease.key, *figure_keys(job), keys.assist(job, index)]
+        pace = json.dumps(fig.pace | {"at_ms": now}) if fig.pace is not None else ""
+        args += [lease.owner, lease.ttl_ms, lease._member, index, fig.made, pace,
+                 "" if fig.unstarted is None else fig.unstarted, int(fig.look)]
+    flags = r.register_script(_BEAT)(keys=keys_, args=args)
+    return [Seen(renewed=bool(f & 1), looked=bool(f & 8), committed=bool(f & 2), assisted=bool(f & 4))
+            for f in flags]
+
+
+def _renew_all(r: redis.Redis, leases: list[Lease], figures: list[Figures], now: int) -> list[Seen]:
+    looks = [n for n, f in enumerate(figures) if f.look is not Look.NONE]
+    keys_ = [keys.lease_beat(), *(x.key for x in leases), *(figure_keys(leases[n].job).stats for n in looks)]
+    args: list[str | int] = [now, leases[0].ttl_ms, len(leases)]
+    for lease in leases:
+        args += [lease.owner, lease._member]
+    args += [leases[n].index for n in looks]
+    flags = r.register_script(_RENEW_ALL)(keys=keys_, args=args)
+    committed = dict(zip(looks, flags[len(leases):], strict=True))
+    return [Seen(renewed=bool(flags[n]), looked=n in committed, committed=bool(committed.get(n)))
+            for n in range(len(leases))]
+
+
 def holder(r: redis.Redis, job: str, index: int) -> str | None:
     """The process holding the chunk's lease now (whichever run of it)."""
     value = _text(r.get(keys.lease(job, index)))
@@ -202,14 +360,18 @@ def assisted(r: redis.Redis, job: str, index: int) -> bool:
 def running_indexes(r: redis.Redis, job: str) -> set[int]:
     """Chunks whose lease is live right now."""
     members = [keys.parse_member(m.decode()) for m in r.smembers(keys.running())]
-    indexes = [i for j, i in members if j == job]
-    if not indexes:
-        return set()
-    with r.pipeline(transaction=False) as p:
-        for i in indexes:
-            p.exists(keys.lease(job, i))
-        alive = p.execute()
-    return {i for i, ok in zip(indexes, alive, strict=True) if ok}
+    mine = [(j, i) for j, i in members if j == job]
+    return {i for (_, i), ok in zip(mine, leased_of(r, mine), strict=True) if ok}
+
+
+def leased_of(r: redis.Redis, chunks_: list[tuple[str, int]]) -> list[bool]:
+    """Whether each chunk's lease is live: one MGET per SCAN_SHARD chunks, so a fleet of a
+    thousand workers running 16 chunks each is 16 round trips and 16 commands, never one per chunk."""
+    out: list[bool] = []
+    for start in range(0, len(chunks_), SCAN_SHARD):
+        held = r.mget([keys.lease(job, index) for job, index in chunks_[start:start + SCAN_SHARD]])
+        out += [value is not None for value in held]
+    return out
 
 
 def watched_indexes(r: redis.Redis, job: str) -> set[int]:
@@ -221,14 +383,9 @@ def watched_indexes(r: redis.Redis, job: str) -> set[int]:
 
 def scan_leases(r: redis.Redis) -> tuple[list[tuple[str, int]], int]:
     """The running set's chunks whose lease is gone, every job, and how many have a live one."""
-    out, live = [], 0
-    for raw in r.smembers(keys.running()):
-        job, index = keys.parse_member(raw.decode())
-        if r.exists(keys.lease(job, index)):
-            live += 1
-        else:
-            out.append((job, index))
-    return out, live
+    members = [keys.parse_member(raw.decode()) for raw in r.smembers(keys.running())]
+    alive = leased_of(r, members)
+    return [m for m, ok in zip(members, alive, strict=True) if not ok], sum(alive)
 
 
 def forget_unleased(r: redis.Redis, job: str, index: int) -> float | None:
@@ -270,160 +427,12 @@ def claim_recovery(r: redis.Redis, job: str, index: int, ttl_s: int) -> bool:
     return bool(r.set(keys.requeue_guard(job, index), "1", nx=True, ex=ttl_s))
 
 
-# --- queued marker and sending ----------------------------------------------------------
+# --- the job set ------------------------------------------------------------------------
 
 
-def queued_indexes(r: redis.Redis, job: str) -> set[int]:
-    return {int(v) for v in r.smembers(keys.queued(job))}
-
-
-def taken(r: redis.Redis, job: str, index: int) -> None:
-    """A worker took the chunk's message off the queue: the marker goes."""
-    r.srem(keys.queued(job), index)
-
-
-def clear_markers(r: redis.Redis, job: str, indexes: set[int]) -> None:
-    """Markers no message backs any more (fleet.coord.queuescan found them stale)."""
-    if indexes:
-        r.srem(keys.queued(job), *indexes)
-
-
-@dataclass(frozen=True)
-class ChunkQueue:
-    """The one way a chunk's message is sent: the marker first, then the message.
-
-    Marker first: a consumer fast enough to take the message clears it after us, not before,
-    so the marker `fleet enqueue` trusts is never missing for a sent message.
-    """
-
-    app: Celery
-    queue: str
-    redis: redis.Redis
-
-    def requeue(self, job: str, index: int) -> None:
-        """Recovery priority: a chunk coming back jumps the queue instead of waiting behind the job."""
-        self.redis.sadd(keys.queued(job), index)
-        send_chunk(self.app, self.queue, job, index, next_attempt(self.redis, job, index), PRIORITY_RECOVERY)
-        metrics.CHUNKS_REQUEUED.inc()
-
-    def enqueue(self, job: str, indexes: list[int]) -> list[int]:
-        """First sends of a job's chunks; returns those sent. The marker is the ticket: of two
-        enqueues running at once, only the one that sets it sends the chunk."""
-        self.redis.sadd(keys.jobs(), job)
-        spent = {int(i): int(n) for i, n in self.redis.hgetall(keys.attempts(job)).items()}
-        sent = []
-        for index in indexes:
-            if self.redis.sadd(keys.queued(job), index):
-                send_chunk(self.app, self.queue, job, index, attempt_after(spent.get(index, 0)), PRIORITY_NORMAL)
-                sent.append(index)
-        return sent
-
-
-# --- counters ---------------------------------------------------------------------------
-
-#: fleet.coord.retry's Spend values -> the counter each charges
-_COUNTERS = {"attempt": keys.attempts, "crash": keys.crashes, "retry": keys.retries}
-
-
-@dataclass(frozen=True)
-class Counters:
-    attempts: int = 0
-    crashes: int = 0
-    retries: int = 0
-
-
-def counters(r: redis.Redis, job: str, index: int) -> Counters:
-    with r.pipeline(transaction=False) as p:
-        for counter in _COUNTERS.values():
-            p.hget(counter(job), index)
-        attempts, crashes, retries = p.execute()
-    return Counters(int(attempts or 0), int(crashes or 0), int(retries or 0))
-
-
-def charge(r: redis.Redis, job: str, index: int, spend: str, count: int) -> None:
-    """Set the counter a decision spent ("attempt", "crash" or "retry") to `count`."""
-    r.hset(_COUNTERS[spend](job), index, count)
-
-
-def clear_crashes(r: redis.Redis, job: str, index: int) -> None:
-    r.hdel(keys.crashes(job), index)
-
-
-def forget(r: redis.Redis, job: str, index: int) -> None:
-    """A person retries a quarantined chunk: it starts with a clean history."""
-    with r.pipeline(transaction=False) as p:
-        for counter in _COUNTERS.values():
-            p.hdel(counter(job), index)
-        p.execute()
-
-
-def attempt_after(spent: int) -> int:
-    """The attempt number a message carries once `spent` attempts are spent (logs and result stats)."""
-    return 1 + spent
-
-
-def next_attempt(r: redis.Redis, job: str, index: int) -> int:
-    return attempt_after(int(r.hget(keys.attempts(job), index) or 0))
-
-
-# --- running figures and the stats cache ------------------------------------------------
-
-
-def publish_unstarted(r: redis.Redis, job: str, index: int, samples: int | None) -> None:
-    """Samples a running chunk has not started yet (None: it stopped), for idle workers to assist."""
-    if samples is None:
-        r.hdel(keys.progress(job), index)
-    else:
-        r.hset(keys.progress(job), index, samples)
-
-
-def unstarted(r: redis.Redis, job: str) -> dict[int, int]:
-    return {int(i): int(n) for i, n in r.hgetall(keys.progress(job)).items()}
-
-
-def add_made(r: redis.Redis, job: str, index: int, tokens: int, pace: dict[str, int] | None) -> None:
-    """A running chunk made `tokens` more output tokens; `pace` is its owner run's own figures
-    ({made, started_ms, samples, sample_tokens}: tokens since it started, samples it finished and
-    their tokens); a helper's copy sets none."""
-    with r.pipeline(transaction=False) as p:
-        if tokens:
-            p.hincrby(keys.made(job), index, tokens)
-        if pace is not None:
-            p.hset(keys.pace(job), index, json.dumps(pace | {"at_ms": now_ms()}))
-        p.execute()
-
-
-def end_pace(r: redis.Redis, job: str, index: int) -> None:
-    r.hdel(keys.pace(job), index)
-
-
-def made(r: redis.Redis, job: str) -> dict[int, int]:
-    """Output tokens made per chunk over all its runs (committed chunks included)."""
-    return {int(i): int(n) for i, n in r.hgetall(keys.made(job)).items()}
-
-
-def made_by(r: redis.Redis, job: str, index: int) -> int:
-    return int(r.hget(keys.made(job), index) or 0)
-
-
-def paces(r: redis.Redis, job: str) -> dict[int, dict[str, int]]:
-    """The current runs' {made, started_ms, at_ms} by chunk."""
-    return {int(i): json.loads(v) for i, v in r.hgetall(keys.pace(job)).items()}
-
-
-def cache_stats(r: redis.Redis, job: str, index: int, stats: ChunkStats) -> None:
-    r.hset(keys.chunk_stats(job), index, stats.model_dump_json(exclude_unset=True))
-
-
-def stats_cached(r: redis.Redis, job: str, index: int) -> bool:
-    return bool(r.hexists(keys.chunk_stats(job), index))
-
-
-def cached_stats(r: redis.Redis, job: str) -> dict[int, ChunkStats]:
-    return {int(i): ChunkStats.model_validate_json(v) for i, v in r.hgetall(keys.chunk_stats(job)).items()}
-
-
-# --- jobs -------------------------------------------------------------------------------
+def add_job(r: redis.Redis, job: str) -> None:
+    """A job's chunks are about to be sent (fleet.coord.chunkqueue): the broker knows it from now."""
+    r.sadd(keys.jobs(), job)
 
 
 def known_jobs(r: redis.Redis) -> list[str]:

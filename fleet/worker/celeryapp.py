@@ -1,6 +1,6 @@
 """The Celery app of a worker process, wired to fleet's runtime through Celery signals.
 
-`celery -A fleet.worker.app` and Flower load this module, so it builds the app from the
+`celery -A fleet.worker.celeryapp` and Flower load this module, so it builds the app from the
 same settings object as every other process.
 """
 

@@ -16,7 +16,9 @@ from fleet.worker.chunk import ChunkRun
 WAIT_POLL_S = 0.2
 
 
-class Admission:
+class RunSlots:
+    """The process's runs admitted now, and the one (if any) that claimed the process alone."""
+
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._active: set[ChunkRun] = set()

@@ -58,11 +58,20 @@ class RepetitionWatch:
         #: period -> length of the current run of matches; absent = 0
         self.runs: dict[int, int] = {}
         self.found: Cycle | None = None
+        #: the output's ids until it holds min_tokens: no cycle can cover more ids than the output
+        #: has, so they are looked at only then (a shorter output costs nothing; the cycle found,
+        #: and where, are the same), None once they were
+        self.pending: list[int] | None = []
 
     def feed(self, new_ids: Sequence[int]) -> Cycle | None:
         """Take the next ids of the output; the first cycle found (again on later calls), else None."""
         if self.found is not None:
             return self.found
+        if self.pending is not None:
+            self.pending += new_ids
+            if len(self.pending) < self.settings.min_tokens:
+                return None
+            new_ids, self.pending = self.pending, None
         runs, positions, window = self.runs, self.positions, self.window
         for token in new_ids:
             n = self.seen
@@ -109,7 +118,7 @@ def bench(tokens: int = 32_768, vocab: int = 1000, seed: int = 0) -> dict[str, f
     rng = random.Random(seed)
     # Zipf-like ids: frequent ones recur within the window, as spaces and newlines do in text
     text = rng.choices(range(vocab), weights=[1 / (rank + 1) for rank in range(vocab)], k=tokens)
-    never = RepetitionSettings(min_tokens=sys.maxsize)
+    never = RepetitionSettings(min_repeats=sys.maxsize)  # every period looked at, none ever qualifies
     cases = {
         "text_delta_1": (text, 1, never), "text_delta_64": (text, 64, never), "worst_delta_1": ([5] * tokens, 1, never),
         "looping_delta_1": (text[:1000] + [7, 8, 9] * tokens, 1, RepetitionSettings()),
@@ -120,7 +129,7 @@ def bench(tokens: int = 32_768, vocab: int = 1000, seed: int = 0) -> dict[str, f
         began = time.perf_counter()
         while fed < tokens and watch.feed(ids[fed : fed + delta]) is None:
             fed += delta
-        out[f"us_per_token_{name}"] = (time.perf_counter() - began) / watch.seen * 1e6
+        out[f"us_per_token_{name}"] = (time.perf_counter() - began) / max(fed, watch.seen) * 1e6
         if watch.found:
             out[f"stopped_after_{name}"] = watch.seen
     return out

@@ -1,0 +1,115 @@
+"""The control-plane bench's table (fleet.bench.controlplane): per level of N workers, what the
+broker served and how fast; the restart, the wipe, Celery's own share and the store's cost.
+
+Targets (issue 33), at steady state: <= 10 commands a second per worker sent to the broker (a
+script counts once), <= 0.25 ms of Redis CPU a second per worker; at 1,000 workers Redis under
+30% of one core, p99 lease renewal under 50 ms, `fleet status` under 2 s.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from fleet.bench.report import Figure, Section, at_most
+
+SENT_PER_WORKER = 10.0
+CPU_MS_PER_WORKER = 0.25
+#: at the largest level (1,000 workers)
+REDIS_CORE_PCT, P99_MS, STATUS_S = 30.0, 50.0, 2.0
+#: per-worker commands at the largest level over the smallest: flat means linear in the fleet
+LINEAR_WITHIN = 1.25
+
+
+def level_figures(level: dict[str, Any], largest: bool) -> list[Figure]:
+    n = level["workers"]
+    broker = level["broker"]
+    sent = level["sent_per_s"] / n
+    cpu_ms = broker["cpu_s"] * 1000 / n
+    figures = [
+        at_most(f"{n} workers: commands sent per worker", round(sent, 2), SENT_PER_WORKER, "/s",
+                note=f"Celery's stand-in {level['celery_sent_per_s'] / n:.2f}/s of it"),
+        Figure(f"{n} workers: commands Redis ran per worker", round(broker["commands"] / n, 1), "/s",
+               note="scripts' own commands counted"),
+        at_most(f"{n} workers: Redis CPU per worker", round(cpu_ms, 4), CPU_MS_PER_WORKER, "ms/s"),
+    ]
+    core = Figure(f"{n} workers: Redis CPU", round(broker["cpu_s"] * 100, 2), "%", note="of one core")
+    probe, own = level["probe_ms"], level["beat_ms"]
+    p99 = Figure(f"{n} workers: lease renewal (a worker's beat, K={level['k']}) p99", probe["p99"], "ms",
+                 note=f"p50 {probe['p50']} ms, {probe['n']} beats of the probe; the simulated workers' own "
+                      f"(crowded processes, niced): p50 {own['p50']}, p99 {own['p99']} ms")
+    status = Figure(f"{n} workers: fleet status", round(statistics.median(level["status"]["s"]), 3), "s",
+                    note=f"{level['chunks']:,} chunks, {level['chunks_done_before']:,} done; Redis "
+                         f"{level['status']['redis_cpu_ms']} ms a call")
+    if largest:
+        core = at_most(core.name, core.value or 0.0, REDIS_CORE_PCT, "%", core.note)
+        p99 = at_most(p99.name, p99.value or 0.0, P99_MS, "ms", p99.note)
+        status = at_most(status.name, status.value or 0.0, STATUS_S, "s", status.note)
+    rounds = level["round_s"]
+    figures += [core, p99, status,
+                Figure(f"{n} workers: reaper round (leader)", rounds["p50"], "s",
+                       note=f"max {rounds['max']}, {rounds['n']} rounds"),
+                Figure(f"{n} workers: the bench's own client CPU", round(level["client_cpu"] * 100, 1), "%",
+                       note="of one core, every simulated worker and the driver")]
+    return figures
+
+
+def k_figures(level: dict[str, Any]) -> list[Figure]:
+    """Another K at the same workers: what a worker costs the broker as it runs more chunks."""
+    n, k = level["workers"], level["k"]
+    return [
+        at_most(f"K={k}, {n} workers: commands sent per worker", round(level["sent_per_s"] / n, 2), SENT_PER_WORKER,
+                "/s"),
+        at_most(f"K={k}, {n} workers: Redis CPU per worker", round(level["broker"]["cpu_s"] * 1000 / n, 4),
+                CPU_MS_PER_WORKER, "ms/s", note=f"{level['broker']['commands'] / n:.1f} commands run per worker"),
+    ]
+
+
+def demo_figures(level: dict[str, Any]) -> list[Figure]:
+    restart, wipe, back = level["restart"], level["wipe"], level.get("reconnect", {})
+    fleet_s, celery_s = back.get("fleet_s") or {}, back.get("celery_s") or {}
+    lost = level.get("lost_in_restart", 0)
+    return [
+        Figure("restart: fleet's clients back (first beat), p5-p95", fleet_s.get("p95"), "s",
+               note=f"p5 {fleet_s.get('p5')} s, p50 {fleet_s.get('p50')} s after the broker answered "
+                    f"({back.get('beat_back')} of {back.get('workers')} workers)"),
+        Figure("restart: Celery stand-ins back, p5-p95", celery_s.get("p95"), "s",
+               note=f"p5 {celery_s.get('p5')} s, p50 {celery_s.get('p50')} s (kombu's 2, 4, 6 ... s, jittered)"),
+        Figure("restart: new connections in the busiest 100 ms", restart["peak_per_100ms"], "",
+               note=f"of {restart['connections']} in {len(restart['connections_by_s'])} s"),
+        at_most("restart: leases lost", lost, 0, note=f"{restart['leases_after']:,} of {restart['leases_before']:,} "
+                f"live after, down {restart['down_s']} s"),
+        Figure("wipe: every lease taken back", wipe["leases_back_s"], "s", note="workers retake at their next poll"),
+        at_most("wipe: chunks not accounted for after enqueue",
+                wipe["chunks"] - wipe["enqueued"] - wipe["running"] - wipe["done"], 0,
+                note=f"enqueued {wipe['enqueued']:,}, running {wipe['running']:,}, done {wipe['done']:,} "
+                     f"in {wipe['enqueue_s']} s; status then {wipe['status_after_s']} s (stats cache lost)"),
+    ]
+
+
+def section(data: dict[str, Any]) -> Section:
+    levels = data["levels"]
+    figures: list[Figure] = []
+    for level in levels:
+        figures += level_figures(level, level is levels[-1])
+    first, last = levels[0], levels[-1]
+    ratio = (last["sent_per_s"] / last["workers"]) / max(1e-9, first["sent_per_s"] / first["workers"])
+    figures.append(at_most(f"commands sent per worker, {last['workers']} over {first['workers']} workers",
+                           round(ratio, 3), LINEAR_WITHIN, note="1.0: the broker's load grows linearly"))
+    if "restart" in last:
+        figures += demo_figures(last)
+    for level in data.get("by_k", []):
+        figures += k_figures(level)
+    celery = data["celery"]
+    figures.append(Figure("Celery's consumer per worker, measured (busy / idle)", celery["busy"]["celery_per_s"],
+                          "/s", note=f"idle {celery['idle']['celery_per_s']}/s; patterns {celery['patterns']}"))
+    store = data.get("store")
+    if store:
+        figures += [
+            Figure("S3 requests per GPU-hour (PUT, LIST, POST)", store["put_class"], "",
+                   note=f"checkpoints {store['per_gpu_hour']['PUT partial']:,}; GET/HEAD {store['get_class']}"),
+            Figure("S3 request cost per GPU-hour", store["usd_per_gpu_hour"], "$",
+                   note=f"reference job ({store['reference_gpu_hours']} GPU-h): ${store['reference_usd']}"),
+        ]
+    return Section("control-plane", f"the control plane at {last['workers']:,} workers (K={data['shape']['k']})",
+                   figures, data)

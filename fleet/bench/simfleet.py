@@ -1,0 +1,418 @@
+"""Simulated workers for the control-plane bench (fleet.bench.controlplane): a process of many.
+
+A simulated worker is what a worker process asks of the broker, through fleet's own code: its
+client (fleet.coord.broker.redis_client: named, jittered retries), its heartbeat carrying K
+leases and their runs' figures (fleet.coord.heartbeat, `Heartbeat.beat`), its reaper's turns
+(`Reaper.turn`: one leader for the fleet), and the coordination calls the middleware make as a
+chunk starts and ends (lease, admission's holder mark, progress, stats; fleet.worker.middleware).
+The engine is a timer (tokens made at the reference rate; a chunk ends after its run time);
+Celery's consumer is a stand-in that sends what a real one was measured to send
+(fleet.bench.celerycost) on a connection of its own per worker, holds its pattern
+subscriptions, and reconnects after a broker restart on JitteredConnection's schedule.
+
+What is not a worker's: the loops. A worker has a heartbeat thread and a reaper thread; here
+one scheduler per process calls each worker's beat every heartbeat and its reaper's turn every
+round, each at its own random phase, on a few threads: a thousand workers' worth of idle
+threads in a few processes would cost the machine more than the broker they measure.
+
+`python -m fleet.bench.simfleet SPEC.json`: prints "ready" once every lease is taken; SIGUSR1
+opens the measured window, SIGUSR2 closes it, SIGTERM writes the results (SPEC's `out`) and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import json
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.connection
+
+from fleet.coord import chunkqueue, figures, suspects
+from fleet.coord.broker import make_celery, redis_client
+from fleet.coord.heartbeat import Heartbeat
+from fleet.coord.leases import Lease, run_owner
+from fleet.coord.reconnect import jittered_waits
+from fleet.coord.recovery import Reaper
+from fleet.settings import Settings
+from fleet.store import open_store
+from fleet.store.layout import result_key
+from fleet.store.results import ChunkStats, encode_result
+
+#: seconds between the timers' looks at every run: the progress middleware reports every assist_poll_s / 2,
+#: but only every FIGURES_EVERY-th beat (10 s) carries figures to the broker, so a slower timer changes
+#: nothing the broker sees and costs the bench's CPU less
+TICK_S = 5.0
+#: threads that run the workers' beats and reaper turns in one process
+LOOPS = 8
+#: kombu's reconnection schedule as Celery's consumer calls it (start, step, cap), jittered as fleet's is
+CELERY_RECONNECT = (2.0, 2.0, 30.0)
+#: what kombu 5.7's Redis transport sends per chunk delivered and acked, as (PUBLISHes, other commands):
+#: the task-received and task-started events beside the BRPOP that delivers it and the unacked record
+#: (MULTI, ZADD, HSET, EXEC); then the task-succeeded event and the ack (ZREM, HDEL)
+START_COMMANDS, END_COMMANDS = (2, 5), (1, 2)
+
+
+class Counted:
+    """Every command this process's clients send, a pipeline's one by one (a script counts once)."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.sent += n
+
+    def install(self) -> None:
+        send, pack = redis.connection.AbstractConnection.send_command, redis.connection.AbstractConnection.pack_commands
+        counter = self
+
+        def send_command(conn: Any, *args: Any, **kwargs: Any) -> Any:
+            counter.add(1)
+            return send(conn, *args, **kwargs)
+
+        def pack_commands(conn: Any, commands: Any) -> Any:
+            counter.add(len(commands))
+            return pack(conn, commands)
+
+        redis.connection.AbstractConnection.send_command = send_command  # type: ignore[method-assign]
+        redis.connection.AbstractConnection.pack_commands = pack_commands  # type: ignore[method-assign]
+
+
+@dataclass
+class Spec:
+    """What one process simulates (written by the driver as JSON)."""
+
+    broker_url: str
+    store_url: str
+    queue: str
+    job: str
+    host: str
+    workers: int
+    k: int
+    #: the chunk indexes this process's workers take, [first, last)
+    first: int
+    last: int
+    #: a chunk's run time at the reference shape, and the tokens a second one chunk's run makes
+    chunk_s: float
+    chunk_tok_s: float
+    chunk_records: int
+    lease_ttl_s: float
+    reaper_interval_s: float
+    #: the Celery stand-in: (command, per second per worker), a PUBLISH's size, the patterns a worker holds
+    celery_mix: list[tuple[str, float]]
+    publish_bytes: int
+    patterns: list[str]
+    out: str
+
+
+@dataclass
+class SimRun:
+    lease: Lease
+    index: int
+    started: float
+    ends: float
+    made: int = 0
+    reported: int = 0
+
+
+@dataclass
+class Stats:
+    lost: int = 0
+    #: when each lost lease was found (the driver counts those of a restart)
+    lost_at: list[float] = field(default_factory=list)
+    retaken: int = 0
+    ended: int = 0
+    celery_sent: int = 0
+    celery_reconnects: list[float] = field(default_factory=list)
+
+
+class SimWorker:
+    """One worker process's coordination (module docstring)."""
+
+    def __init__(self, spec: Spec, n: int, settings: Settings, store: Any, app: Any, ids: Iterator[int],
+                 stats: Stats):  # fmt: skip
+        self.spec, self.settings, self.store, self.ids, self.stats = spec, settings, store, ids, stats
+        self.name = f"gpu{n % 8}@{spec.host}{n // 8:04d}"
+        self.owner = f"{self.name}:{100_000 + n}"
+        self.r = redis_client(settings)
+        self.heartbeat = Heartbeat(settings.heartbeat_s)
+        self.reaper = Reaper(self.r, store, app, settings)
+        self.runs: list[SimRun] = []
+        self.serial = 0
+        #: chunks to begin that the broker refused to start (a restart): begun at a later tick
+        self.owed_begins = 0
+        #: the Celery stand-in's connection, and the per-chunk commands it owes
+        self.celery = redis.Redis.from_url(spec.broker_url, socket_timeout=5, socket_connect_timeout=2, retry=None)
+        self.owed: list[tuple[int, int]] = []
+
+    def start(self) -> None:
+        for _ in range(self.spec.k):
+            self.begin(age=random.uniform(0, self.spec.chunk_s))
+
+    def next_run(self) -> None:
+        """A slot freed: begin its next chunk now, or at a later tick if the broker refuses."""
+        self.owed_begins += 1
+        self.begin_owed()
+
+    def begin_owed(self) -> None:
+        while self.owed_begins:
+            self.begin()  # a refusal (RedisError) keeps the debt for the next tick
+            self.owed_begins -= 1
+
+    def begin(self, age: float = 0.0) -> None:
+        """The lease, admission and progress middlewares' calls as a delivered chunk starts."""
+        spec, r = self.spec, self.r
+        while True:
+            index = next(self.ids)
+            chunkqueue.taken(r, spec.job, index)
+            self.serial += 1
+            lease = Lease(r, spec.job, index, run_owner(self.owner, self.serial), spec.lease_ttl_s)
+            if lease.acquire():
+                break
+        self.heartbeat.add(lease)
+        suspects.note_holder(r, spec.job, index, self.owner)
+        figures.made_by(r, spec.job, index)
+        now = time.time()
+        self.runs.append(SimRun(lease, index, now - age, time.monotonic() + spec.chunk_s - age,
+                             made=int(age * spec.chunk_tok_s)))
+        self.owed.append(START_COMMANDS)
+
+    def finish(self, run: SimRun, committed: bool = True) -> None:
+        """The progress, stats, lease and admission middlewares' calls as a run commits."""
+        spec, r = self.spec, self.r
+        pending = self.heartbeat.settle(run.lease)
+        figures.end_run(r, spec.job, run.index, pending + run.made - run.reported, owner=True)
+        if committed:
+            now = time.time()
+            stats = ChunkStats(job=spec.job, chunk=run.index, records=spec.chunk_records, samples=spec.chunk_records,
+                               completion_tokens=run.made, tokens_made=run.made, started=run.started, finished=now,
+                               seconds=round(now - run.started, 3), worker=self.name)
+            self.store.put_if_absent(result_key(spec.job, run.index), encode_result(stats, []))
+            figures.cache_stats(r, spec.job, run.index, stats)
+        self.heartbeat.discard(run.lease)
+        run.lease.release()
+        suspects.drop_holder(r, spec.job, run.index, self.owner)
+        if committed:
+            suspects.note_commit(r, self.owner)
+            suspects.note_duration(r, spec.job, time.time() - run.started)
+        self.runs.remove(run)
+        self.owed.append(END_COMMANDS)
+        self.stats.ended += 1
+
+    def tick(self, dt: float) -> None:
+        """The engine's timer and the middleware's poll: tokens made, figures reported, a lost lease
+        taken back (fleet.worker.middleware.lease), a chunk at its end committed and the next begun."""
+        now = time.monotonic()
+        self.begin_owed()
+        for run in list(self.runs):
+            if run.lease.lost:
+                self.stats.lost += 1
+                self.stats.lost_at.append(time.time())
+                if run.lease.retake():
+                    self.stats.retaken += 1
+                else:
+                    self.finish(run, committed=False)
+                    self.next_run()
+                    continue
+            run.made += int(self.spec.chunk_tok_s * dt)
+            left = max(0.0, (run.ends - now) / self.spec.chunk_s)
+            pace = {"made": run.made, "started_ms": int(run.started * 1000), "samples": 0, "sample_tokens": 0}
+            self.heartbeat.report(run.lease, run.made - run.reported, pace,
+                                  int(self.spec.chunk_records * max(0.0, 2 * left - 1)))
+            run.reported = run.made
+            if now >= run.ends:
+                self.finish(run)
+                self.next_run()
+
+
+class CeleryStandIn:
+    """Celery's consumer for every worker of the process: its measured steady commands at their
+    rates, its per-chunk commands, its pattern subscriptions, its jittered reconnection."""
+
+    def __init__(self, spec: Spec, workers: list[SimWorker], stats: Stats):
+        self.spec, self.workers, self.stats = spec, workers, stats
+        self.payload = "x" * max(1, spec.publish_bytes)
+        self.subs: dict[int, Any] = {}
+        #: worker -> the jittered waits left before its next reconnection attempt (down while present)
+        self.down: dict[int, Iterator[float]] = {}
+
+    def subscribe(self, n: int) -> None:
+        if not self.spec.patterns:
+            return
+        old = self.subs.pop(n, None)
+        if old is not None:
+            old.close()
+        sub = self.workers[n].celery.pubsub(ignore_subscribe_messages=True)
+        sub.psubscribe(*self.spec.patterns)
+        self.subs[n] = sub
+
+    def run(self, stop: threading.Event) -> None:
+        for n in range(len(self.workers)):
+            self.subscribe(n)
+        heap: list[tuple[float, int, int]] = []
+        now = time.monotonic()
+        for n in range(len(self.workers)):
+            for c, (_, rate) in enumerate(self.spec.celery_mix):
+                if rate > 0:
+                    heapq.heappush(heap, (now + random.uniform(0, 1 / rate), n, c))
+        while not stop.is_set():
+            when, n, c = heap[0] if heap else (time.monotonic() + TICK_S, -1, -1)
+            if stop.wait(max(0.0, min(when, time.monotonic() + 0.2) - time.monotonic())):
+                return
+            self._owed()
+            if heap and heap[0][0] <= time.monotonic():
+                when, n, c = heapq.heappop(heap)
+                cmd, rate = self.spec.celery_mix[c]
+                if n in self.down:
+                    heapq.heappush(heap, (when + next(self.down[n]), n, c))
+                    self._reconnect(n)
+                    continue
+                self._send(n, cmd)
+                heapq.heappush(heap, (when + 1 / rate, n, c))
+
+    def _owed(self) -> None:
+        for n, worker in enumerate(self.workers):
+            while worker.owed and n not in self.down:
+                publishes, others = worker.owed.pop()
+                for cmd in ["PUBLISH"] * publishes + ["PING"] * others:
+                    self._send(n, cmd)
+
+    def _send(self, n: int, cmd: str) -> None:
+        client = self.workers[n].celery
+        try:
+            if cmd == "PUBLISH":
+                client.publish("/0.celeryev/worker.heartbeat", self.payload)
+            else:
+                client.ping()
+            self.stats.celery_sent += 1
+        except redis.ConnectionError:
+            self.down[n] = jittered_waits(*CELERY_RECONNECT)
+            self._reconnect(n)
+
+    def _reconnect(self, n: int) -> None:
+        """Celery's consumer reconnects at once, then after each jittered wait."""
+        try:
+            self.workers[n].celery.ping()
+        except redis.ConnectionError:
+            return
+        self.down.pop(n, None)
+        self.subscribe(n)
+        self.stats.celery_reconnects.append(time.time())
+
+
+class Process:
+    """The workers of one process, their timers and the measured window."""
+
+    def __init__(self, spec: Spec):
+        self.spec, self.stats, self.counted = spec, Stats(), Counted()
+        self.counted.install()
+        settings = Settings(broker_url=spec.broker_url, store_url=spec.store_url, queue=spec.queue,
+                            lease_ttl_s=spec.lease_ttl_s, reaper_interval_s=spec.reaper_interval_s)
+        store, app = open_store(spec.store_url), make_celery(settings)
+        per = max(1, (spec.last - spec.first) // spec.workers)
+        self.workers = [SimWorker(spec, n, settings, store, app, _cycle(spec.first + n * per, per), self.stats)
+                        for n in range(spec.workers)]
+        self.celery = CeleryStandIn(spec, self.workers, self.stats)
+        self.stop = threading.Event()
+        self.window: dict[str, float] = {}
+
+    def start(self) -> None:
+        for worker in self.workers:
+            worker.start()
+        threading.Thread(target=self._schedule, daemon=True).start()
+        threading.Thread(target=self._tick, daemon=True).start()
+        threading.Thread(target=self.celery.run, args=(self.stop,), daemon=True).start()
+
+    def _schedule(self) -> None:
+        """Each worker's heartbeat and reaper turn at its own period and random phase, on LOOPS
+        threads; a worker's next beat waits for its last (as its one heartbeat thread would)."""
+        beat_s, turn_s = self.workers[0].settings.heartbeat_s, self.spec.reaper_interval_s
+        now = time.monotonic()
+        heap = [(now + random.uniform(0, beat_s), n, "beat") for n in range(len(self.workers))]
+        heap += [(now + random.uniform(0, turn_s), n, "turn") for n in range(len(self.workers))]
+        heapq.heapify(heap)
+        busy: set[tuple[int, str]] = set()
+        lock = threading.Lock()
+
+        def run(n: int, kind: str) -> None:
+            worker = self.workers[n]
+            try:
+                if kind == "beat":
+                    worker.heartbeat.beat()
+                else:
+                    worker.reaper.turn(worker.owner)
+            finally:
+                with lock:
+                    busy.discard((n, kind))
+
+        with ThreadPoolExecutor(LOOPS) as pool:
+            while not self.stop.is_set():
+                when, n, kind = heap[0]
+                if self.stop.wait(max(0.0, when - time.monotonic())):
+                    return
+                heapq.heapreplace(heap, (when + (beat_s if kind == "beat" else turn_s), n, kind))
+                with lock:
+                    if (n, kind) in busy:
+                        continue
+                    busy.add((n, kind))
+                pool.submit(run, n, kind)
+
+    def _tick(self) -> None:
+        last = time.monotonic()
+        while not self.stop.wait(TICK_S):
+            now = time.monotonic()
+            for worker in self.workers:
+                # the broker restarts: the next tick tries again, as a worker's next poll does
+                with contextlib.suppress(redis.RedisError):
+                    worker.tick(now - last)
+            last = now
+
+    def mark(self, edge: str) -> None:
+        self.window |= {f"{edge}_t": time.time(), f"{edge}_sent": self.counted.sent,
+                        f"{edge}_celery": self.stats.celery_sent, f"{edge}_cpu": time.process_time(),
+                        f"{edge}_ended": self.stats.ended}
+
+    def results(self) -> dict[str, Any]:
+        w = self.window
+        start, end = w.get("start_t", 0.0), w.get("end_t", time.time())
+        beats = [s for x in self.workers for t, s in x.heartbeat.round_trips if start <= t <= end]
+        rounds = [(t, s) for x in self.workers for t, s in x.reaper.rounds if start <= t <= end]
+        window = {k: w.get(f"end_{k}", 0) - w.get(f"start_{k}", 0) for k in ("t", "sent", "celery", "cpu", "ended")}
+        return {"window": window, "beats": beats, "rounds": rounds, "lost": self.stats.lost,
+                "lost_at": self.stats.lost_at, "retaken": self.stats.retaken,
+                "celery_reconnects": self.stats.celery_reconnects,
+                "beat_times": [[t for t, _ in x.heartbeat.round_trips] for x in self.workers]}
+
+
+def _cycle(first: int, count: int) -> Iterator[int]:
+    while True:
+        yield from range(first, first + count)
+
+
+def main(argv: list[str]) -> None:
+    spec = Spec(**json.loads(Path(argv[0]).read_text()))
+    proc = Process(spec)
+    signal.signal(signal.SIGUSR1, lambda *_: proc.mark("start"))
+    signal.signal(signal.SIGUSR2, lambda *_: proc.mark("end"))
+    signal.signal(signal.SIGTERM, lambda *_: proc.stop.set())
+    proc.start()
+    print("ready", flush=True)
+    while not proc.stop.wait(0.5):
+        pass
+    Path(spec.out).write_text(json.dumps(proc.results()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

