@@ -78,9 +78,16 @@ def listen(port: int, seconds: float | None = None, until: threading.Event | Non
     patterns: list[str] = []
     names: dict[str, str] = {}
     admin = redis.Redis(port=port, client_name="bench")
-    watcher = redis.Redis(port=port, client_name="bench")
+    # No read timeout: redis-py (8 and later: 5 s by default) drops the connection when a read times
+    # out, which ends a MONITOR on a broker quiet for a while (a worker still importing its engine).
+    # The loop ends at the first command past its end instead, which a timer sends if no one does.
+    watcher = redis.Redis(port=port, client_name="bench", socket_timeout=None)
     began = time.time()
     end = began + seconds if seconds is not None else float("inf")
+    nudge = threading.Timer(seconds + 0.1, admin.ping) if seconds is not None else None
+    if nudge is not None:
+        nudge.daemon = True
+        nudge.start()
     with watcher.monitor() as monitor:
         for cmd in _commands(monitor, end, until):
             if cmd.get("client_type") == "lua":
@@ -99,6 +106,8 @@ def listen(port: int, seconds: float | None = None, until: threading.Event | Non
             counts["fleet" if who == CLIENT_NAME else "celery"][label] += 1
             if name == "PUBLISH" and who != CLIENT_NAME:
                 publish.append(len(cmd["command"]))
+    if nudge is not None:
+        nudge.cancel()
     admin.close()
     took = max(1e-3, (seconds if seconds is not None else time.time() - began))
     per_s = {k: {c: round(n / took, 4) for c, n in v.most_common()} for k, v in counts.items()}
@@ -107,13 +116,10 @@ def listen(port: int, seconds: float | None = None, until: threading.Event | Non
 
 
 def _commands(monitor: Any, end: float, until: threading.Event | None) -> Iterator[dict[str, Any]]:
-    """MONITOR's commands until `end` or `until`; a quiet broker (a worker still loading) times a read
-    out, which is no end."""
+    """MONITOR's commands until `end` or `until`, seen at the first command after either (the
+    caller sends one when the broker may be quiet)."""
     while time.time() < end and not (until is not None and until.is_set()):
-        try:
-            cmd = monitor.next_command()
-        except redis.TimeoutError:
-            continue
+        cmd = monitor.next_command()
         if cmd["time"] > end:
             return
         yield cmd
