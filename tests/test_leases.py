@@ -11,10 +11,11 @@ import pytest
 import redis
 
 from fleet.coord import keys
-from fleet.coord.heartbeat import FIGURES_EVERY, Heartbeat
+from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.leases import Figures, Lease, Look, beat, holder
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import BrokerMissing
+from fleet.settings import FIGURES_EVERY, Settings
 
 
 @pytest.fixture
@@ -370,3 +371,99 @@ def test_the_heartbeat_carries_figures_every_few_beats_and_a_run_settles_what_is
     assert hb.settle(lease) == 5
     hb.beat()
     assert r.hget(keys.made("j"), 0) == b"10"
+
+
+# -- the cadence: young leases every beat, old ones every few ----------------------------
+
+
+def marked(r: redis.Redis, *leases_: Lease) -> None:
+    """Shorten each lease to 10 s: one renewed since is back above 20 s (its 30 s TTL)."""
+    for lease in leases_:
+        r.pexpire(lease.key, 10_000)
+
+
+def renewed(r: redis.Redis, lease: Lease) -> bool:
+    return r.pttl(lease.key) > 20_000
+
+
+def test_a_young_lease_is_renewed_every_beat_and_an_old_one_only_on_full_beats(r):
+    # Given a heartbeat (driven by hand) renewing old leases on its full beats, with a 10 s crash
+    # window, holding a lease taken now and one held for a minute already
+    hb = Heartbeat(interval_s=60, renew_every=FIGURES_EVERY, young_s=10)
+    young, old = Lease(r, "j", 0, "A#1", ttl_s=30), Lease(r, "j", 1, "A#2", ttl_s=30)
+    assert young.acquire() and old.acquire()
+    old.taken_ms -= 60_000
+    hb.add(young)
+    hb.add(old)
+    # When the first (full) beat runs, Then both are renewed
+    marked(r, young, old)
+    hb.beat()
+    assert renewed(r, young) and renewed(r, old)
+    # When the beats between full ones run, Then each renews the young lease alone, one round trip each,
+    # and the old one, not sent, is neither renewed nor lost
+    for n in range(1, FIGURES_EVERY):
+        marked(r, young, old)
+        hb.beat()
+        assert renewed(r, young) and not renewed(r, old) and not old.lost
+        assert len(hb.round_trips) == 1 + n
+    # When the next full beat runs, Then the old lease is renewed again
+    marked(r, young, old)
+    hb.beat()
+    assert renewed(r, young) and renewed(r, old) and not old.lost
+
+
+def test_a_lease_is_young_until_a_stamp_lies_past_the_crash_window(r):
+    # Given a heartbeat past its first (full) beat, with a 50 ms crash window, and a lease taken then
+    hb = Heartbeat(interval_s=60, renew_every=FIGURES_EVERY, young_s=0.05)
+    hb.beat()
+    lease = Lease(r, "j", 0, "A#1", ttl_s=30)
+    assert lease.acquire()
+    hb.add(lease)
+    time.sleep(0.1)
+    # When the next beat runs, past the window, Then it renews the lease: the stamp now dates a death
+    # outside the window (the last one, at the take, would have dated it inside)
+    marked(r, lease)
+    hb.beat()
+    assert renewed(r, lease) and lease.beat_ms - lease.taken_ms >= 50
+    # When the beat after it runs, Then the lease is old: nothing is sent
+    marked(r, lease)
+    hb.beat()
+    assert not renewed(r, lease) and len(hb.round_trips) == 1
+
+
+def test_a_beat_with_nothing_due_sends_nothing_and_a_lease_not_sent_is_not_lost(r):
+    # Given a heartbeat holding only old leases, past its first (full) beat
+    hb = Heartbeat(interval_s=60, renew_every=FIGURES_EVERY, young_s=0)
+    leases_ = [Lease(r, "j", i, f"A#{i}", ttl_s=30) for i in range(3)]
+    for lease in leases_:
+        assert lease.acquire()
+        hb.add(lease)
+    hb.beat()
+    # When the broker loses one of them (a wipe), and the beats between full ones run
+    r.delete(leases_[0].key)
+    before = calls(r)
+    for _ in range(1, FIGURES_EVERY):
+        hb.beat()
+    # Then no command reached the broker, and no lease is marked lost
+    after = calls(r)
+    assert after.get("evalsha") == before.get("evalsha") and after.get("eval") == before.get("eval")
+    assert len(hb.round_trips) == 1 and not any(x.lost for x in leases_)
+    # When the next full beat runs, Then it finds the lost one (the lease middleware takes it back) and
+    # renews the rest
+    hb.beat()
+    assert leases_[0].lost and not leases_[1].lost and not leases_[2].lost
+    assert len(hb.round_trips) == 2
+
+
+def test_a_worker_heartbeat_renews_old_leases_at_least_four_times_a_ttl():
+    # Given the settings of TTLs from tests' 0.2 s to the 60 s default and beyond
+    for ttl in (0.2, 1, 3, 8, 16, 30, 60, 600):
+        settings = Settings(lease_ttl_s=ttl)
+        hb = Heartbeat.of(settings)
+        # Then an old lease is renewed every renew_s, a whole number of beats, at most a quarter TTL
+        # apart (or every beat where a beat is that long already)
+        assert hb.renew_every * hb.interval_s == settings.renew_s
+        assert settings.renew_s <= max(ttl / 4, settings.heartbeat_s)
+        assert hb.young_s == settings.crash_window_s
+    # and at the defaults on the full beats: every 10 s, six renewals a TTL
+    assert Settings(lease_ttl_s=60).renew_s == 10 and Settings(lease_ttl_s=60).renew_every == FIGURES_EVERY

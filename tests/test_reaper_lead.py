@@ -119,7 +119,7 @@ def test_one_reaper_scans_for_the_fleet_and_requeues_an_expired_lease_at_the_nex
 
 def test_when_the_leader_dies_another_leads_by_the_time_its_own_leases_run_out(fleet, settings, redis_server):
     r = redis.Redis.from_url(redis_server.url)
-    assert lead_ttl_s(settings) <= settings.lease_ttl_s - settings.heartbeat_s
+    assert lead_ttl_s(settings) <= settings.lease_ttl_s - settings.renew_s
     # Given the fleet's leader
     [leader] = one_round(fleet)
     # When it takes its last turn, beats once more and dies

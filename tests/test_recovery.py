@@ -21,8 +21,8 @@ from fleet.coord.broker import TASK_NAME, make_celery, redis_client
 from fleet.coord.chunkstate import Quarantine, read_failures
 from fleet.coord.leases import Lease, run_owner
 from fleet.coord.localredis import LocalRedis
-from fleet.coord.outages import Outages, outages_of
-from fleet.coord.pause import PauseJudge
+from fleet.coord.outages import Outages, Window, outages_of
+from fleet.coord.pause import Expiry, PauseJudge
 from fleet.coord.recovery import StallWatch, requeue_expired, watch_jobs
 from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
@@ -512,11 +512,28 @@ def test_a_lease_lost_outside_any_pause_is_still_a_death(r, store, app, settings
     assert suspects.worker_health(r, "gpu0@a").deaths == 1 and len(queued_messages(r)) == 1
 
 
+def test_leases_running_out_a_renewal_interval_apart_ran_out_at_once(clean_env):
+    # Given the default 60 s TTL, whose old leases are renewed every 10 s: in a pause, two processes'
+    # leases run out that far apart, their last renewals spread over a renewal interval
+    settings = Settings(lease_ttl_s=60)
+    judge, t = PauseJudge(Outages(), settings), time.time() - 120
+    spread = settings.renew_s + settings.heartbeat_s
+    expired = [Expiry("j", 1, t, t + 60, "gpu0@a:1"), Expiry("j", 2, t + spread, t + spread + 60, "gpu0@b:1")]
+    # When a reaper that saw no pause itself finds them, and no lease live, Then it is a pause
+    judge.note_round(expired, live=0)
+    assert judge.outages.windows() == [Window(t, t + spread + 60)]
+    # and two that ran out further apart than that are deaths, one after the other
+    later = PauseJudge(Outages(), settings)
+    apart = judge.at_once_s + 1
+    later.note_round([expired[0], Expiry("j", 2, t + apart, t + apart + 60, "gpu0@b:1")], live=0)
+    assert later.outages.windows() == []
+
+
 def test_two_processes_losing_their_leases_one_after_another_are_two_deaths(r, store, app, settings):
     # Given two processes whose leases run out seconds apart, the first after the second took its lease
     leased_by(r, "j", 1, "gpu0@a:1")
     wait_for(lambda: not r.exists(keys.lease("j", 1)), 30, "first lease expiry")
-    time.sleep(2 * settings.heartbeat_s + 1.5)
+    time.sleep(PauseJudge(Outages(), settings).at_once_s + 0.5)
     leased_by(r, "j", 2, "gpu0@b:1")
     wait_for(lambda: not r.exists(keys.lease("j", 2)), 30, "second lease expiry")
     # When a reaper that saw no pause finds both gone

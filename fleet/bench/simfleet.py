@@ -147,7 +147,7 @@ class SimWorker:
         self.name = f"gpu{n % 8}@{spec.host}{n // 8:04d}"
         self.owner = f"{self.name}:{100_000 + n}"
         self.r = redis_client(settings)
-        self.heartbeat = Heartbeat(settings.heartbeat_s)
+        self.heartbeat = Heartbeat.of(settings)
         self.reaper = Reaper(self.r, store, app, settings)
         self.runs: list[SimRun] = []
         self.serial = 0

@@ -138,7 +138,7 @@ def run_counted(workdir: Path) -> tuple[CountingStore, int, int]:
         prepare_job(settings, LocalStore(workdir / "store"), str(prompts), "storecost")
         store = CountingStore(LocalStore(workdir / "store"))
         r, identity = redis_client(settings), engine_identity(settings)
-        heartbeat = Heartbeat(settings.heartbeat_s)
+        heartbeat = Heartbeat.of(settings)
         ctx = WorkerContext(settings=settings, store=store, redis=r, heartbeat=heartbeat, name="cpu0@storecost",
                             owner="cpu0@storecost:1", queue=ChunkQueue(make_celery(settings), settings.queue, r),
                             policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store),

@@ -1,17 +1,22 @@
 """The heartbeat: one thread per worker process renewing every lease it holds
 (fleet.coord.leases.Lease), so a live worker's leases never expire.
 
-One beat is one round trip (fleet.coord.leases.beat): every lease renewed, whatever the
-number of chunks the process runs (docs/architecture.md, "Scaling"). Every FIGURES_EVERY-th
-beat also carries each run's figures since the last (tokens made, its pace, samples not
-started) and looks whether its chunk was committed elsewhere or is assisted; a helper's copy
-and an assisted chunk look at every beat. What a beat reads back waits in the run's tally for
-its middleware, which never asks the broker itself.
+One beat is one round trip at most (fleet.coord.leases.beat), whatever the number of chunks
+the process runs (docs/architecture.md, "Scaling"). A lease is renewed at every beat while it
+is young (its death would still be crash evidence, dated by the renewal's stamp), and after
+that only every `renew_every` beats (the full ones at the defaults): what a running chunk
+costs the broker is then a renewal every 10 s, not every 2 s. Every FIGURES_EVERY-th beat
+renews every lease and carries each run's figures since the last (tokens made, its pace,
+samples not started) and looks whether its chunk was committed elsewhere or is assisted; a
+helper's copy and an assisted chunk look at every beat. A beat with nothing to renew or look
+at sends nothing. What a beat reads back waits in the run's tally for its middleware, which
+never asks the broker itself.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -21,14 +26,12 @@ from dataclasses import dataclass
 from fleet import metrics
 from fleet.coord import leases
 from fleet.coord.leases import Figures, Lease, Look
+from fleet.settings import FIGURES_EVERY, Settings
 
 log = logging.getLogger(__name__)
 
 #: beats whose round trip is kept (the control-plane bench reads their percentiles)
 KEPT_BEATS = 512
-#: one beat in this many carries the runs' figures (every 10 s at the 2 s default beat): what a
-#: running chunk costs the broker is then mostly its renewal (fleet bench control-plane)
-FIGURES_EVERY = 5
 
 
 @dataclass
@@ -46,10 +49,13 @@ class Tally:
 
 
 class Heartbeat:
-    """One thread per worker process renewing every lease it holds, one round trip a beat."""
+    """One thread per worker process renewing every lease it holds, one round trip a beat at most.
 
-    def __init__(self, interval_s: float):
-        self.interval_s = interval_s
+    `renew_every`: beats between renewals of a lease no longer young; `young_s`: the crash window
+    (the defaults renew every lease at every beat)."""
+
+    def __init__(self, interval_s: float, renew_every: int = 1, young_s: float = math.inf):
+        self.interval_s, self.renew_every, self.young_s = interval_s, max(1, renew_every), young_s
         self._tallies: dict[Lease, Tally] = {}
         self._lock = threading.Lock()
         #: one beat at a time; a run's last figures wait for the beat that carries its others
@@ -59,6 +65,11 @@ class Heartbeat:
         self._beats = 0
         #: (epoch seconds, seconds it took) of each recent beat's round trip
         self.round_trips: deque[tuple[float, float]] = deque(maxlen=KEPT_BEATS)
+
+    @classmethod
+    def of(cls, settings: Settings) -> Heartbeat:
+        """A worker's heartbeat: its beat, the renewal of old leases and the crash window from `settings`."""
+        return cls(settings.heartbeat_s, settings.renew_every, settings.crash_window_s)
 
     def start(self) -> None:
         self._thread.start()
@@ -102,12 +113,16 @@ class Heartbeat:
         self._stop.set()
 
     def beat(self) -> None:
-        """Renew every lease with its figures, one round trip per broker client (one in a worker)."""
+        """Renew the leases due with their figures, one round trip per broker client (one in a
+        worker), none when nothing is due."""
         with self._sending:
             full = self._beats % FIGURES_EVERY == 0
+            every = full or self._beats % self.renew_every == 0
             self._beats += 1
             with self._lock:
-                taken = [(lease, tally, self._figures(lease, tally, full)) for lease, tally in self._tallies.items()]
+                taken = [(lease, tally, fig) for lease, tally in self._tallies.items()
+                         if (fig := self._figures(lease, tally, full)).look is not Look.NONE
+                         or every or lease.young(self.young_s)]
             clients: dict[int, list[tuple[Lease, Tally, Figures]]] = {}
             for entry in taken:
                 clients.setdefault(id(entry[0].r), []).append(entry)

@@ -12,9 +12,10 @@ without losing work: the store decides done and quarantined (docs/architecture.m
   reads, for a failure the worker saw (taken -> now) and for a lost worker (taken -> beat).
 - job set (keys.jobs): a lease taken relearns its job, so a broker that lost everything
   finds the jobs still running.
-- the beat (`beat`): one script per heartbeat renews every lease of a process and carries its
-  runs' figures, in one round trip whatever the number of chunks it runs (docs/architecture.md,
-  "Scaling"). The figures go under the keys their owner gives (fleet.coord.figures.figure_keys).
+- the beat (`beat`): one script per heartbeat renews the leases of a process it is given and
+  carries its runs' figures, in one round trip whatever the number of chunks it runs
+  (docs/architecture.md, "Scaling"; the heartbeat chooses which leases a beat renews). The
+  figures go under the keys their owner gives (fleet.coord.figures.figure_keys).
 """
 
 from __future__ import annotations
@@ -205,6 +206,8 @@ class Lease:
         self.lost = False
         #: ms epoch this owner last took the lease (the start of the lease clock)
         self.taken_ms: int | None = None
+        #: ms epoch of this owner's last stamp of the lease beat (taken, restarted or renewed)
+        self.beat_ms: int | None = None
 
     @property
     def _member(self) -> str:
@@ -220,15 +223,18 @@ class Lease:
         return self._take(self.taken_ms or now_ms())
 
     def _take(self, started: int) -> bool:
+        now = now_ms()
         ok = bool(self.r.eval(_ACQUIRE, 5, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
-                              keys.jobs(), self.owner, self.ttl_ms, self._member, started, self.job, now_ms()))
+                              keys.jobs(), self.owner, self.ttl_ms, self._member, started, self.job, now))
         if ok:
-            self.lost, self.taken_ms = False, started
+            self.lost, self.taken_ms, self.beat_ms = False, started, now
         return ok
 
     def renew(self) -> bool:
-        ok = bool(self.r.eval(_RENEW, 2, self.key, keys.lease_beat(), self.owner, self.ttl_ms,
-                              self._member, now_ms()))
+        now = now_ms()
+        ok = bool(self.r.eval(_RENEW, 2, self.key, keys.lease_beat(), self.owner, self.ttl_ms, self._member, now))
+        if ok:
+            self.beat_ms = now
         if not ok and not self.lost:
             self.lost = True
             log.warning("lease on %s/%d lost (expired or taken over)", self.job, self.index)
@@ -247,11 +253,22 @@ class Lease:
         now = now_ms()
         if self.r.eval(_RESTART_CLOCK, 3, self.key, keys.lease_started(), keys.lease_beat(), self.owner,
                        self._member, now):
-            self.taken_ms = now
+            self.taken_ms = self.beat_ms = now
 
     def held_s(self) -> float:
         """How long this owner has held the lease now: the crash evidence of a failure it saw."""
         return held_s(self.taken_ms, now_ms())
+
+    def young(self, window_s: float) -> bool:
+        """Whether its last stamp still dates a death inside the crash window (`window_s` after the
+        start of the lease clock): until one stamp lies past it, a lost worker's death there is
+        evidence (fleet.coord.retry), timed to the stamp, so every beat renews it. An unwatched
+        (assist) lease has no clock."""
+        if not self.watched:
+            return False
+        if self.taken_ms is None or self.beat_ms is None:
+            return True
+        return self.beat_ms - self.taken_ms < window_s * 1000
 
     def holder(self) -> str | None:
         """The process holding the lease now (whichever run of it)."""
@@ -296,10 +313,10 @@ class Seen:
 
 
 def beat(r: redis.Redis, leases: list[Lease], figures: list[Figures]) -> list[Seen]:
-    """Renew every lease of a process and add its runs' figures, in one round trip (one script,
-    one command): a worker's broker load does not grow with the chunks it runs. A beat without
-    figures (and leases of one TTL, as a worker's are) runs the lighter renewal script. A lease
-    whose renewal failed is marked lost, as by `Lease.renew`."""
+    """Renew the given leases of a process and add its runs' figures, in one round trip (one
+    script, one command): a worker's round trips do not grow with the chunks it runs. A beat
+    without figures (and leases of one TTL, as a worker's are) runs the lighter renewal script.
+    A lease whose renewal failed is marked lost, as by `Lease.renew`; one not given is untouched."""
     if not leases:
         return []
     now = now_ms()
@@ -309,7 +326,9 @@ def beat(r: redis.Redis, leases: list[Lease], figures: list[Figures]) -> list[Se
     else:
         seen = _renew_all(r, leases, figures, now)
     for lease, s in zip(leases, seen, strict=True):
-        if not s.renewed and not lease.lost:
+        if s.renewed:
+            lease.beat_ms = now
+        elif not lease.lost:
             lease.lost = True
             log.warning("lease on %s/%d lost (expired or taken over)", lease.job, lease.index)
     return seen

@@ -45,12 +45,21 @@ class PauseJudge:
 
     def __init__(self, outages: Outages, settings: Settings):
         self.outages = outages
-        self.ttl_s, self.beat_s = settings.lease_ttl_s, settings.heartbeat_s
+        # A lease past its crash window is renewed only every renew_s (Settings.renew_s), not every
+        # beat: a live holder's last renewal may be that old, its leases run out spread over that
+        # much, and it finds one gone (and takes it back) up to that long after the broker answers.
+        self.ttl_s, self.beat_s, self.renew_s = settings.lease_ttl_s, settings.heartbeat_s, settings.renew_s
 
     @property
     def grace_s(self) -> float:
         """How long after a pause the holders get to take their leases back."""
-        return self.ttl_s + self.beat_s + RECONNECT_S
+        return self.ttl_s + self.renew_s + RECONNECT_S
+
+    @property
+    def at_once_s(self) -> float:
+        """Leases that ran out within this of each other ran out at once: their last renewals lie
+        within a renewal interval before the pause, give or take a beat."""
+        return self.renew_s + self.beat_s + 1.0
 
     def expiry(self, r: redis.Redis, job: str, index: int) -> Expiry | None:
         started, beat = leases.lease_clock(r, job, index)
@@ -66,7 +75,7 @@ class PauseJudge:
         if live or len(holders) < 2:
             return
         first, last = min(e.ran_out for e in expired), max(e.ran_out for e in expired)
-        if last - first > 2 * self.beat_s + 1.0:
+        if last - first > self.at_once_s:
             return  # one after another: deaths
         if self.outages.covering(last, before_s=0.0, after_s=0.0, min_s=self.ttl_s / 2):
             return  # known already (an earlier round, or this process was cut off itself)
@@ -76,10 +85,11 @@ class PauseJudge:
 
     def pause(self, expiry: Expiry | None) -> Window | None:
         """The pause that explains this expiry, if any: one long enough to let a lease run out,
-        begun before it ran out and over at most a renewal before."""
+        begun before it ran out (give or take a renewal interval: a live holder's last renewal may
+        be that old when the pause begins) and over at most a renewal before."""
         if expiry is None:
             return None
-        return self.outages.covering(expiry.ran_out, before_s=self.beat_s + 1.0, after_s=self.beat_s + RECONNECT_S,
+        return self.outages.covering(expiry.ran_out, before_s=self.renew_s + 1.0, after_s=self.renew_s + RECONNECT_S,
                                      min_s=self.ttl_s / 2)
 
     def holding(self, pause: Window, now: float | None = None) -> bool:

@@ -45,9 +45,10 @@ _LEAD = (
 
 def lead_ttl_s(settings: Settings) -> float:
     """How long the reaper lead lasts unrenewed: two rounds, but never past the lease TTL less a
-    heartbeat. A dead leader's own chunk leases run out a TTL after its last beat, and by then
-    another worker's turn can take the lead and requeue them: within TTL + one round still."""
-    return max(0.1, min(2 * settings.reaper_interval_s, settings.lease_ttl_s - settings.heartbeat_s))
+    renewal interval. A dead leader's own chunk leases run out a TTL after their last renewal (up
+    to `renew_s` before its death), and by then another worker's turn can take the lead and
+    requeue them: within TTL + one round still."""
+    return max(0.1, min(2 * settings.reaper_interval_s, settings.lease_ttl_s - settings.renew_s))
 
 
 def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,

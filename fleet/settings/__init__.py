@@ -57,6 +57,9 @@ DEFAULT_SPOOL_MB = 4096
 #: (and `fleet bench projection` at the reference shape) gives 0.81 busy at 8 and 0.97-0.99
 #: at 16, so the default is 16.
 IN_FLIGHT_FACTOR = 16
+#: one heartbeat beat in this many is full (fleet.coord.heartbeat): it carries the runs' figures
+#: and renews every lease, also those past their crash window (`Settings.renew_s`)
+FIGURES_EVERY = 5
 #: Every engine's settings section by its name (FLEET_<NAME>__*): one line per engine here, one in
 #: fleet.engines.registry (its spec). The sections live in this part, so settings never import engines.
 ENGINE_SECTIONS: dict[str, type[EngineSettings]] = {
@@ -243,6 +246,19 @@ class _Settings(BaseSettings):
         # At most 2 s: each renewal stamps the lease beat, which dates a lost worker's death
         # for the crash evidence (crash_window_s) to that precision.
         return max(0.2, min(self.lease_ttl_s / 4, 2.0))
+
+    @property
+    def renew_every(self) -> int:
+        """Beats between renewals of a lease held past its crash window: its death is no evidence
+        any more, so the stamp's precision no longer matters, only that the lease lives. The full
+        beats (every 10 s at the defaults, 6 renewals a 60 s TTL), never over a quarter TTL apart."""
+        return max(1, min(FIGURES_EVERY, math.floor(self.lease_ttl_s / 4 / self.heartbeat_s + 1e-9)))
+
+    @property
+    def renew_s(self) -> float:
+        """How stale a live lease's last renewal (its lease-beat stamp) can be: what the broker-pause
+        judgement and the reaper lead allow for (docs/architecture.md, "Scaling")."""
+        return self.renew_every * self.heartbeat_s
 
     def to_env(self) -> dict[str, str]:
         """FLEET_* variables that rebuild these settings in a child process."""

@@ -58,7 +58,7 @@ class Runtime:
         spool = Spool(settings.data_dir / "spool" / name.replace("/", "_"), settings.spool_max_mb * 2**20,
                       report=self._report_outage) if settings.spool_max_mb else None
         self.ctx = WorkerContext(
-            settings=settings, store=store, redis=r, heartbeat=Heartbeat(settings.heartbeat_s), name=name,
+            settings=settings, store=store, redis=r, heartbeat=Heartbeat.of(settings), name=name,
             owner=f"{name}:{os.getpid()}", queue=ChunkQueue(app, settings.queue, r),
             policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store), restart=self.restart,
             identity=identity, identity_hash=identity_hash(identity), spool=spool,

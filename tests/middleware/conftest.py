@@ -92,7 +92,7 @@ def make_worker(settings: Settings, store: LocalStore, r: redis.Redis, host: Eng
     """`settings` names the worker's own engine (its identity), which may differ from the job's."""
     restarts: list[str] = []
     identity = engine_identity(settings)
-    hb = Heartbeat(settings.heartbeat_s)
+    hb = Heartbeat.of(settings)
     hb.start()
     ctx = WorkerContext(settings=settings, store=store, redis=r, heartbeat=hb, name=name, owner=f"{name}:1",
                         queue=ChunkQueue(make_celery(settings), settings.queue, r),
