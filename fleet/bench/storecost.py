@@ -146,7 +146,7 @@ def run_counted(workdir: Path) -> tuple[CountingStore, int, int]:
         host = EngineHost(build_engine(settings))
         host.start(timeout_s=60)
         heartbeat.start()
-        executor, task = Executor(owner_stack(ctx)), ChunkTask(store, host)
+        executor, task = Executor(owner_stack(ctx)), ChunkTask(store, host, ctx.writer)
         outcomes: list[Any] = []
 
         def one(index: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery
 
 from fleet import metrics
-from fleet.coord import figures, keys, leases, storeoutages, suspects
+from fleet.coord import figures, keys, leases, suspects
 from fleet.coord.broker import redis_client
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.heartbeat import Heartbeat
@@ -34,6 +34,7 @@ from fleet.worker.middleware import assist_stack, owner_stack
 from fleet.worker.outcome import Committed, Failed, HandedBack, Outcome, Skipped, Superseded
 from fleet.worker.proctree import descendants, kill_tree
 from fleet.worker.spool import Spool
+from fleet.worker.storewriter import StoreWriter, outage_reporter
 from fleet.worker.task import ChunkTask
 from fleet.worker.watchdog import Watchdog
 
@@ -55,18 +56,19 @@ class Runtime:
         self.name = name
         store, r = store_for(settings), redis_client(settings)
         identity = engine_identity(settings)
-        spool = Spool(settings.data_dir / "spool" / name.replace("/", "_"), settings.spool_max_mb * 2**20,
-                      report=self._report_outage) if settings.spool_max_mb else None
+        spool = Spool(settings.data_dir / "spool" / name.replace("/", "_"), settings.spool_max_mb * 2**20) \
+            if settings.spool_max_mb else None
+        writer = StoreWriter(store, spool, outage_reporter(r, name))
         self.ctx = WorkerContext(
             settings=settings, store=store, redis=r, heartbeat=Heartbeat(settings.heartbeat_s), name=name,
             owner=f"{name}:{os.getpid()}", queue=ChunkQueue(app, settings.queue, r),
             policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store), restart=self.restart,
-            identity=identity, identity_hash=identity_hash(identity), spool=spool,
+            identity=identity, identity_hash=identity_hash(identity), writer=writer,
         )
         self.app = app
         self.engine = build_engine(settings)
         self.host = EngineHost(self.engine)
-        self.task = ChunkTask(store, self.host, spool)
+        self.task = ChunkTask(store, self.host, writer)
         self.owner = Executor(owner_stack(self.ctx))
         self.assister = Executor(assist_stack(self.ctx))
         #: chunks this process runs now (Celery slots and assists)
@@ -83,8 +85,7 @@ class Runtime:
         self.ctx.heartbeat.start()
         self.watchdog.start()  # only now: loading weights or capturing graphs is never a stall
         threading.Thread(target=self._reaper, name="fleet-reaper", daemon=True).start()
-        if self.ctx.spool is not None and self.ctx.spool.entries():
-            threading.Thread(target=self._drain_spool, name="fleet-spool", daemon=True).start()
+        self.ctx.writer.start_drain(self.name, self._stop)
         if self.settings.assist:
             threading.Thread(target=self._assist_loop, name="fleet-assist", daemon=True).start()
         metrics.set_worker_info(self.name, gpu=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
@@ -155,34 +156,6 @@ class Runtime:
             self.run_chunk(job, index, assist=True)
         finally:
             self._assisting.clear()
-
-    def _drain_spool(self) -> None:
-        """What an earlier process of this worker spooled: commit it once the store answers (a
-        result whose chunk another copy committed meanwhile is dropped)."""
-        spool, wait = self.ctx.spool, 1.0
-        assert spool is not None
-        while not self._stop.is_set():
-            try:
-                written, dropped = spool.drain(self.ctx.store)
-                log.info("spool of %s: %d object(s) committed, %d dropped (another copy won)", self.name, written,
-                         dropped)
-                return
-            except Exception as e:
-                log.warning("spool of %s: the store still refuses (%s); retrying in %.0fs", self.name, e, wait)
-                self._stop.wait(wait)
-                wait = min(wait * 2, 30.0)
-
-    def _report_outage(self, since: float | None, waiting: int) -> None:
-        """The store refuses (since) or answers again (None): a metric and a line in `fleet status`."""
-        metrics.STORE_UNREACHABLE_SINCE.set(since or 0)
-        metrics.SPOOLED_RESULTS.set(waiting)
-        try:
-            if since is None:
-                storeoutages.clear_store_outage(self.ctx.redis, self.name)
-            else:
-                storeoutages.note_store_outage(self.ctx.redis, self.name, int(since * 1000), waiting)
-        except Exception as e:
-            log.warning("could not report the store outage: %s", e)
 
     def _reaper(self) -> None:
         reaper = Reaper(self.ctx.redis, self.ctx.store, self.app, self.settings, self.ctx.manifests.chunks)
