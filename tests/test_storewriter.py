@@ -12,9 +12,9 @@ import pytest
 
 from fleet.errors import StoreError
 from fleet.store.local import LocalStore
-from fleet.worker import storewriter
-from fleet.worker.spool import Kind, Spool
-from fleet.worker.storewriter import StoreWriter
+from fleet.worker.process import storewriter
+from fleet.worker.process.spool import Kind, Spool
+from fleet.worker.process.storewriter import StoreWriter
 
 
 class Switched(LocalStore):

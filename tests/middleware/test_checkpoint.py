@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fleet.store.layout import checkpoint_prefix, result_key
 from fleet.store.results import read_result
-from fleet.worker.outcome import Committed, Failed, HandedBack, Skipped
+from fleet.worker.run.outcome import Committed, Failed, HandedBack, Skipped
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import generate_then_raise, hold
 

@@ -1,4 +1,4 @@
-"""The worker's writes to the store, and the one owner of its spool (fleet.worker.spool).
+"""The worker's writes to the store, and the one owner of its spool (fleet.worker.process.spool).
 
 A chunk's result and its checkpoints go to the store at once; while the store refuses them (an
 endpoint or network outage) the result, and a run's last checkpoint flush, wait in the spool
@@ -22,7 +22,7 @@ from fleet import metrics
 from fleet.coord import storeoutages
 from fleet.errors import StoreError
 from fleet.store import Store
-from fleet.worker.spool import Kind, Spool, Spooled
+from fleet.worker.process.spool import Kind, Spool, Spooled
 
 log = logging.getLogger(__name__)
 

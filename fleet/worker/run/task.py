@@ -1,5 +1,5 @@
 """The chunk task: read chunk, generate, commit. It knows nothing of leases, retries or
-checkpoints (fleet.worker.middleware) and reports how it ended as an Outcome."""
+checkpoints (fleet.worker.run.middleware) and reports how it ended as an Outcome."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from fleet.errors import FleetError
 from fleet.store import Store
 from fleet.store.layout import read_chunk, result_key
 from fleet.store.results import ChunkStats, encode_result, sample_counts
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.enginehost import EngineHost
-from fleet.worker.generate import generate_chunk
-from fleet.worker.outcome import Committed, Outcome, Superseded
-from fleet.worker.storewriter import StoreWriter
+from fleet.worker.process.enginehost import EngineHost
+from fleet.worker.process.storewriter import StoreWriter
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.generate import generate_chunk
+from fleet.worker.run.outcome import Committed, Outcome, Superseded
 
 POLL_S = 0.5
 #: a poll this much later than POLL_S is logged: hand-backs, checkpoints and tokens made waited

@@ -20,8 +20,8 @@ from fleet.coord.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, load_manifest
-from fleet.worker.runslots import RunSlots
-from fleet.worker.storewriter import StoreWriter
+from fleet.worker.process.runslots import RunSlots
+from fleet.worker.process.storewriter import StoreWriter
 
 #: seconds a worker trusts its copy of a job's manifest before reading it again
 MANIFEST_MAX_AGE_S = 30.0

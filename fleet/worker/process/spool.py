@@ -6,7 +6,7 @@ its checkpoint, go to a bounded directory under the worker's data directory when
 cannot take them; the run keeps its lease and retries, and whatever is still spooled when the
 process ends is committed by the next process of the same worker at its start, or discarded
 where another copy of the chunk won (docs/architecture.md, Failures). Only the store writer
-(fleet.worker.storewriter) puts, commits and drops entries here: it decides what is spooled.
+(fleet.worker.process.storewriter) puts, commits and drops entries here: it decides what is spooled.
 
 One file per object: `<kind>-<b64 store key>`, written atomically (temporary file, fsync,
 rename). A result keeps its conditional put: spooled or not, a chunk is committed once.
