@@ -172,7 +172,7 @@ def ended_run(prefixes: dict[str, list[int]], max_tokens: int = 200, stop: list[
 def whole_samples(settings, ids: list[str]) -> dict[str, list[int]]:
     """Each record's sample made in one go by the sim, as requests_for asks for it."""
     from fleet.engines.sim.engine import SimEngine, sim_length
-    from fleet.engines.sim.tokens import sim_tokens
+    from fleet.engines.sim.tokenchain import sim_tokens
     from fleet.records import derive_seed
 
     vocab = SimEngine(settings.sim).vocab

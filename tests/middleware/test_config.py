@@ -19,7 +19,7 @@ def other_engine(settings):
 
 def test_a_mismatched_worker_hands_back_without_spending_and_says_so_once(settings, store, r, host, job, caplog,
                                                                          monkeypatch):
-    import fleet.worker.run.middleware.config as config
+    import fleet.worker.run.middleware.configmatch as config
 
     monkeypatch.setattr(config, "MISMATCH_HOLD_S", 0.01)
     # Given a worker whose sim engine makes longer outputs than the job's

@@ -6,7 +6,7 @@ from fleet.worker.process.context import WorkerContext
 from fleet.worker.run.middleware.admission import AdmissionMiddleware
 from fleet.worker.run.middleware.base import Middleware, Order
 from fleet.worker.run.middleware.checkpoint import CheckpointMiddleware
-from fleet.worker.run.middleware.config import ConfigGate
+from fleet.worker.run.middleware.configmatch import ConfigGate
 from fleet.worker.run.middleware.crash import CrashMiddleware
 from fleet.worker.run.middleware.gates import ManifestGate, ResultGate, StopGate
 from fleet.worker.run.middleware.lease import AssistLeaseMiddleware, LeaseMiddleware
