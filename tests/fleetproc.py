@@ -97,14 +97,14 @@ def cmdline(pid: int) -> str:
 
 def processes_below(root: int, command: str) -> list[int]:
     """Running descendants of root whose command line contains command."""
-    from fleet.worker.proctree import descendants
+    from fleet.worker.supervisor.proctree import descendants
 
     return [pid for pid in descendants(root) if command in cmdline(pid)]
 
 
 def worker_pids(launcher: int) -> list[int]:
     """The worker processes a `fleet worker` launcher runs now (not the orphans it adopted)."""
-    from fleet.worker.proctree import children, is_worker
+    from fleet.worker.supervisor.proctree import children, is_worker
 
     return [pid for pid in children(launcher) if is_worker(cmdline(pid).encode())]
 
@@ -124,7 +124,7 @@ def gone_before_successor(launcher: int, worker: int, pid: int, timeout: float =
     """Seconds from now (just after worker's death) until pid, a process it left, exited (a zombie
     has freed its memory; its parent reaps it); fails if the launcher starts a successor worker while
     pid still runs."""
-    from fleet.worker.proctree import stat
+    from fleet.worker.supervisor.proctree import stat
 
     def ended() -> bool:
         st = stat(pid)
@@ -157,7 +157,7 @@ def kill_the_launcher(env: dict[str, str], log_dir: Path, command: str, expected
     holds `command`); then `kill -9` of the launcher, as an operator would, and a wait until the worker and
     every process below it have ended (a zombie has ended: its memory, the GPU's too, is freed). Checks that
     the engine's processes named in `expected` were there, and were gone within 30 s."""
-    from fleet.worker.proctree import stat
+    from fleet.worker.supervisor.proctree import stat
 
     def ended(pid: int) -> bool:
         st = stat(pid)
@@ -258,7 +258,7 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     from fleet.coord import keys
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
-    from fleet.worker.proctree import stat
+    from fleet.worker.supervisor.proctree import stat
     from tests.conftest import run_fleet
 
     store, r = open_store(env["FLEET_STORE_URL"]), redis.Redis.from_url(env["FLEET_BROKER_URL"])
@@ -313,7 +313,7 @@ def frozen_engine_job(tmp: Path, env: dict[str, str], host: str, command: str, r
     comes exactly once, some continued from what the frozen engine made.
     Returns the exported rows, in input order, for the caller to compare with its bare engine."""
     from fleet.coord import keys
-    from fleet.worker.proctree import stat
+    from fleet.worker.supervisor.proctree import stat
     from tests.conftest import run_fleet
 
     env = {**env, "FLEET_STORE_URL": str(memory_dir(tmp, "s")), "FLEET_STALL_S": str(stall_s),

@@ -85,6 +85,27 @@ def test_parts_import_in_the_documented_direction():
     assert upward == [], "imports against the documented direction (docs/architecture.md, Parts)"
 
 
+#: docs/architecture.md, "Parts": the worker's rooms by lifetime; a room imports only the rooms before it, and
+#: the modules that wire them (runtime, celeryapp, main) sit above all three
+WORKER_ROOMS = ["supervisor", "process", "run"]
+
+
+def test_the_worker_rooms_import_in_the_documented_direction():
+    worker = FLEET / "worker"
+    rooms = sorted(p.name for p in worker.iterdir() if (p / "__init__.py").exists())
+    assert rooms == sorted(WORKER_ROOMS), "a room was added or removed: place it in WORKER_ROOMS and the docs"
+    upward = []
+    for n, room in enumerate(WORKER_ROOMS):
+        for path in (worker / room).rglob("*.py"):
+            for target in imported_modules(path):
+                parts = target.split(".")
+                if parts[:2] != ["fleet", "worker"] or len(parts) < 3:
+                    continue
+                if parts[2] not in WORKER_ROOMS or WORKER_ROOMS.index(parts[2]) > n:
+                    upward.append(f"{module_name(path)} -> {target}")
+    assert upward == [], "a worker room imports a later room or the wiring (docs/architecture.md, Parts)"
+
+
 def test_the_top_level_names_the_parts():
     loose = [p.name for p in FLEET.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
     assert len(loose) <= MAX_TOP_LEVEL_MODULES, sorted(loose)

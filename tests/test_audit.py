@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleet.audit.checks import Limits, Vocab, output_problems
-from fleet.engines.sim.tokens import SimVocab, sim_text_of, sim_tokens
+from fleet.engines.sim.tokenchain import SimVocab, sim_text_of, sim_tokens
 from fleet.model.repetition import RepetitionSettings
 from fleet.store import open_store
 from fleet.store.layout import result_key

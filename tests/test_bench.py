@@ -31,7 +31,7 @@ from fleet.bench.series import difference, overlap, value_at
 from fleet.bench.sharedcore import PERIOD_US, SharedCoreUnavailable, cpu_hierarchy, make_pen, open_pens
 from fleet.bench.workerprof import LOOP_THREAD, Sampler, short, thread_group
 from fleet.coord.localredis import LocalRedis
-from fleet.worker.proctree import is_worker
+from fleet.worker.supervisor.proctree import is_worker
 from tests.fleetproc import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -470,7 +470,7 @@ def test_sampler_charges_busy_threads_and_profiles_the_engine_loop(tmp_path):
 def test_profile_names_are_short_and_pools_grouped():
     assert thread_group("ThreadPoolExecutor-0_13") == "ThreadPoolExecutor-N_N"
     assert short("/x/.venv/lib/python3.11/site-packages/celery/app/trace.py") == "celery/app/trace.py"
-    assert short("/work/wt/fleet/worker/generate.py") == "fleet/worker/generate.py"
+    assert short("/work/wt/fleet/worker/run/generate.py") == "fleet/worker/run/generate.py"
     assert short("/usr/lib/python3.11/asyncio/tasks.py") == "asyncio/tasks.py"
 
 

@@ -164,7 +164,7 @@ def test_plan_json_has_the_capacity_and_the_roofline_at_that_batch() -> None:
 
 
 def test_the_launcher_sizes_k_and_every_worker_from_the_planned_batch(tmp_path: Path, monkeypatch) -> None:
-    from fleet.worker.launcher import Supervisor, plan_workers
+    from fleet.worker.supervisor.launcher import Supervisor, plan_workers
 
     # Given a host whose nvidia-smi lists two H200s, and no max_running_requests set
     bin_dir = tmp_path / "bin"

@@ -156,7 +156,7 @@ def ended_run(prefixes: dict[str, list[int]], max_tokens: int = 200, stop: list[
     from fleet.settings import Settings
     from fleet.store.checkpoints import Partial
     from fleet.store.manifest import Manifest, config_hash
-    from fleet.worker.chunk import ChunkRun, turn_key
+    from fleet.worker.run.chunk import ChunkRun, turn_key
 
     settings = Settings(sim={"vocab_size": 1000, "mean_output_tokens": 50, "sigma": 0.4},
                         sampling={"max_tokens": max_tokens, "stop": stop})
@@ -172,7 +172,7 @@ def ended_run(prefixes: dict[str, list[int]], max_tokens: int = 200, stop: list[
 def whole_samples(settings, ids: list[str]) -> dict[str, list[int]]:
     """Each record's sample made in one go by the sim, as requests_for asks for it."""
     from fleet.engines.sim.engine import SimEngine, sim_length
-    from fleet.engines.sim.tokens import sim_tokens
+    from fleet.engines.sim.tokenchain import sim_tokens
     from fleet.records import derive_seed
 
     vocab = SimEngine(settings.sim).vocab
@@ -185,7 +185,7 @@ def whole_samples(settings, ids: list[str]) -> dict[str, list[int]]:
 
 def test_a_sample_whose_checkpointed_ids_already_end_it_is_kept_as_made_never_continued():
     from fleet.engines.sim.engine import SimEngine
-    from fleet.worker.generate import generate_chunk
+    from fleet.worker.run.generate import generate_chunk
 
     # Given samples made in one go, and checkpoints a hand-over left of them: one whose ids end on its
     # end id, one continued past it (an older fleet's defect), one that reached its max tokens, one
@@ -220,7 +220,7 @@ def test_a_sample_whose_checkpointed_ids_already_end_it_is_kept_as_made_never_co
 
 def test_a_sample_that_cannot_cross_the_seam_on_its_engine_starts_again_from_token_0():
     from fleet.engines.sim.engine import SimEngine
-    from fleet.worker.generate import generate_chunk
+    from fleet.worker.run.generate import generate_chunk
 
     class PenaltyCountsOutputOnly(SimEngine):
         def restart_reason(self, request):

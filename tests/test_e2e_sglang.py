@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet.worker.enginehost import admission_limit
+from fleet.worker.process.enginehost import admission_limit
 from tests.conftest import run_fleet
 from tests.fleetproc import read_jsonl
 from tests.modelkit import tiny_model_fixture  # noqa: F401

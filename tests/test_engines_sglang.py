@@ -30,7 +30,7 @@ from fleet.model.reasoning import split_reasoning
 from fleet.model.rendering import load_tokenizer, render_ids
 from fleet.records import GenResult, prompt_digest
 from fleet.settings import Settings
-from fleet.worker.enginehost import EngineHost, admission_limit
+from fleet.worker.process.enginehost import EngineHost, admission_limit
 from tests.modelkit import LoopThread, chat, loop_thread_fixture, raw, tiny_model_fixture  # noqa: F401
 
 FAKE = Path(__file__).parent / "fake_sglang"

@@ -315,7 +315,7 @@ def test_real_vllm_fleet_run_on_the_hybrid_model_speculates_and_equals_bare_vllm
 def test_real_vllm_engine_core_never_outlives_its_sigkilled_worker(
     real_vllm, tmp_path, tiny_model, redis_server, clean_env
 ):
-    from fleet.worker.proctree import stat
+    from fleet.worker.supervisor.proctree import stat
 
     # Given `fleet worker --engine vllm` with its engine up (vLLM's EngineCore arms no parent-death signal)
     env = {"FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from fleet.worker import executor, task
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.executor import Executor
-from fleet.worker.middleware.base import Middleware
-from fleet.worker.outcome import Outcome, Superseded
+from fleet.worker.run import executor, task
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.executor import Executor
+from fleet.worker.run.middleware.base import Middleware
+from fleet.worker.run.outcome import Outcome, Superseded
 
 
 class Slow(Middleware[None]):
@@ -40,7 +40,7 @@ def polled_once(run: ChunkRun, poll: Any) -> Outcome:
 
 def test_a_slow_middleware_progress_is_logged_by_name(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
     monkeypatch.setattr(executor, "SLOW_PROGRESS_S", 0.05)
-    with caplog.at_level(logging.WARNING, logger="fleet.worker.executor"):
+    with caplog.at_level(logging.WARNING, logger="fleet.worker.run.executor"):
         Executor([Slow(0.1)]).execute(run_of(), polled_once)
     # at least the 0.1 s it slept (a busy machine may add to it)
     took = re.search(r"chunk j/0: Slow\.progress took (\d+\.\d)s", caplog.text)
@@ -50,7 +50,7 @@ def test_a_slow_middleware_progress_is_logged_by_name(caplog: pytest.LogCaptureF
 def test_a_quick_progress_is_not_logged(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
     # quick: far under the threshold, however busy the machine
     monkeypatch.setattr(executor, "SLOW_PROGRESS_S", 30)
-    with caplog.at_level(logging.WARNING, logger="fleet.worker.executor"):
+    with caplog.at_level(logging.WARNING, logger="fleet.worker.run.executor"):
         Executor([Slow(0.0)]).execute(run_of(), polled_once)
     assert "took" not in caplog.text
 
@@ -72,7 +72,7 @@ def test_a_late_poll_is_logged(caplog: pytest.LogCaptureFixture, monkeypatch) ->
     monkeypatch.setattr(task.concurrent.futures, "wait", waits_long)
     monkeypatch.setattr(task, "POLL_S", 0.01)
     monkeypatch.setattr(task, "generate_chunk", lambda *a: _coro())
-    with caplog.at_level(logging.WARNING, logger="fleet.worker.task"):
+    with caplog.at_level(logging.WARNING, logger="fleet.worker.run.task"):
         stop = task.ChunkTask(None, Host()).generate(run_of(), lambda: Superseded("stop"))  # type: ignore[arg-type]
     assert isinstance(stop, Superseded)
     # at least the 0.2 s it slept past its timeout

@@ -11,7 +11,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from fleet.engines.sim.tokens import SimVocab
+from fleet.engines.sim.tokenchain import SimVocab
 from fleet.errors import FleetError
 from fleet.export.formats import LeftOut
 from fleet.export.writer import export_job

@@ -22,7 +22,7 @@ from fleet.coord.localredis import LocalRedis
 from fleet.store import open_store
 from fleet.store.layout import checkpoint_prefix, failed_prefix, result_key, results_prefix
 from fleet.store.results import read_result
-from fleet.worker.proctree import children
+from fleet.worker.supervisor.proctree import children
 from tests.conftest import run_fleet
 from tests.faultproxy import FaultProxy
 from tests.fleetproc import Workers, clean_reference, wait_for, write_prompts

@@ -1,4 +1,4 @@
-"""Generating a chunk (fleet.worker.generate): requests only for samples not yet checkpointed,
+"""Generating a chunk (fleet.worker.run.generate): requests only for samples not yet checkpointed,
 n samples with distinct seeds that a regenerated chunk asks for again, record sampling over
 the job's defaults, and record errors kept apart from chunk failures."""
 
@@ -16,8 +16,8 @@ from fleet.engines.specs import job_config
 from fleet.records import InputRecord, OutputRecord, Sampling, derive_seed, record_sampling
 from fleet.settings import Settings, SimSettings
 from fleet.store.manifest import Manifest, config_hash
-from fleet.worker.chunk import ChunkRun, sample_key
-from fleet.worker.generate import generate_chunk, requests_for
+from fleet.worker.run.chunk import ChunkRun, sample_key
+from fleet.worker.run.generate import generate_chunk, requests_for
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

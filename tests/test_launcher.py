@@ -17,7 +17,7 @@ import requests
 from fleet.coord.localredis import free_port
 from fleet.store import open_store
 from fleet.store.layout import results_prefix
-from fleet.worker import proctree
+from fleet.worker.supervisor import proctree
 from tests.conftest import run_fleet
 from tests.fleetproc import (
     Workers,

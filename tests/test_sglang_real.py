@@ -25,7 +25,7 @@ import pytest
 from fleet.model.reasoning import split_reasoning
 from fleet.model.rendering import load_tokenizer, render_ids
 from fleet.records import GenRequest, Message, Sampling, prompt_digest
-from fleet.worker.enginehost import admission_limit
+from fleet.worker.process.enginehost import admission_limit
 from tests.fleetproc import check_loops_stopped, hand_over, loop_job_lines, read_jsonl
 from tests.modelkit import loop_model_fixture, tiny_model_fixture  # noqa: F401
 from tests.sglangcpu import CPU_KWARGS, CPU_SETTINGS_ENV, have_real_sglang, process_env, run_bare
@@ -304,7 +304,7 @@ def test_real_sglang_engine_processes_die_with_a_sigkilled_launcher(
     kill_the_launcher(env, tmp_path / "logs", "sglang::scheduler", ("sglang::scheduler", "sglang::detokenizer"))
 
 
-# -- a frozen scheduler: the engine watchdog (fleet.worker.watchdog) -----------------------------
+# -- a frozen scheduler: the engine watchdog (fleet.worker.process.watchdog) -----------------------------
 
 
 @pytest.mark.timeout(2400)  # three engine starts (the bare one in real_job): 20-45 s each, minutes on loaded cores

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fleet.engines.sim.engine import SimEngine, prompt_size, sim_length
-from fleet.engines.sim.tokens import SimVocab, sim_text, sim_tokens
+from fleet.engines.sim.tokenchain import SimVocab, sim_text, sim_tokens
 from fleet.errors import RecordError
 from fleet.records import GenRequest, GenResult, Message, Sampling, derive_seed, prompt_digest
 from fleet.settings import SimSettings

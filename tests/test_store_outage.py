@@ -1,6 +1,6 @@
 """The store refusing connections costs no GPU work: results that finish during the outage wait
 in the worker's spool, the lease held, and are committed when the store answers
-(fleet.worker.spool). Real worker processes, redis-server, moto's S3 server behind a loopback
+(fleet.worker.process.spool). Real worker processes, redis-server, moto's S3 server behind a loopback
 proxy that is stopped (connections refused) and started again on its port."""
 
 from __future__ import annotations

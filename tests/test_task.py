@@ -1,4 +1,4 @@
-"""The chunk task's wait on the engine loop (fleet.worker.task.ChunkTask.generate)."""
+"""The chunk task's wait on the engine loop (fleet.worker.run.task.ChunkTask.generate)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.task import ChunkTask
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.task import ChunkTask
 
 
 class FailingHost:

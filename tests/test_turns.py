@@ -34,8 +34,8 @@ from fleet.store.checkpoints import Partial, encode_checkpoint, longest_prefixes
 from fleet.store.layout import checkpoint_prefix, results_prefix
 from fleet.store.manifest import Manifest, load_manifest
 from fleet.store.results import finished
-from fleet.worker.chunk import ChunkRun, sample_key, turn_key
-from fleet.worker.generate import generate_chunk
+from fleet.worker.run.chunk import ChunkRun, sample_key, turn_key
+from fleet.worker.run.generate import generate_chunk
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, read_jsonl, wait_for, worker_pids
 from tests.modelkit import tiny_model_fixture  # noqa: F401

@@ -1,5 +1,5 @@
 """An engine that stops making tokens without dying is found in `stall_s`: its chunks go back at
-once with their ids, the worker is named as stalled and restarts (fleet.worker.watchdog).
+once with their ids, the worker is named as stalled and restarts (fleet.worker.process.watchdog).
 
 Real worker processes and redis-server; the sim engine's `stall_after_s` hangs every request of
 one host's engine while its process, loop and heartbeat stay alive, as a stuck GPU engine does."""
@@ -19,7 +19,7 @@ import redis
 from fleet.coord import keys
 from fleet.store import open_store
 from fleet.store.layout import results_prefix
-from fleet.worker.watchdog import EngineClock
+from fleet.worker.process.watchdog import EngineClock
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, clean_reference, wait_for
 from tests.modelkit import tiny_model_fixture  # noqa: F401

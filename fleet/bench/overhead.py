@@ -24,7 +24,7 @@ from fleet.bench.reference import REFERENCE
 from fleet.bench.report import Figure, Section
 from fleet.bench.simjob import SimJob, SimShape, run_sim_job
 from fleet.bench.workercpu import measure_worker_cpu, profile_figures, profile_worker
-from fleet.engines.sim.tokens import sim_text
+from fleet.engines.sim.tokenchain import sim_text
 from fleet.store import open_store
 from fleet.store.results import ChunkStats, encode_result
 

@@ -30,7 +30,7 @@ from fleet.bench.sharedcore import Pen
 from fleet.coord import figures
 from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
-from fleet.worker.proctree import is_worker
+from fleet.worker.supervisor.proctree import is_worker
 
 READY_TIMEOUT_S = 90.0
 #: where this fleet was imported from: the processes a benchmark starts (in their own cwd) import

@@ -18,7 +18,7 @@ import random
 from typing import Any
 
 from fleet.bench.reference import REFERENCE
-from fleet.engines.sim.tokens import sim_text
+from fleet.engines.sim.tokenchain import sim_text
 from fleet.records import OutputRecord, prompt_digest
 from fleet.store.results import ChunkStats, encode_result, sample_counts
 

@@ -4,7 +4,7 @@ A simulated worker is what a worker process asks of the broker, through fleet's 
 client (fleet.coord.broker.redis_client: named, jittered retries), its heartbeat carrying K
 leases and their runs' figures (fleet.coord.heartbeat, `Heartbeat.beat`), its reaper's turns
 (`Reaper.turn`: one leader for the fleet), and the coordination calls the middleware make as a
-chunk starts and ends (lease, admission's holder mark, progress, stats; fleet.worker.middleware).
+chunk starts and ends (lease, admission's holder mark, progress, stats; fleet.worker.run.middleware).
 The engine is a timer (tokens made at the reference rate; a chunk ends after its run time);
 Celery's consumer is a stand-in that sends what a real one was measured to send
 (fleet.bench.celerycost) on a connection of its own per worker, holds its pattern
@@ -213,7 +213,7 @@ class SimWorker:
 
     def tick(self, dt: float) -> None:
         """The engine's timer and the middleware's poll: tokens made, figures reported, a lost lease
-        taken back (fleet.worker.middleware.lease), a chunk at its end committed and the next begun."""
+        taken back (fleet.worker.run.middleware.lease), a chunk at its end committed and the next begun."""
         now = time.monotonic()
         self.begin_owed()
         for run in list(self.runs):

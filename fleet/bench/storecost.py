@@ -32,13 +32,13 @@ from fleet.producer.enqueue import prepare_job
 from fleet.settings import Settings
 from fleet.store.base import Store
 from fleet.store.local import LocalStore
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.context import ManifestCache, WorkerContext
-from fleet.worker.enginehost import EngineHost
-from fleet.worker.executor import Executor
-from fleet.worker.middleware import owner_stack
-from fleet.worker.outcome import Committed
-from fleet.worker.task import ChunkTask
+from fleet.worker.process.context import ManifestCache, WorkerContext
+from fleet.worker.process.enginehost import EngineHost
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.executor import Executor
+from fleet.worker.run.middleware import owner_stack
+from fleet.worker.run.outcome import Committed
+from fleet.worker.run.task import ChunkTask
 
 #: S3 Standard request prices, $ per 1,000 (us-east-1 list prices)
 PUT_CLASS_USD, GET_CLASS_USD = 0.005, 0.0004
@@ -146,7 +146,7 @@ def run_counted(workdir: Path) -> tuple[CountingStore, int, int]:
         host = EngineHost(build_engine(settings))
         host.start(timeout_s=60)
         heartbeat.start()
-        executor, task = Executor(owner_stack(ctx)), ChunkTask(store, host)
+        executor, task = Executor(owner_stack(ctx)), ChunkTask(store, host, ctx.writer)
         outcomes: list[Any] = []
 
         def one(index: int) -> None:

@@ -24,7 +24,7 @@ from fleet.bench.jobstats import JobRun, occupancy
 from fleet.bench.profile import Profile
 from fleet.bench.report import Figure
 from fleet.bench.simjob import SimJob, SimShape, run_sim_job
-from fleet.engines.sim.tokens import SimVocab, sim_text_of, sim_tokens
+from fleet.engines.sim.tokenchain import SimVocab, sim_text_of, sim_tokens
 
 MILLION = 1_000_000
 #: chunks in flight per worker as K x C = this x S (the default is 16: fewer, so a short job is

@@ -34,7 +34,7 @@ def worker(
 ) -> None:
     """Start and supervise workers against the configured broker and store."""
     setup_logging()
-    from fleet.worker.launcher import Supervisor, plan_workers
+    from fleet.worker.supervisor.launcher import Supervisor, plan_workers
 
     settings = settings_from(engine=engine, model=model, broker_url=broker_url, store_url=store_url, slots=slots)
     if not settings.broker_url:

@@ -108,13 +108,13 @@ def worker_last_death() -> str:
 
 def store_outages() -> str:
     """Hash worker name -> JSON {since_ms, waiting}: the store has refused this worker since then,
-    and this many results wait in its spool (fleet.worker.spool); gone once it answers again."""
+    and this many results wait in its spool (fleet.worker.process.spool); gone once it answers again."""
     return f"{PREFIX}:store-outages"
 
 
 def worker_stalls() -> str:
     """Hash worker name -> JSON {stalls, stalled_s, at_ms}: its engine stopped making tokens for
-    stall_s while requests ran (fleet.worker.watchdog); cleared when a process of it commits."""
+    stall_s while requests ran (fleet.worker.process.watchdog); cleared when a process of it commits."""
     return f"{PREFIX}:worker-stalls"
 
 

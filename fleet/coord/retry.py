@@ -62,7 +62,7 @@ class History:
     #: seconds the failed run had run when it failed (inf when unknown: no evidence)
     ran_s: float = math.inf
     lease_taken: bool = True
-    #: the failed run ran alone in its process (fleet.worker.middleware.admission)
+    #: the failed run ran alone in its process (fleet.worker.run.middleware.admission)
     solo: bool = False
     #: the process died while the chunk waited, leased, for its other chunks to end to run
     #: alone: it never ran, so its death is no evidence either way

@@ -1,5 +1,5 @@
 """Store outages as the workers see them, for `fleet status`: the store is the source of truth,
-so while it cannot be reached the broker is where a worker says so (fleet.worker.spool)."""
+so while it cannot be reached the broker is where a worker says so (fleet.worker.process.storewriter)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from fleet.producer.formats import input_format
 from fleet.producer.reader import BadLine
 from fleet.producer.seen import SeenIds
 from fleet.records import InputRecord
-from fleet.settings.inputs import InputSettings
+from fleet.settings.datasetinput import InputSettings
 
 
 def validate(

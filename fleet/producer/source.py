@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fleet.errors import ConfigError
 from fleet.producer.datafiles import select
-from fleet.settings.inputs import InputSettings
+from fleet.settings.datasetinput import InputSettings
 from fleet.store.schemes import Fetched, StoreOptions, local_path, scheme_of
 
 

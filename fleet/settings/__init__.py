@@ -24,9 +24,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from fleet.settings.datasetinput import InputSettings
 from fleet.settings.engine import EngineSettings
 from fleet.settings.hf import HfSettings
-from fleet.settings.inputs import InputSettings
 from fleet.settings.repetition import RepetitionSettings
 from fleet.settings.server import ServerSettings
 from fleet.settings.sglang import DEFAULT_SGLANG_RUNNING, SglangSettings

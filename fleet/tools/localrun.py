@@ -26,7 +26,7 @@ from fleet.settings import Settings
 from fleet.store import Store, store_for
 from fleet.store.manifest import Manifest
 from fleet.tools.jobcontext import with_job_context
-from fleet.worker.launcher import Supervisor, plan_workers
+from fleet.worker.supervisor.launcher import Supervisor, plan_workers
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--loglevel", default="INFO")
     args = parser.parse_args(argv)
 
-    from fleet.worker.parent import engine_processes_die_with_their_parent, from_env
+    from fleet.worker.supervisor.parent import engine_processes_die_with_their_parent, from_env
 
     from_env()
     engine_processes_die_with_their_parent()
@@ -46,6 +46,6 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     main()
 elif __name__ == "__mp_main__":  # imported first in every child multiprocessing spawns below a worker
-    from fleet.worker.parent import spawned_below_a_worker
+    from fleet.worker.supervisor.parent import spawned_below_a_worker
 
     spawned_below_a_worker()

@@ -1,5 +1,6 @@
 """What one worker process holds for its whole life: the context, the engine, the
-executors, and the background threads (heartbeat, reaper, assister).
+executors, and the background threads (heartbeat, reaper, assister, the spool's drain), and
+what it does when its engine hangs.
 
 Built once when the Celery worker starts (before it consumes), torn down at shutdown.
 """
@@ -16,7 +17,7 @@ from typing import Any
 from celery import Celery
 
 from fleet import metrics
-from fleet.coord import figures, keys, leases, storeoutages, suspects
+from fleet.coord import suspects
 from fleet.coord.broker import redis_client
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.heartbeat import Heartbeat
@@ -26,16 +27,18 @@ from fleet.engines.identity import engine_identity, identity_hash
 from fleet.engines.specs import build_engine
 from fleet.settings import Settings
 from fleet.store import store_for
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.context import ManifestCache, WorkerContext
-from fleet.worker.enginehost import EngineHost
-from fleet.worker.executor import Executor
-from fleet.worker.middleware import assist_stack, owner_stack
-from fleet.worker.outcome import Committed, Failed, HandedBack, Outcome, Skipped, Superseded
-from fleet.worker.proctree import descendants, kill_tree
-from fleet.worker.spool import Spool
-from fleet.worker.task import ChunkTask
-from fleet.worker.watchdog import Watchdog
+from fleet.worker.process.assist import Assister
+from fleet.worker.process.context import ManifestCache, WorkerContext
+from fleet.worker.process.enginehost import EngineHost
+from fleet.worker.process.spool import Spool
+from fleet.worker.process.storewriter import StoreWriter, outage_reporter
+from fleet.worker.process.watchdog import Watchdog
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.executor import Executor
+from fleet.worker.run.middleware import assist_stack, owner_stack
+from fleet.worker.run.outcome import Committed, Failed, HandedBack, Outcome, Skipped, Superseded
+from fleet.worker.run.task import ChunkTask
+from fleet.worker.supervisor.proctree import descendants, kill_tree
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +48,6 @@ STALL_EXIT_S = 30.0
 STALL_EXIT_CODE = 70
 #: seconds a stalled worker waits for its chunks to be handed back before it kills its engine
 STALL_HAND_BACK_S = 10.0
-#: running chunks per job an idle worker considers for assist, those lacking the most samples
-STRAGGLERS_READ = 16
 
 
 class Runtime:
@@ -55,24 +56,25 @@ class Runtime:
         self.name = name
         store, r = store_for(settings), redis_client(settings)
         identity = engine_identity(settings)
-        spool = Spool(settings.data_dir / "spool" / name.replace("/", "_"), settings.spool_max_mb * 2**20,
-                      report=self._report_outage) if settings.spool_max_mb else None
+        spool = Spool(settings.data_dir / "spool" / name.replace("/", "_"), settings.spool_max_mb * 2**20) \
+            if settings.spool_max_mb else None
+        writer = StoreWriter(store, spool, outage_reporter(r, name))
         self.ctx = WorkerContext(
             settings=settings, store=store, redis=r, heartbeat=Heartbeat.of(settings), name=name,
             owner=f"{name}:{os.getpid()}", queue=ChunkQueue(app, settings.queue, r),
             policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store), restart=self.restart,
-            identity=identity, identity_hash=identity_hash(identity), spool=spool,
+            identity=identity, identity_hash=identity_hash(identity), writer=writer,
         )
         self.app = app
         self.engine = build_engine(settings)
         self.host = EngineHost(self.engine)
-        self.task = ChunkTask(store, self.host, spool)
+        self.task = ChunkTask(store, self.host, writer)
         self.owner = Executor(owner_stack(self.ctx))
         self.assister = Executor(assist_stack(self.ctx))
         #: chunks this process runs now (Celery slots and assists)
         self.active: set[ChunkRun] = set()
-        self._assisting = threading.Event()
-        self._assisted: set[tuple[str, int]] = set()
+        self.assist = Assister(self.ctx, self.engine.max_running, self.inflight,
+                               lambda job, index: self.run_chunk(job, index, assist=True))
         self._stop = threading.Event()
         self.watchdog = Watchdog(self.host.clock, settings.stall_s, self.stalled)
 
@@ -83,10 +85,9 @@ class Runtime:
         self.ctx.heartbeat.start()
         self.watchdog.start()  # only now: loading weights or capturing graphs is never a stall
         threading.Thread(target=self._reaper, name="fleet-reaper", daemon=True).start()
-        if self.ctx.spool is not None and self.ctx.spool.entries():
-            threading.Thread(target=self._drain_spool, name="fleet-spool", daemon=True).start()
+        self.ctx.writer.start_drain(self.name, self._stop)
         if self.settings.assist:
-            threading.Thread(target=self._assist_loop, name="fleet-assist", daemon=True).start()
+            self.assist.start(self._stop)
         metrics.set_worker_info(self.name, gpu=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                                 engine=self.engine.name, model=self.engine.model_name() or "")
         metrics.set_price(self.settings.usd_per_gpu_hour)
@@ -111,78 +112,6 @@ class Runtime:
     def inflight(self) -> int:
         """Requests this worker's engine runs or queues now."""
         return sum(run.inflight for run in list(self.active))
-
-    def _assist_loop(self) -> None:
-        """Once the queue is empty and the engine has room, help the most lagging chunk."""
-        while not self._stop.wait(self.settings.assist_poll_s):
-            try:
-                if self._assisting.is_set() or self.ctx.stopping.is_set() or self.ctx.run_slots.alone:
-                    continue
-                if self.inflight() >= self.engine.max_running:
-                    continue
-                if any(self.ctx.redis.llen(q) for q in keys.queue_lists(self.settings.queue)):
-                    continue
-                target = self._straggler()
-                if target is not None:
-                    self._assisting.set()
-                    threading.Thread(target=self._assist, args=target, name="fleet-assist-run", daemon=True).start()
-            except Exception as e:
-                log.warning("assist check failed: %s", e)
-
-    def _straggler(self) -> tuple[str, int] | None:
-        """The running chunk of another worker with the most unstarted samples; never a suspect
-        (it may kill its helper, and it runs alone to settle that). Reads each job's top few
-        (figures.stragglers), not every running chunk: the fleet's idle workers ask this every
-        assist poll at a job's end."""
-        r, best = self.ctx.redis, None
-        for job in leases.known_jobs(r):
-            suspected = suspects.suspected_indexes(r, job)
-            for index, unstarted in figures.stragglers(r, job, STRAGGLERS_READ):
-                if (best and unstarted <= best[0]) or (job, index) in self._assisted:
-                    continue
-                if index in suspected:
-                    continue
-                owner = leases.holder(r, job, index)
-                if owner is None or owner == self.ctx.owner or leases.assisted(r, job, index):
-                    continue
-                best = (unstarted, job, index)
-        return (best[1], best[2]) if best else None
-
-    def _assist(self, job: str, index: int) -> None:
-        self._assisted.add((job, index))
-        try:
-            log.info("queue empty: assisting straggler chunk %s/%d", job, index)
-            self.run_chunk(job, index, assist=True)
-        finally:
-            self._assisting.clear()
-
-    def _drain_spool(self) -> None:
-        """What an earlier process of this worker spooled: commit it once the store answers (a
-        result whose chunk another copy committed meanwhile is dropped)."""
-        spool, wait = self.ctx.spool, 1.0
-        assert spool is not None
-        while not self._stop.is_set():
-            try:
-                written, dropped = spool.drain(self.ctx.store)
-                log.info("spool of %s: %d object(s) committed, %d dropped (another copy won)", self.name, written,
-                         dropped)
-                return
-            except Exception as e:
-                log.warning("spool of %s: the store still refuses (%s); retrying in %.0fs", self.name, e, wait)
-                self._stop.wait(wait)
-                wait = min(wait * 2, 30.0)
-
-    def _report_outage(self, since: float | None, waiting: int) -> None:
-        """The store refuses (since) or answers again (None): a metric and a line in `fleet status`."""
-        metrics.STORE_UNREACHABLE_SINCE.set(since or 0)
-        metrics.SPOOLED_RESULTS.set(waiting)
-        try:
-            if since is None:
-                storeoutages.clear_store_outage(self.ctx.redis, self.name)
-            else:
-                storeoutages.note_store_outage(self.ctx.redis, self.name, int(since * 1000), waiting)
-        except Exception as e:
-            log.warning("could not report the store outage: %s", e)
 
     def _reaper(self) -> None:
         reaper = Reaper(self.ctx.redis, self.ctx.store, self.app, self.settings, self.ctx.manifests.chunks)

@@ -21,13 +21,13 @@ from fleet.engines.specs import build_engine
 from fleet.producer.enqueue import prepare_job
 from fleet.settings import Settings
 from fleet.store.local import LocalStore
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.context import ManifestCache, WorkerContext
-from fleet.worker.enginehost import EngineHost
-from fleet.worker.executor import Executor
-from fleet.worker.middleware import assist_stack, owner_stack
-from fleet.worker.outcome import Outcome
-from fleet.worker.task import ChunkTask
+from fleet.worker.process.context import ManifestCache, WorkerContext
+from fleet.worker.process.enginehost import EngineHost
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.executor import Executor
+from fleet.worker.run.middleware import assist_stack, owner_stack
+from fleet.worker.run.outcome import Outcome
+from fleet.worker.run.task import ChunkTask
 from tests.fleetproc import write_prompts
 
 QUEUE = "fleet-mw-q"
@@ -98,7 +98,7 @@ def make_worker(settings: Settings, store: LocalStore, r: redis.Redis, host: Eng
                         queue=ChunkQueue(make_celery(settings), settings.queue, r),
                         policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store),
                         restart=restarts.append, identity=identity, identity_hash=identity_hash(identity))
-    return Worker(ctx, ChunkTask(store, host), restarts)
+    return Worker(ctx, ChunkTask(store, host, ctx.writer), restarts)
 
 
 @pytest.fixture

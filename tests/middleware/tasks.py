@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 
 from fleet.store.layout import read_chunk
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.outcome import Outcome
-from fleet.worker.task import ChunkTask
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.outcome import Outcome
+from fleet.worker.run.task import ChunkTask
 
 Poll = Callable[[], Outcome | None]
 

@@ -8,9 +8,9 @@ import time
 
 from fleet.coord import keys, suspects
 from fleet.errors import EngineError
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.outcome import Committed, Failed, HandedBack
-from fleet.worker.runslots import RunSlots
+from fleet.worker.process.runslots import RunSlots
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.outcome import Committed, Failed, HandedBack
 from tests.fleetproc import wait_for
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import hold, raise_

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fleet.store.layout import checkpoint_prefix, result_key
 from fleet.store.results import read_result
-from fleet.worker.outcome import Committed, Failed, HandedBack, Skipped
+from fleet.worker.run.outcome import Committed, Failed, HandedBack, Skipped
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import generate_then_raise, hold
 
@@ -70,7 +70,7 @@ def test_redelivery_after_commit_drops_leftover_checkpoints(worker, store, r):
 def test_a_chunk_suspected_of_killing_an_engine_starts_its_running_samples_again(worker, store, r, settings):
     from fleet.coord import suspects
     from fleet.engines.sim.engine import sim_length
-    from fleet.engines.sim.tokens import SimVocab, sim_tokens
+    from fleet.engines.sim.tokenchain import SimVocab, sim_tokens
     from fleet.records import derive_seed
     from fleet.store.checkpoints import IdsDigest, Segment, encode_checkpoint
     from fleet.store.layout import checkpoint_key

@@ -8,7 +8,7 @@ from fleet.coord import keys
 from fleet.coord.mismatch import mismatched_workers
 from fleet.store.checkpoints import encode_checkpoint
 from fleet.store.layout import checkpoint_prefix, result_key
-from fleet.worker.outcome import Committed, HandedBack
+from fleet.worker.run.outcome import Committed, HandedBack
 from tests.middleware.conftest import JOB, make_worker, queued_messages
 
 
@@ -19,7 +19,7 @@ def other_engine(settings):
 
 def test_a_mismatched_worker_hands_back_without_spending_and_says_so_once(settings, store, r, host, job, caplog,
                                                                          monkeypatch):
-    import fleet.worker.middleware.config as config
+    import fleet.worker.run.middleware.configmatch as config
 
     monkeypatch.setattr(config, "MISMATCH_HOLD_S", 0.01)
     # Given a worker whose sim engine makes longer outputs than the job's

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.store.results import ChunkStats
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.executor import Executor
-from fleet.worker.middleware.base import Middleware
-from fleet.worker.outcome import Committed, Failed, HandedBack, Outcome
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.executor import Executor
+from fleet.worker.run.middleware.base import Middleware
+from fleet.worker.run.outcome import Committed, Failed, HandedBack, Outcome
 
 
 @dataclass

@@ -8,7 +8,7 @@ import time
 from fleet.coord import keys
 from fleet.coord.leases import holder, run_owner
 from fleet.store.layout import result_key
-from fleet.worker.outcome import Committed, Skipped
+from fleet.worker.run.outcome import Committed, Skipped
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import hold
 

@@ -11,9 +11,9 @@ from fleet.coord.retry import RetryPolicy
 from fleet.coord.suspects import suspicion
 from fleet.errors import EngineError
 from fleet.store.layout import manifest_key
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.context import ManifestCache
-from fleet.worker.outcome import Failed
+from fleet.worker.process.context import ManifestCache
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.outcome import Failed
 from tests.middleware.conftest import JOB
 from tests.middleware.tasks import raise_
 

@@ -8,7 +8,7 @@ import json
 from fleet import metrics
 from fleet.coord import keys
 from fleet.store.layout import checkpoint_prefix, result_key
-from fleet.worker.outcome import Committed, Superseded
+from fleet.worker.run.outcome import Committed, Superseded
 from tests.middleware.conftest import JOB
 from tests.middleware.tasks import hold
 
@@ -45,7 +45,7 @@ def test_commit_caches_stats_and_counts_requests_where_they_change(worker, r):
 
 
 def test_in_flight_gauge_follows_the_run():
-    from fleet.worker.chunk import ChunkRun
+    from fleet.worker.run.chunk import ChunkRun
 
     gauge = metrics.RUNNING_REQUESTS._value
     before = gauge.get()

@@ -10,9 +10,9 @@ from fleet.coord.chunkstate import read_failures
 from fleet.coord.suspects import suspicion, worker_health
 from fleet.errors import EngineError, StoreError
 from fleet.store.layout import manifest_key, result_key
-from fleet.worker.context import ManifestCache
-from fleet.worker.middleware import Middleware, Order, owner_stack
-from fleet.worker.outcome import Committed, Failed, HandedBack, Outcome
+from fleet.worker.process.context import ManifestCache
+from fleet.worker.run.middleware import Middleware, Order, owner_stack
+from fleet.worker.run.outcome import Committed, Failed, HandedBack, Outcome
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import raise_
 
@@ -96,8 +96,8 @@ class RefuseAll(Middleware[None]):
 
 def test_a_gate_middleware_hands_back_without_spending(worker, r, store):
     # Given the owner stack with one more gate
-    from fleet.worker.chunk import ChunkRun
-    from fleet.worker.executor import Executor
+    from fleet.worker.run.chunk import ChunkRun
+    from fleet.worker.run.executor import Executor
 
     executor = Executor([*owner_stack(worker.ctx), RefuseAll(worker.ctx)])
     # When a chunk is delivered

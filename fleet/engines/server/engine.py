@@ -20,7 +20,7 @@ import httpx
 
 from fleet.engines.server.api import BUSY_STATUSES, Reader, ServerRefused, call
 from fleet.engines.server.client import headers, stream_lines, timeout
-from fleet.engines.server.facts import ServerFacts, wait_for_server
+from fleet.engines.server.served import ServerFacts, wait_for_server
 from fleet.engines.stream import Step, StreamEngine
 from fleet.engines.wire import SGLANG_SCHEDULER_MARGIN
 from fleet.errors import EngineError, EngineUnavailable, FleetError, RecordError

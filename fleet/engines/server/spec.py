@@ -20,12 +20,12 @@ class ServerSpec(ModelEngineSpec):
 
     def shaping(self, settings: Settings) -> dict[str, Any]:
         """The served model and its revision as the server reports them (asked now)."""
-        from fleet.engines.server.facts import server_facts
+        from fleet.engines.server.served import server_facts
 
         return server_facts(settings.server).identity()
 
     def validate_args(self, settings: Settings) -> str:
-        from fleet.engines.server.facts import server_facts
+        from fleet.engines.server.served import server_facts
 
         facts = server_facts(settings.server)
         return f"{settings.server.base_url} serves {facts.model!r} ({facts.api} API, from {facts.root})"

@@ -4,7 +4,7 @@ Each request holds one of `max_running` slots for prefill_s + tokens x step_s, w
 exactly a continuous-batching engine whose step time does not depend on the batch.
 Output length is log-normal, derived from (seed, record id, sample); every output id depends
 on the seed, its position and the ids before it, and the text is what those ids decode to
-(fleet.engines.sim.tokens), so a rerun produces byte-identical records and a continuation from a
+(fleet.engines.sim.tokenchain), so a rerun produces byte-identical records and a continuation from a
 wrong prefix does not.
 """
 
@@ -20,14 +20,14 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from fleet.engines.base import Engine
-from fleet.engines.sim.tokens import SimVocab, natural_length, sim_text_of, sim_tokens
+from fleet.engines.sim.tokenchain import SimVocab, natural_length, sim_text_of, sim_tokens
 from fleet.errors import EngineError, RecordError
 from fleet.records import GenDelta, GenRequest, GenResult, derive_seed, prompt_digest
 from fleet.settings import SimSettings
 
 
 def sim_length(cfg: SimSettings, seed: int) -> int:
-    """Heavy-tailed output length with the configured mean (fleet.engines.sim.tokens)."""
+    """Heavy-tailed output length with the configured mean (fleet.engines.sim.tokenchain)."""
     return natural_length(cfg.mean_output_tokens, cfg.sigma, seed)
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.engines.base import Engine, EngineSpec
-from fleet.engines.sim.tokens import SimVocab
+from fleet.engines.sim.tokenchain import SimVocab
 from fleet.model.endings import Decode
 from fleet.model.outputlen import default_max_tokens
 from fleet.settings import Settings
 
-#: how sim ids are made (fleet.engines.sim.tokens): 2, each id chained to the ids before it
+#: how sim ids are made (fleet.engines.sim.tokenchain): 2, each id chained to the ids before it
 TOKENS_VERSION = 2
 
 

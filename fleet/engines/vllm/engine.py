@@ -3,7 +3,7 @@
 `AsyncLLM` runs its scheduler and model in an EngineCore process and streams results
 back through an output-handler task that binds to the loop of the first request, so it
 is built in `start()` on the worker's long-lived loop thread and every request comes
-from that loop (fleet.worker.enginehost). Prompts go in as token ids (templated once by
+from that loop (fleet.worker.process.enginehost). Prompts go in as token ids (templated once by
 fleet.model.rendering); vLLM detokenises in its own output processor.
 """
 

@@ -11,7 +11,7 @@ from fleet.producer.formats.base import InputFormat, Parsed
 from fleet.producer.formats.folder import FolderInput
 from fleet.producer.formats.jsonl import JsonlInput
 from fleet.producer.formats.parquet import ParquetInput
-from fleet.settings.inputs import InputSettings
+from fleet.settings.datasetinput import InputSettings
 
 #: tried in order by name, then by leading bytes; JSONL, the default, reads what none claims
 FORMATS: tuple[type[InputFormat], ...] = (ParquetInput, ArrowInput, JsonlInput)

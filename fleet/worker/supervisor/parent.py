@@ -22,7 +22,7 @@ containers GPUs are rented in do not give) and over a cgroup's cgroup.kill (some
 and after a SIGKILL of the launcher no one is left to). Not covered: a program exec'd without
 Python's hooks (`subprocess`), or a double fork whose middle process exits on purpose; the next
 launcher on the host still ends whatever carries a tag of a launcher that is gone
-(fleet.worker.proctree).
+(fleet.worker.supervisor.proctree).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import os
 import signal
 import threading
 
-from fleet.worker.proctree import prctl
+from fleet.worker.supervisor.proctree import prctl
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1

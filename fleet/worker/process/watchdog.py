@@ -3,7 +3,7 @@
 A worker's heartbeat renews its leases whether or not its engine makes progress, so an engine
 that hangs (a stuck collective, a CUDA fault that leaves the scheduler waiting, a deadlocked
 detokenizer) would hold its chunks forever. The token stream says when the engine last made a
-token while requests ran (`EngineClock`, ticked by fleet.worker.generate); the watchdog
+token while requests ran (`EngineClock`, ticked by fleet.worker.run.generate); the watchdog
 thread compares that with `stall_s` and, once exceeded, has the runtime hand the chunks back
 and restart (fleet.worker.runtime `Runtime.stalled`; docs/architecture.md, Failures).
 """

@@ -1,6 +1,6 @@
 """A worker's process tree: what a worker and its engine started, found and ended.
 
-vLLM's EngineCore arms no PR_SET_PDEATHSIG of its own (SGLang's processes do); fleet.worker.parent
+vLLM's EngineCore arms no PR_SET_PDEATHSIG of its own (SGLang's processes do); fleet.worker.supervisor.parent
 arms one in every Python process below a worker, and this module ends what that misses (a program
 a subprocess exec'd, a double fork), which would hold the GPU's memory while the launcher starts a
 successor beside it. So the launcher makes itself a child subreaper (orphans of a dead worker

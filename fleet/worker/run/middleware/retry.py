@@ -9,9 +9,9 @@ import math
 import redis
 
 from fleet.coord.retry import Action, History, settle
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Failed, HandedBack, Outcome
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import Failed, HandedBack, Outcome
 
 log = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 
 from fleet.coord import chunkqueue, leases
 from fleet.coord.leases import Lease, run_owner
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Failed, HandedBack, Outcome, Skipped
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import Failed, HandedBack, Outcome, Skipped
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class LeaseState:
     lease: Lease | None = None
-    #: this run holds the chunk in its process (fleet.worker.context.OwnedRuns)
+    #: this run holds the chunk in its process (fleet.worker.process.context.OwnedRuns)
     owned: bool = False
 
 

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from fleet.engines.base import Engine
 from fleet.metrics import ENGINE_MAX_RUNNING
-from fleet.worker.watchdog import EngineClock
+from fleet.worker.process.watchdog import EngineClock
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class EngineHost:
         self.engine = engine
         self.loop = asyncio.new_event_loop()
         self.gate: asyncio.Semaphore | None = None
-        #: when the engine last made a token while it had requests (fleet.worker.watchdog)
+        #: when the engine last made a token while it had requests (fleet.worker.process.watchdog)
         self.clock = EngineClock()
         self._thread = threading.Thread(target=self._run, name="fleet-engine-loop", daemon=True)
 

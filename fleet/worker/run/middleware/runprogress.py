@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from fleet.coord import figures, leases
 from fleet.coord.leases import Lease
 from fleet.store.layout import result_key
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Outcome, Superseded
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import Outcome, Superseded
 
 
 @dataclass

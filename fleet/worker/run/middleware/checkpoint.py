@@ -14,10 +14,9 @@ from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ChunkCorrupt, ObjectMissing, StoreError
 from fleet.store.checkpoints import Segment, encode_checkpoint, longest_prefixes, read_checkpoint
 from fleet.store.layout import checkpoint_key, checkpoint_prefix, result_key
-from fleet.worker.chunk import ChunkRun, sample_key, turn_key
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Outcome, result_exists
-from fleet.worker.spool import Kind
+from fleet.worker.run.chunk import ChunkRun, sample_key, turn_key
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import Outcome, result_exists
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,7 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
     def flush(self, run: ChunkRun, state: CheckpointState, last: bool = False) -> None:
         """Finished rows and running samples' new ids in one object. What the store refuses is
         sent again at the next flush; the last flush of a run that ends without a result goes to
-        the spool instead (fleet.worker.spool), which this worker commits once the store answers.
+        the spool instead (fleet.worker.process.storewriter), which this worker commits once the store answers.
         Segments are taken before finished turns (turns = all): a turn's segments are never
         stored before the turn that precedes it, so a later turn never continues from ids made
         under another prompt."""
@@ -90,15 +89,12 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         # Nanoseconds name it: unique across flushes, runs and restarts of a same-named worker.
         key = checkpoint_key(run.job, run.index, time.time_ns(), run.worker)
         data = encode_checkpoint(fresh, self.ctx.identity_hash, [seg for _, seg in segments], turns)
-        spool = self.ctx.spool
         try:
-            self.ctx.store.put(key, data)
+            spooled = self.ctx.writer.checkpoint(key, data, last)
         except StoreError:
-            if not (last and spool is not None):
-                run.keep_fresh(fresh, turns)
-                raise
-            spool.put(Kind.CHECKPOINT, key, data)
-            spool.refused()
+            run.keep_fresh(fresh, turns)
+            raise
+        if spooled:
             log.warning("chunk %s: the store refuses its checkpoint: spooled for this worker to commit", run.name)
         with run.lock:
             for live, seg in segments:

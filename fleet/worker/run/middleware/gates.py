@@ -6,9 +6,9 @@ from fleet.coord import chunkqueue
 from fleet.coord.chunkstate import delete_checkpoints
 from fleet.errors import ManifestMissing
 from fleet.store.layout import result_key
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Failed, HandedBack, Outcome, Skipped
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import Failed, HandedBack, Outcome, Skipped
 
 
 class StopGate(Middleware[None]):

@@ -3,9 +3,10 @@
 An engine crash kills its worker process (SGLang sends SIGQUIT to its host), so the
 launcher restarts dead workers with backoff and logs why they died. Before it starts a
 successor it ends every process the dead worker left that the parent-death signal
-(fleet.worker.parent) did not end: a program a subprocess exec'd, a double fork (fleet.worker.proctree). SIGTERM to the
-launcher stops every worker gracefully and leaves none of their processes; a launcher
-killed outright takes its workers with it (fleet.worker.parent).
+(fleet.worker.supervisor.parent) did not end: a program a subprocess exec'd, a double fork
+(fleet.worker.supervisor.proctree). SIGTERM to the launcher stops every worker gracefully and
+leaves none of their processes; a launcher killed outright takes its workers with it
+(fleet.worker.supervisor.parent).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from pathlib import Path
 from fleet.engines.specs import spec_for
 from fleet.model.gpus import gpu_groups, pin_env
 from fleet.settings import Settings
-from fleet.worker import proctree
-from fleet.worker.parent import LAUNCHER_PID_ENV
+from fleet.worker.supervisor import proctree
+from fleet.worker.supervisor.parent import LAUNCHER_PID_ENV
 
 log = logging.getLogger(__name__)
 BACKOFF_MAX_S = 60.0

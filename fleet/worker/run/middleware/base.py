@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Generic, TypeVar
 
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.context import WorkerContext
-from fleet.worker.outcome import Outcome
+from fleet.worker.process.context import WorkerContext
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.outcome import Outcome
 
 S = TypeVar("S")
 

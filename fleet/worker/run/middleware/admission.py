@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 from fleet import metrics
 from fleet.coord import suspects
 from fleet.coord.suspects import WorkerHealth
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.context import WorkerContext
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Committed, Failed, HandedBack, Outcome
+from fleet.worker.process.context import WorkerContext
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import Committed, Failed, HandedBack, Outcome
 
 log = logging.getLogger(__name__)
 

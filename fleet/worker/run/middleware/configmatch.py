@@ -9,10 +9,10 @@ import threading
 
 from fleet.coord.mismatch import clear_mismatch, record_mismatch
 from fleet.engines.identity import config_mismatch
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.context import WorkerContext
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import HandedBack, Outcome
+from fleet.worker.process.context import WorkerContext
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import HandedBack, Outcome
 
 log = logging.getLogger(__name__)
 

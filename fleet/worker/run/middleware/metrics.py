@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fleet import metrics
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Committed, Failed, Outcome
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import Committed, Failed, Outcome
 
 
 class MetricsMiddleware(Middleware[None]):

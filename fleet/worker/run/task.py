@@ -1,5 +1,5 @@
 """The chunk task: read chunk, generate, commit. It knows nothing of leases, retries or
-checkpoints (fleet.worker.middleware) and reports how it ended as an Outcome."""
+checkpoints (fleet.worker.run.middleware) and reports how it ended as an Outcome."""
 
 from __future__ import annotations
 
@@ -10,21 +10,19 @@ from collections.abc import Callable
 from typing import Any
 
 from fleet.audit.job import JobAudit
-from fleet.errors import FleetError, StoreError
+from fleet.errors import FleetError
 from fleet.store import Store
 from fleet.store.layout import read_chunk, result_key
 from fleet.store.results import ChunkStats, encode_result, sample_counts
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.enginehost import EngineHost
-from fleet.worker.generate import generate_chunk
-from fleet.worker.outcome import Committed, Outcome, Superseded
-from fleet.worker.spool import Kind, Spool
+from fleet.worker.process.enginehost import EngineHost
+from fleet.worker.process.storewriter import StoreWriter
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.generate import generate_chunk
+from fleet.worker.run.outcome import Committed, Outcome, Superseded
 
 POLL_S = 0.5
 #: a poll this much later than POLL_S is logged: hand-backs, checkpoints and tokens made waited
 LATE_POLL_S = 1.0
-#: seconds between tries to commit a spooled result while the store refuses it (doubling)
-COMMIT_RETRY_S, COMMIT_RETRY_MAX_S = 1.0, 30.0
 log = logging.getLogger(__name__)
 
 
@@ -34,8 +32,10 @@ def mean_of(rows: list[dict[str, Any]], field: str) -> float | None:
 
 
 class ChunkTask:
-    def __init__(self, store: Store, host: EngineHost, spool: Spool | None = None):
-        self.store, self.host, self.spool = store, host, spool
+    def __init__(self, store: Store, host: EngineHost, writer: StoreWriter | None = None):
+        self.store, self.host = store, host
+        #: where the result goes (spooled while the store refuses it, where the worker has a spool)
+        self.writer = writer or StoreWriter(store)
 
     def __call__(self, run: ChunkRun, poll: Callable[[], Outcome | None]) -> Outcome:
         run.records = read_chunk(self.store, run.job, run.index)
@@ -67,18 +67,11 @@ class ChunkTask:
             raise FleetError(f"chunk {run.name} has {len(rows)} of {expected} samples; not committing")
         stats = self.stats(run, rows).model_copy(update=self.audit(run, rows))
         key, data = result_key(run.job, run.index), encode_result(stats, rows)
-        try:
-            written = self.store.put_if_absent(key, data)
-        except StoreError as e:
-            if self.spool is None:
-                raise
-            self.spool.put(Kind.RESULT, key, data)  # SpoolFull: the run fails as an infra fault
-            self.spool.refused()
-            log.warning("chunk %s: the store refuses its result (%s): spooled; retrying, lease kept", run.name, e)
-            return self.wait_for_store(run, stats, key, data, poll)
-        if self.spool is not None:
-            self.spool.answered()
-        return self.outcome(run, stats, written)
+        got = self.writer.commit(key, data, poll)
+        if not isinstance(got, bool):
+            log.warning("chunk %s stops with its result spooled: %s", run.name, got)
+            return got
+        return self.outcome(run, stats, got)
 
     def audit(self, run: ChunkRun, rows: list[dict[str, Any]]) -> dict[str, Any]:
         """Every sample checked against its own ids before the result is written (fleet.audit), with the
@@ -97,32 +90,6 @@ class ChunkTask:
             log.error("audit: job %s %s", run.job, defect)
         return {"audit_checked": counts.checked, "audit_failed": counts.failed, "audit_defects": counts.defects,
                 "context": engine.context_budget}
-
-    def wait_for_store(self, run: ChunkRun, stats: ChunkStats, key: str, data: bytes,
-                       poll: Callable[[], Outcome | None]) -> Outcome:
-        """Retry the spooled result with back-off, holding the lease (the heartbeat renews it), until
-        the store takes it or the middleware stops the run: then it stays spooled, and this
-        worker's next process commits it at its start (or drops it, if another copy won)."""
-        assert self.spool is not None
-        wait = COMMIT_RETRY_S
-        while True:
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                stop = poll()
-                if stop is not None:
-                    log.warning("chunk %s stops with its result spooled: %s", run.name, stop)
-                    return stop
-                time.sleep(POLL_S)
-            try:
-                written = self.store.put_if_absent(key, data)
-            except StoreError:
-                self.spool.refused()
-                wait = min(wait * 2, COMMIT_RETRY_MAX_S)
-                continue
-            self.spool.drop(Kind.RESULT, key)
-            self.spool.answered()
-            log.info("chunk %s: spooled result committed once the store answered", run.name)
-            return self.outcome(run, stats, written)
 
     @staticmethod
     def outcome(run: ChunkRun, stats: ChunkStats, written: bool) -> Outcome:

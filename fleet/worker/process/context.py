@@ -20,8 +20,8 @@ from fleet.coord.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, load_manifest
-from fleet.worker.runslots import RunSlots
-from fleet.worker.spool import Spool
+from fleet.worker.process.runslots import RunSlots
+from fleet.worker.process.storewriter import StoreWriter
 
 #: seconds a worker trusts its copy of a job's manifest before reading it again
 MANIFEST_MAX_AGE_S = 30.0
@@ -100,7 +100,11 @@ class WorkerContext:
     restart: Callable[[str], None] = lambda why: None
     #: which chunks this process runs now, and whether one runs alone (process-wide, both stacks)
     run_slots: RunSlots = field(default_factory=RunSlots)
-    #: what the store refused to take yet, kept on this worker's disk (None: no spool)
-    spool: Spool | None = None
+    #: results and checkpoints to the store, spooled on this worker's disk while it refuses them
+    writer: StoreWriter = None  # type: ignore[assignment]  # set in __post_init__ from the store
     #: the chunks this process runs as their owner, one run each
     owned: OwnedRuns = field(default_factory=OwnedRuns)
+
+    def __post_init__(self) -> None:
+        if self.writer is None:
+            object.__setattr__(self, "writer", StoreWriter(self.store))

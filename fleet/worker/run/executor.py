@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.middleware.base import Middleware
-from fleet.worker.outcome import Failed, Outcome
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware
+from fleet.worker.run.outcome import Failed, Outcome
 
 log = logging.getLogger(__name__)
 #: a middleware's progress that takes this long is logged: a poll waits for it (docs/architecture.md)

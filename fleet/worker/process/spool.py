@@ -5,7 +5,8 @@ for: dropping it means generating the chunk again. So a finished chunk's result,
 its checkpoint, go to a bounded directory under the worker's data directory when the store
 cannot take them; the run keeps its lease and retries, and whatever is still spooled when the
 process ends is committed by the next process of the same worker at its start, or discarded
-where another copy of the chunk won (docs/architecture.md, Failures).
+where another copy of the chunk won (docs/architecture.md, Failures). Only the store writer
+(fleet.worker.process.storewriter) puts, commits and drops entries here: it decides what is spooled.
 
 One file per object: `<kind>-<b64 store key>`, written atomically (temporary file, fsync,
 rename). A result keeps its conditional put: spooled or not, a chunk is committed once.
@@ -14,20 +15,13 @@ rename). A result keeps its conditional put: spooled or not, a chunk is committe
 from __future__ import annotations
 
 import base64
-import logging
 import os
 import tempfile
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from fleet.errors import StoreError
-from fleet.store import Store
-
-log = logging.getLogger(__name__)
 
 
 class Kind(StrEnum):
@@ -49,28 +43,10 @@ class SpoolFull(StoreError):
 
 
 class Spool:
-    def __init__(self, root: Path, max_bytes: int, report: Callable[[float | None, int], None] | None = None):
+    """A bounded directory of objects waiting for the store, one file each."""
+
+    def __init__(self, root: Path, max_bytes: int):
         self.root, self.max_bytes = root, max_bytes
-        #: called with (unreachable since (epoch s) or None, results waiting) as that changes
-        self.report = report or (lambda since, waiting: None)
-        #: epoch seconds the store first refused this worker in the current outage
-        self.unreachable_since: float | None = None
-        self._lock = threading.Lock()
-
-    def refused(self) -> None:
-        """The store refused a write: an outage begins, or goes on."""
-        with self._lock:
-            if self.unreachable_since is None:
-                self.unreachable_since = time.time()
-        self.report(self.unreachable_since, len(self.entries(Kind.RESULT)))
-
-    def answered(self) -> None:
-        """The store took a write: any outage is over."""
-        with self._lock:
-            was, self.unreachable_since = self.unreachable_since, None
-        if was is not None:
-            log.warning("store answers again after %.0fs unreachable", time.time() - was)
-            self.report(None, len(self.entries(Kind.RESULT)))
 
     def _path(self, kind: Kind, key: str) -> Path:
         return self.root / f"{kind.value}-{base64.urlsafe_b64encode(key.encode()).decode()}"
@@ -109,34 +85,3 @@ class Spool:
 
     def drop(self, kind: Kind, key: str) -> None:
         self._path(kind, key).unlink(missing_ok=True)
-
-    def commit(self, store: Store, entry: Spooled) -> bool:
-        """Write one spooled object to the store and forget it; True when it was written, False
-        when another copy of the result won. StoreError while the store is still unreachable."""
-        data = entry.path.read_bytes()
-        if entry.kind is Kind.RESULT:
-            written = store.put_if_absent(entry.key, data)
-        else:
-            store.put(entry.key, data)
-            written = True
-        entry.path.unlink(missing_ok=True)
-        return written
-
-    def drain(self, store: Store) -> tuple[int, int]:
-        """Commit everything spooled (results first); (written, discarded as another copy won).
-        Stops at the first StoreError, which it raises: the rest waits for the next try."""
-        written = discarded = 0
-        for entry in self.entries(Kind.RESULT) + self.entries(Kind.CHECKPOINT):
-            try:
-                done = self.commit(store, entry)
-            except StoreError:
-                self.refused()
-                raise
-            self.answered()
-            if done:
-                written += 1
-                log.info("spooled %s %s committed", entry.kind.value, entry.key)
-            else:
-                discarded += 1
-                log.info("spooled result %s discarded: another copy of the chunk was committed first", entry.key)
-        return written, discarded

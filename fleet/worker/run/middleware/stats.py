@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from fleet.coord import figures
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Committed, Outcome
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import Committed, Outcome
 
 
 class StatsMiddleware(Middleware[None]):

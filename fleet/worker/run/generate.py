@@ -36,8 +36,8 @@ from fleet.records import (
     record_seed,
 )
 from fleet.store.results import finished
-from fleet.worker.chunk import ChunkRun, LiveSample, sample_key
-from fleet.worker.watchdog import EngineClock
+from fleet.worker.process.watchdog import EngineClock
+from fleet.worker.run.chunk import ChunkRun, LiveSample, sample_key
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ class Failed:
     #: seconds the run had held the chunk lease when it failed (the lease clock); None when
     #: it failed before taking it, and then it cannot be charged to the chunk
     leased_s: float | None = None
-    #: the run ran alone in its process (fleet.worker.middleware.admission): a death is
+    #: the run ran alone in its process (fleet.worker.run.middleware.admission): a death is
     #: evidence against this chunk only
     solo: bool = False
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from fleet.coord.recovery import count_process_death
 from fleet.errors import EngineError
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.outcome import Failed, Outcome
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.outcome import Failed, Outcome
 
 
 class CrashMiddleware(Middleware[None]):

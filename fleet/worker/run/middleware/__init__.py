@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from fleet.worker.context import WorkerContext
-from fleet.worker.middleware.admission import AdmissionMiddleware
-from fleet.worker.middleware.base import Middleware, Order
-from fleet.worker.middleware.checkpoint import CheckpointMiddleware
-from fleet.worker.middleware.config import ConfigGate
-from fleet.worker.middleware.crash import CrashMiddleware
-from fleet.worker.middleware.gates import ManifestGate, ResultGate, StopGate
-from fleet.worker.middleware.lease import AssistLeaseMiddleware, LeaseMiddleware
-from fleet.worker.middleware.metrics import MetricsMiddleware
-from fleet.worker.middleware.retry import RetryMiddleware
-from fleet.worker.middleware.runprogress import ProgressMiddleware
-from fleet.worker.middleware.stats import StatsMiddleware
+from fleet.worker.process.context import WorkerContext
+from fleet.worker.run.middleware.admission import AdmissionMiddleware
+from fleet.worker.run.middleware.base import Middleware, Order
+from fleet.worker.run.middleware.checkpoint import CheckpointMiddleware
+from fleet.worker.run.middleware.configmatch import ConfigGate
+from fleet.worker.run.middleware.crash import CrashMiddleware
+from fleet.worker.run.middleware.gates import ManifestGate, ResultGate, StopGate
+from fleet.worker.run.middleware.lease import AssistLeaseMiddleware, LeaseMiddleware
+from fleet.worker.run.middleware.metrics import MetricsMiddleware
+from fleet.worker.run.middleware.retry import RetryMiddleware
+from fleet.worker.run.middleware.runprogress import ProgressMiddleware
+from fleet.worker.run.middleware.stats import StatsMiddleware
 
 __all__ = ["Middleware", "Order", "assist_stack", "owner_stack"]
 

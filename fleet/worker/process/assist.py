@@ -1,0 +1,77 @@
+"""The assist policy: once the queue is empty and the engine has room, an idle worker runs a
+copy of the most lagging chunk of another worker; the first committed copy wins
+(docs/architecture.md, "Keeping the engine full")."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from fleet.coord import figures, keys, leases, suspects
+from fleet.worker.process.context import WorkerContext
+
+log = logging.getLogger(__name__)
+
+#: running chunks per job an idle worker considers for assist, those lacking the most samples
+STRAGGLERS_READ = 16
+
+
+class Assister:
+    """One background loop per worker process; one assist at a time, each chunk at most once."""
+
+    def __init__(self, ctx: WorkerContext, max_running: int, inflight: Callable[[], int],
+                 run_assist: Callable[[str, int], object]):
+        self.ctx, self.max_running = ctx, max_running
+        #: requests the engine runs or queues now
+        self.inflight = inflight
+        #: runs one assist copy of a chunk to its end
+        self.run_assist = run_assist
+        self._assisting = threading.Event()
+        self._assisted: set[tuple[str, int]] = set()
+
+    def start(self, stop: threading.Event) -> None:
+        threading.Thread(target=self._loop, args=(stop,), name="fleet-assist", daemon=True).start()
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.ctx.settings.assist_poll_s):
+            try:
+                if self._assisting.is_set() or self.ctx.stopping.is_set() or self.ctx.run_slots.alone:
+                    continue
+                if self.inflight() >= self.max_running:
+                    continue
+                if any(self.ctx.redis.llen(q) for q in keys.queue_lists(self.ctx.settings.queue)):
+                    continue
+                target = self.straggler()
+                if target is not None:
+                    self._assisting.set()
+                    threading.Thread(target=self._assist, args=target, name="fleet-assist-run", daemon=True).start()
+            except Exception as e:  # noqa: BLE001 - the next poll tries again
+                log.warning("assist check failed: %s", e)
+
+    def straggler(self) -> tuple[str, int] | None:
+        """The running chunk of another worker with the most unstarted samples; never a suspect
+        (it may kill its helper, and it runs alone to settle that). Reads each job's top few
+        (figures.stragglers), not every running chunk: the fleet's idle workers ask this every
+        assist poll at a job's end."""
+        r, best = self.ctx.redis, None
+        for job in leases.known_jobs(r):
+            suspected = suspects.suspected_indexes(r, job)
+            for index, unstarted in figures.stragglers(r, job, STRAGGLERS_READ):
+                if (best and unstarted <= best[0]) or (job, index) in self._assisted:
+                    continue
+                if index in suspected:
+                    continue
+                owner = leases.holder(r, job, index)
+                if owner is None or owner == self.ctx.owner or leases.assisted(r, job, index):
+                    continue
+                best = (unstarted, job, index)
+        return (best[1], best[2]) if best else None
+
+    def _assist(self, job: str, index: int) -> None:
+        self._assisted.add((job, index))
+        try:
+            log.info("queue empty: assisting straggler chunk %s/%d", job, index)
+            self.run_assist(job, index)
+        finally:
+            self._assisting.clear()

@@ -1,0 +1,127 @@
+"""The store writer, the spool's one owner: what a refusing store costs is a wait, never the work.
+
+A local store behind a switch that refuses every write while it is down, as an endpoint outage
+does (StoreError); tests/test_store_outage.py runs the same through real workers and moto."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from fleet.errors import StoreError
+from fleet.store.local import LocalStore
+from fleet.worker.process import storewriter
+from fleet.worker.process.spool import Kind, Spool
+from fleet.worker.process.storewriter import StoreWriter
+
+
+class Switched(LocalStore):
+    """A local store that refuses every write while `down` is set."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.down = threading.Event()
+
+    def put(self, key: str, data: bytes) -> None:
+        if self.down.is_set():
+            raise StoreError(f"refused: {key}")
+        super().put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        if self.down.is_set():
+            raise StoreError(f"refused: {key}")
+        return super().put_if_absent(key, data)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Switched:
+    return Switched(tmp_path / "store")
+
+
+@pytest.fixture
+def reports() -> list[tuple[float | None, int]]:
+    return []
+
+
+@pytest.fixture
+def writer(store: Switched, tmp_path: Path, reports: list[tuple[float | None, int]],
+           monkeypatch: pytest.MonkeyPatch) -> StoreWriter:
+    monkeypatch.setattr(storewriter, "POLL_S", 0.01)
+    monkeypatch.setattr(storewriter, "COMMIT_RETRY_S", 0.02)
+    return StoreWriter(store, Spool(tmp_path / "spool", 2**20), lambda since, waiting: reports.append((since, waiting)))
+
+
+def test_a_refused_flush_raises_but_a_runs_last_flush_is_spooled(writer: StoreWriter, store: Switched) -> None:
+    # Given a store that refuses writes
+    store.down.set()
+    # When a run flushes mid-run, then for the last time
+    with pytest.raises(StoreError):
+        writer.checkpoint("j/c/1", b"mid", last=False)
+    spooled = writer.checkpoint("j/c/2", b"last", last=True)
+    # Then only the last flush waits in the spool (the mid-run one is sent with the next flush)
+    assert spooled
+    assert writer.spool is not None
+    assert [(e.kind, e.key) for e in writer.spool.entries()] == [(Kind.CHECKPOINT, "j/c/2")]
+    assert writer.unreachable_since is not None
+
+
+def test_a_refused_result_waits_spooled_and_is_committed_once_the_store_answers(
+        writer: StoreWriter, store: Switched, reports: list[tuple[float | None, int]]) -> None:
+    # Given a store that refuses writes, and answers again after a few polls
+    store.down.set()
+    polls = []
+
+    def poll() -> None:
+        polls.append(1)
+        if len(polls) == 5:
+            store.down.clear()
+
+    # When a result is committed
+    got = writer.commit("j/results/0", b"rows", poll)
+    # Then it was written once the store answered, the spool is empty, and the outage was
+    # reported (one result waiting) and then cleared
+    assert got is True and store.get("j/results/0") == b"rows"
+    assert writer.spool is not None and writer.spool.entries() == []
+    assert reports[0][0] is not None and reports[0][1] == 1 and reports[-1] == (None, 0)
+
+
+def test_a_run_stopped_while_its_result_waits_leaves_it_spooled(writer: StoreWriter, store: Switched) -> None:
+    # Given a store that refuses writes
+    store.down.set()
+    # When the run must stop while its result waits
+    got = writer.commit("j/results/1", b"rows", lambda: "handed back")
+    # Then the stop is returned and the result stays in the spool for the next process
+    assert got == "handed back"
+    assert writer.spool is not None and [e.key for e in writer.spool.entries(Kind.RESULT)] == ["j/results/1"]
+
+
+def test_the_next_process_drains_results_first_and_drops_a_lost_race(tmp_path: Path, store: Switched) -> None:
+    # Given an earlier process's spool: a result another copy won meanwhile, one no one wrote, a checkpoint
+    spool = Spool(tmp_path / "spool", 2**20)
+    spool.put(Kind.CHECKPOINT, "j/c/9", b"ck")
+    spool.put(Kind.RESULT, "j/results/2", b"mine")
+    spool.put(Kind.RESULT, "j/results/3", b"mine")
+    store.put("j/results/3", b"the winner's")
+    # When this worker's next process starts
+    writer = StoreWriter(store, spool)
+    stop = threading.Event()
+    writer.start_drain("gpu0@h", stop)
+    # Then everything spooled is committed or dropped, and the winner's result is untouched
+    for _ in range(200):
+        if not spool.entries():
+            break
+        stop.wait(0.05)
+    stop.set()
+    assert spool.entries() == []
+    assert store.get("j/results/2") == b"mine" and store.get("j/results/3") == b"the winner's"
+    assert store.get("j/c/9") == b"ck"
+
+
+def test_without_a_spool_a_refused_result_fails_the_run(tmp_path: Path, store: Switched) -> None:
+    # Given a worker with no spool (spool_max_mb 0) and a refusing store
+    store.down.set()
+    # When a result is committed, Then the refusal is the run's (an infra fault: retried, no attempt spent)
+    with pytest.raises(StoreError):
+        StoreWriter(store).commit("j/results/4", b"rows", lambda: None)
