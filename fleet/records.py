@@ -114,26 +114,31 @@ TURN_FIELDS = ("turn", "output", "reasoning", "output_ids", "prompt_tokens", "co
                "in_thinking", "prompt_digest", "continued_at", "repetition_period", "worker")  # fmt: skip
 
 
-_SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-    "max_tokens", "stop",
-)  # fmt: skip
+#: Values that make a sampler a no-op: a job's sampling without one samples as if it were unset
+#: (record_sampling), and the model's generation_config.json fills none (fleet.model.facts)
+NEUTRAL = {
+    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+    "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+}  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sampling:
-    """Effective sampling for one request: manifest defaults with the record's overrides."""
+    """One request's final sampling (record_sampling): every value set, so an engine sends it as it
+    is, translated to its own names (fleet.engines.wire), and fills nothing. A sampler left at its
+    default is off (NEUTRAL); max_tokens and the seed have no default here: the job's max_tokens is
+    resolved once, at enqueue (fleet.model.outputlen), and each sample's seed when its request is built."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    max_tokens: int = 2048
+    max_tokens: int
+    seed: int
+    temperature: float = NEUTRAL["temperature"]
+    top_p: float = NEUTRAL["top_p"]
+    top_k: int = NEUTRAL["top_k"]
+    min_p: float = NEUTRAL["min_p"]
+    repetition_penalty: float = NEUTRAL["repetition_penalty"]
+    presence_penalty: float = NEUTRAL["presence_penalty"]
+    frequency_penalty: float = NEUTRAL["frequency_penalty"]
     stop: tuple[str, ...] | None = None
-    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -144,16 +149,17 @@ class Ending:
     length: int
 
 
-def record_sampling(defaults: dict[str, Any], record: InputRecord, seed: int) -> Sampling:
-    """One record's sampling: the job's (its manifest's `sampling`) with the record's own overrides."""
-    values = {k: defaults.get(k) for k in _SAMPLING_FIELDS}
-    if record.sampling:
-        for k in _SAMPLING_FIELDS:
-            v = getattr(record.sampling, k)
-            if v is not None:
-                values[k] = v
-    stop = tuple(values.pop("stop") or ()) or None
-    return Sampling(**values, stop=stop, seed=seed)
+def record_sampling(job: dict[str, Any], record: InputRecord | None, seed: int) -> Sampling:
+    """One record's final sampling: the job's, as its manifest holds it (resolved at enqueue from the
+    model's generation_config.json, the settings and the flags: fleet.engines.specs.job_config), with
+    the record's own overrides and `seed`. A sampler the job's sampling lacks is off: a manifest written
+    before the penalties existed has none, and the engines then sent none (docs/architecture.md, "Sampling").
+    Its max_tokens it must hold (fleet.worker.generate.job_sampling refuses a manifest without one)."""
+    values: dict[str, Any] = {k: NEUTRAL[k] if job.get(k) is None else job[k] for k in NEUTRAL}
+    values["max_tokens"], values["stop"] = job["max_tokens"], job.get("stop")
+    if record is not None and record.sampling:
+        values.update({k: v for k in values if (v := getattr(record.sampling, k)) is not None})
+    return Sampling(**values | {"stop": tuple(values["stop"] or ()) or None}, seed=seed)
 
 
 def record_seed(job_seed: int, record: InputRecord, sample: int) -> int:
@@ -181,11 +187,6 @@ class GenRequest:
     prefix_ids: list[int] = field(default_factory=list)
     #: the engine's id for this request (abort by id); unique per run of the sample
     request_id: str = ""
-
-    @property
-    def remaining_tokens(self) -> int:
-        """Output tokens still allowed after the prefix."""
-        return self.sampling.max_tokens - len(self.prefix_ids)
 
 
 @dataclass
@@ -241,10 +242,10 @@ def draw(seed: int, position: int) -> float:
     return (mix64((seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64) >> 11) * 2.0**-53
 
 
-def continued_seed(seed: int | None, position: int) -> int | None:
+def continued_seed(seed: int, position: int) -> int:
     """The seed of a request that continues a sample after `position` output ids, for an engine
     whose random stream starts afresh with each request (vLLM, SGLang): derived from (seed, position),
     so the continued tail does not replay the draws that made the sample's head."""
-    if seed is None or position == 0:
+    if position == 0:
         return seed
     return mix64((seed << 32 ^ position) & _MASK64) & 0x7FFFFFFF

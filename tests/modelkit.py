@@ -16,7 +16,18 @@ from typing import Any
 
 import pytest
 
-from fleet.records import GenRequest, Message, Sampling, derive_seed
+from fleet.model.outputlen import FALLBACK_MAX_TOKENS
+from fleet.model.tinymodel import SAMPLING
+from fleet.records import NEUTRAL, GenRequest, Message, Sampling, derive_seed
+
+#: a tiny model's job sampling, as its manifest resolves it (engines fill nothing: requests come final)
+TINY_SAMPLING = {k: v for k, v in SAMPLING.items() if k in NEUTRAL}
+
+
+def tiny_sampling(rid: str, **sampling: Any) -> Sampling:
+    """A request's sampling as the worker builds it for a job of the tiny model: the model's defaults,
+    the given values over them, a derived seed."""
+    return Sampling(**TINY_SAMPLING | {"max_tokens": FALLBACK_MAX_TOKENS, "seed": derive_seed(0, rid, 0)} | sampling)
 
 
 @pytest.fixture(scope="session", name="tiny_model")
@@ -74,12 +85,11 @@ def chat(
     rid: str, text: str = "Hello there, tell me a story.", *, thinking: bool = True, **sampling: Any
 ) -> GenRequest:
     """A chat request with a derived seed, as the worker would build it."""
-    sampling.setdefault("seed", derive_seed(0, rid, 0))
     return GenRequest(
         record_id=rid,
         chunk=0,
         sample=0,
-        sampling=Sampling(**sampling),
+        sampling=tiny_sampling(rid, **sampling),
         messages=[Message(role="user", content=text)],
         enable_thinking=thinking,
         return_output_ids=True,
@@ -87,8 +97,7 @@ def chat(
 
 
 def raw(rid: str, prompt: str = "def main():\n    return", **sampling: Any) -> GenRequest:
-    sampling.setdefault("seed", derive_seed(0, rid, 0))
     return GenRequest(
-        record_id=rid, chunk=0, sample=0, sampling=Sampling(**sampling), prompt=prompt,
+        record_id=rid, chunk=0, sample=0, sampling=tiny_sampling(rid, **sampling), prompt=prompt,
         return_output_ids=True,
     )  # fmt: skip

@@ -19,7 +19,7 @@ from fleet.store.checkpoints import (
     longest_prefixes,
     read_checkpoint,
 )
-from tests.modelkit import tiny_model_fixture  # noqa: F401
+from tests.modelkit import tiny_model_fixture, tiny_sampling  # noqa: F401
 
 
 def sim_request(prefix: list[int] | None = None, max_tokens: int = 10_000) -> GenRequest:
@@ -98,7 +98,7 @@ def test_hf_continued_equals_one_run_token_for_token(tiny_model: Path, temperatu
 
     def request(seed: int, **over) -> GenRequest:
         return GenRequest(record_id="g", chunk=0, sample=0, messages=[Message(role="user", content="the lease?")],
-                          sampling=Sampling(max_tokens=48, temperature=temperature, seed=seed),
+                          sampling=tiny_sampling("g", max_tokens=48, temperature=temperature, seed=seed),
                           return_output_ids=True, request_id=f"g/{seed}", **over)  # fmt: skip
 
     async def go():
@@ -132,7 +132,7 @@ def test_hf_a_row_that_ends_early_gets_its_result_while_its_batch_runs_on(tiny_m
         await engine.start()
         try:
             def req(rid: str, max_tokens: int) -> GenRequest:
-                return GenRequest(record_id=rid, chunk=0, sample=0, sampling=Sampling(max_tokens=max_tokens,
+                return GenRequest(record_id=rid, chunk=0, sample=0, sampling=tiny_sampling(rid, max_tokens=max_tokens,
                                   temperature=0.0), prompt="the lease", return_output_ids=True, request_id=rid)
 
             long = asyncio.ensure_future(collect(engine, req("long", 400)))
@@ -265,8 +265,9 @@ def test_vllm_and_sglang_continue_with_a_seed_of_their_own_and_restart_what_they
     from fleet.records import continued_seed
 
     engine = object.__new__(VllmEngine if engine_name == "vllm" else SglangEngine)
-    engine.defaults = {"temperature": 1.0, "top_k": 20, "top_p": 0.95, "eos_token_ids": [2]}
-    fresh = GenRequest(record_id="r", chunk=0, sample=0, sampling=Sampling(max_tokens=100, seed=7, **sampling))
+    engine.eos_ids = [2]
+    fresh = GenRequest(record_id="r", chunk=0, sample=0,
+                       sampling=tiny_sampling("r", max_tokens=100, seed=7, **sampling))
     continued = GenRequest(**{**fresh.__dict__, "prefix_ids": [5] * 40})
     assert engine.request_sampling(fresh).seed == 7
     seed = engine.request_sampling(continued).seed

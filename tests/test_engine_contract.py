@@ -18,9 +18,9 @@ import pytest
 from fleet.audit.checks import Limits, Vocab, output_problems
 from fleet.engines.specs import build_engine
 from fleet.errors import EngineUnavailable, RecordError
-from fleet.records import GenRequest, Sampling
+from fleet.records import GenRequest
 from fleet.settings import RepetitionSettings, Settings
-from tests.modelkit import LoopThread, raw, tiny_model_fixture  # noqa: F401
+from tests.modelkit import LoopThread, raw, tiny_model_fixture, tiny_sampling  # noqa: F401
 
 FAKE = Path(__file__).parent / "fake_sglang"
 ENGINES = ["sim", "hf", "sglang-stand-in", "server-vllm", "server-sglang", "vllm", "server-real-vllm"]
@@ -194,7 +194,8 @@ def test_a_prompt_that_leaves_no_room_fails_its_record_alone(harness: Harness) -
         pytest.skip("the sim has no context")
     budget = harness.engine.context_budget
     assert budget
-    long = GenRequest(record_id="long", chunk=0, sample=0, sampling=Sampling(temperature=0.0, max_tokens=8),
+    long = GenRequest(record_id="long", chunk=0, sample=0,
+                      sampling=tiny_sampling("long", temperature=0.0, max_tokens=8),
                       input_ids=[10 + i % 200 for i in range(budget + 5)], return_output_ids=True)
     with pytest.raises(RecordError):
         harness.collect(long)
@@ -214,7 +215,7 @@ def test_a_request_that_fills_the_context_ends_where_fleet_asked_and_passes_the_
         record_id="full",
         chunk=0,
         sample=0,
-        sampling=Sampling(temperature=0.0, max_tokens=64),
+        sampling=tiny_sampling("full", temperature=0.0, max_tokens=64),
         input_ids=[10 + i % 200 for i in range(budget - 6)],
         return_output_ids=True,
     )
@@ -265,7 +266,7 @@ def test_the_server_engine_sends_token_ids_and_what_fleet_samples_with(stub_serv
     sent = stub.requests[-1]
     assert sent["path"] == "/v1/completions" and sent["model"] == "tiny" and sent["return_token_ids"] is True
     assert isinstance(sent["prompt"], list) and sent["max_tokens"] == 12 and sent["stop"] == ["END"]
-    assert sent["stop_token_ids"] == h.engine.defaults["eos_token_ids"] and sent["request_id"] == "s/req"
+    assert sent["stop_token_ids"] == h.engine.eos_ids and sent["request_id"] == "s/req"
     assert h.engine.facts.api == "vllm" and h.engine.context == stub.context
 
 
@@ -293,7 +294,7 @@ def test_a_connection_lost_mid_stream_is_the_server_down_and_a_refused_one_too(s
     engine = build_engine(Settings(engine="server", model=str(tiny_model),
                                    server={"base_url": "http://127.0.0.1:9", "retries": 1}))
     engine.facts, engine.context, engine._loop = h.engine.facts, h.engine.context, h.loop.loop
-    engine.tokenizer, engine.defaults = h.engine.tokenizer, h.engine.defaults
+    engine.tokenizer, engine.eos_ids = h.engine.tokenizer, h.engine.eos_ids
     engine._engine = httpx.AsyncClient(base_url="http://127.0.0.1:9")
     with pytest.raises(EngineUnavailable, match="out of reach.*ConnectError"):
         Harness("gone", engine, h.loop).collect(request("g", max_tokens=8))
@@ -302,7 +303,8 @@ def test_a_connection_lost_mid_stream_is_the_server_down_and_a_refused_one_too(s
 def test_a_bad_request_fails_its_record_alone(stub_server) -> None:
     stub, h = stub_server
     h.engine.context = None  # fleet cannot tell: the server's own check decides
-    long = GenRequest(record_id="long", chunk=0, sample=0, sampling=Sampling(temperature=0.0, max_tokens=8),
+    long = GenRequest(record_id="long", chunk=0, sample=0,
+                      sampling=tiny_sampling("long", temperature=0.0, max_tokens=8),
                       input_ids=[10] * (stub.context + 1), return_output_ids=True)
     with pytest.raises(RecordError, match="400.*maximum context length"):
         h.collect(long)

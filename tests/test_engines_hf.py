@@ -254,12 +254,12 @@ def test_row_sampler_applies_each_rows_own_settings() -> None:
     from fleet.records import Sampling
 
     rows = [
-        Sampling(temperature=0.0, seed=1),  # greedy
-        Sampling(temperature=1.0, top_k=1, top_p=1.0, min_p=0.0, seed=2),  # top-1 = greedy
-        Sampling(temperature=1.0, top_k=0, top_p=0.01, min_p=0.0, seed=3),  # nucleus of one
-        Sampling(temperature=5.0, top_k=2, top_p=1.0, min_p=0.0, seed=4),  # two candidates
-        Sampling(temperature=100.0, top_k=0, top_p=1.0, min_p=0.0, seed=5),  # all but padding
-        Sampling(temperature=100.0, top_k=0, top_p=1.0, min_p=0.999, seed=6),  # min-p keeps the best
+        Sampling(max_tokens=8, temperature=0.0, seed=1),  # greedy
+        Sampling(max_tokens=8, temperature=1.0, top_k=1, top_p=1.0, min_p=0.0, seed=2),  # top-1 = greedy
+        Sampling(max_tokens=8, temperature=1.0, top_k=0, top_p=0.01, min_p=0.0, seed=3),  # nucleus of one
+        Sampling(max_tokens=8, temperature=5.0, top_k=2, top_p=1.0, min_p=0.0, seed=4),  # two candidates
+        Sampling(max_tokens=8, temperature=100.0, top_k=0, top_p=1.0, min_p=0.0, seed=5),  # all but padding
+        Sampling(max_tokens=8, temperature=100.0, top_k=0, top_p=1.0, min_p=0.999, seed=6),  # min-p keeps the best
     ]
     scores = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]] * len(rows))
 
@@ -287,10 +287,10 @@ def test_row_sampler_penalises_generated_tokens_as_sglang_does() -> None:
     from fleet.records import Sampling
 
     rows = [
-        Sampling(temperature=0.0, repetition_penalty=2.0),  # 3.0 / 2 = 1.5 < 2.0: token 1 wins
-        Sampling(temperature=0.0, frequency_penalty=0.6),  # 3.0 - 2 x 0.6 = 1.8 < 2.0
-        Sampling(temperature=0.0, presence_penalty=0.6),  # 3.0 - 0.6 = 2.4 > 2.0: token 0 stays
-        Sampling(temperature=0.0),  # no penalty
+        Sampling(max_tokens=8, temperature=0.0, repetition_penalty=2.0, seed=0),  # 3.0 / 2 = 1.5 < 2.0: token 1 wins
+        Sampling(max_tokens=8, temperature=0.0, frequency_penalty=0.6, seed=0),  # 3.0 - 2 x 0.6 = 1.8 < 2.0
+        Sampling(max_tokens=8, temperature=0.0, presence_penalty=0.6, seed=0),  # 3.0 - 0.6 = 2.4 > 2.0: token 0 stays
+        Sampling(max_tokens=8, temperature=0.0, seed=0),  # no penalty
     ]
     sampler = RowSampler(rows, vocab=4, device="cpu")
     prompt = torch.tensor([[0, 0]] * 4)  # prompt tokens are never penalised

@@ -51,8 +51,8 @@ def _drop_sglang_modules() -> None:
         del sys.modules[name]
 
 
-@pytest.fixture
-def fake_sglang(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+@pytest.fixture(name="fake_sglang")
+def fake_sglang_fixture(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(FAKE))
@@ -241,7 +241,7 @@ def test_meta_info_and_sampling_are_mapped(fake_sglang, tiny_model: Path, loop_t
     assert sent["sampling_params"] == {
         "temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "max_new_tokens": 50,
         "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-        "stop_token_ids": engine.defaults["eos_token_ids"], "stop": ["END"],
+        "stop_token_ids": engine.eos_ids, "stop": ["END"],
     }  # fmt: skip
     assert isinstance(result, GenResult)
     assert result.finish_reason == "stop"
@@ -497,7 +497,7 @@ def test_real_sglang_refuses_top_k_zero_and_takes_what_fleet_sends(real_server_a
 
     sent = sampling_params(
         Sampling(temperature=0.7, top_p=0.9, top_k=0, min_p=0.0, repetition_penalty=1.05, presence_penalty=1.5,
-                 frequency_penalty=-0.5),
+                 frequency_penalty=-0.5, max_tokens=64, seed=0),
         64, [2], False,
     )  # fmt: skip
     SamplingParams(**sent).verify(1000)

@@ -42,7 +42,7 @@ from tests.fleetproc import (
     worker_pids,
     worker_with,
 )
-from tests.modelkit import LoopThread, chat, loop_model_fixture, tiny_model_fixture  # noqa: F401
+from tests.modelkit import LoopThread, chat, loop_model_fixture, tiny_model_fixture, tiny_sampling  # noqa: F401
 
 #: real engines on 2 cores shared with other work: a module's job and its bare engine (a first test's
 #: setup) may take many minutes beside a busy machine's load
@@ -208,14 +208,14 @@ def bare_outputs(model: Path, kwargs: dict, prompts: list[list[int]], max_tokens
 def prompt_ids(model: Path, lines: list[dict], rows: list[dict] | None = None) -> list[list[int]]:
     """The ids fleet sends for each record: its own template rendering (the records' digests check it)."""
     from fleet.model.rendering import load_tokenizer, render_ids
-    from fleet.records import GenRequest, Message, Sampling, prompt_digest
+    from fleet.records import GenRequest, Message, prompt_digest
 
     tok = load_tokenizer(str(model))
     out = []
     for row, line in zip(rows or [None] * len(lines), lines, strict=True):
         messages = [Message(**m) for m in line["messages"]] if "messages" in line else None
-        req = GenRequest(record_id=line["id"], chunk=0, sample=0, sampling=Sampling(), messages=messages,
-                         prompt=line.get("prompt"), enable_thinking=True)
+        req = GenRequest(record_id=line["id"], chunk=0, sample=0, sampling=Sampling(max_tokens=1, seed=0),
+                         messages=messages, prompt=line.get("prompt"), enable_thinking=True)
         ids = render_ids(tok, req)
         assert row is None or prompt_digest(ids) == row["prompt_digest"]
         out.append(ids)
@@ -465,7 +465,7 @@ async def unfinished(engine) -> int:
 
 def ids_request(rid: str, n: int, **sampling) -> GenRequest:
     """A pre-tokenized, greedy request of n prompt ids."""
-    return GenRequest(record_id=rid, chunk=0, sample=0, sampling=Sampling(temperature=0.0, **sampling),
+    return GenRequest(record_id=rid, chunk=0, sample=0, sampling=tiny_sampling(rid, temperature=0.0, **sampling),
                       input_ids=[10 + i % 800 for i in range(n)], return_output_ids=True)
 
 

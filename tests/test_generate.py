@@ -13,6 +13,7 @@ import pytest
 
 from fleet.engines.sim.engine import SimEngine
 from fleet.engines.specs import job_config
+from fleet.errors import ConfigError
 from fleet.records import InputRecord, OutputRecord, Sampling, derive_seed, record_sampling
 from fleet.settings import Settings, SimSettings
 from fleet.store.manifest import Manifest, config_hash
@@ -218,16 +219,31 @@ def test_no_record_sampling_means_job_defaults():
     )
 
 
-def test_unset_job_values_stay_unset():
+def test_a_sampler_the_job_leaves_unset_is_off():
+    # Given a job's sampling that sets only max_tokens (the sim engine's: it samples nothing), and a record's top_k
     s = record_sampling({"max_tokens": 10}, rec(0, "a", {"top_k": 5}), seed=0)
-    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.stop, s.max_tokens) == (
-        None,
-        None,
-        5,
-        None,
-        None,
-        10,
-    )
+    # Then the request's sampling is final: the record's top_k, every other sampler off, no stop
+    assert s == Sampling(top_k=5, max_tokens=10, seed=0)
+    assert (s.temperature, s.top_p, s.min_p, s.repetition_penalty, s.stop) == (1.0, 1.0, 0.0, 1.0, None)
+
+
+def test_a_manifest_written_before_the_penalties_samples_without_them():
+    # Given a job sampling as manifests held it before the penalties existed (the engines then sent none)
+    old = {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "max_tokens": 64, "n": 1, "stop": None}
+    # When a record's request is built from it
+    s = record_sampling(old, rec(0, "a"), seed=3)
+    # Then the penalties are off, and the rest is the job's
+    assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (1.0, 0.0, 0.0)
+    assert (s.temperature, s.top_k, s.max_tokens) == (0.6, 20, 64)
+
+
+def test_a_manifest_without_max_tokens_is_refused_naming_the_field():
+    # Given a chunk run whose manifest's sampling holds no max_tokens (one fleet did not write)
+    run = chunk_run([rec(0, "a")])
+    del run.manifest.config["sampling"]["max_tokens"]
+    # Then no request is built: the error names the field
+    with pytest.raises(ConfigError, match="sampling.max_tokens"):
+        requests_for(run)
 
 
 # -- generate_chunk ----------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,12 @@ import pytest
 from fleet.engines.specs import job_config
 from fleet.errors import ConfigError, RecordError
 from fleet.model.endings import trim_at_stop
-from fleet.model.facts import fill_sampling, model_facts
+from fleet.model.facts import model_facts
 from fleet.model.promptlimits import check_length
 from fleet.model.reasoning import ended_in_thinking, split_reasoning
 from fleet.model.rendering import load_tokenizer, opens_think, render_ids
 from fleet.model.revision import model_revision
-from fleet.records import Message, Sampling
+from fleet.records import Message
 from fleet.settings import Settings
 from tests.modelkit import chat, raw, tiny_model_fixture  # noqa: F401
 
@@ -223,12 +222,3 @@ def test_a_missing_model_is_a_config_error(tmp_path: Path, monkeypatch: pytest.M
         model_facts(settings_for(tmp_path / "nope"))
     with pytest.raises(ConfigError, match="needs a model"):
         model_facts(Settings(engine="hf"))
-
-
-def test_fill_sampling_keeps_what_the_request_set() -> None:
-    defaults = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "stop": ["X"]}
-
-    filled = fill_sampling(Sampling(temperature=0.0, max_tokens=7, seed=3), defaults)
-
-    expected = Sampling(temperature=0.0, max_tokens=7, seed=3)
-    assert filled == replace(expected, top_p=0.95, top_k=20, min_p=0.0, stop=("X",))

@@ -133,7 +133,7 @@ def real_job(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> dict
     # The same prompt ids, as fleet renders them, through a bare engine: greedy and probes
     def ids_of(r: dict[str, Any]) -> list[int]:
         request = GenRequest(
-            record_id=r["id"], chunk=0, sample=0, sampling=Sampling(), prompt=r.get("prompt"),
+            record_id=r["id"], chunk=0, sample=0, sampling=Sampling(max_tokens=1, seed=0), prompt=r.get("prompt"),
             messages=[Message(**m) for m in r["messages"]] if "messages" in r else None,
             input_ids=r.get("input_ids"),
         )  # fmt: skip

@@ -30,7 +30,7 @@ def request(
         record_id=rid,
         chunk=chunk,
         sample=sample,
-        sampling=Sampling(max_tokens=max_tokens, seed=seed),
+        sampling=Sampling(max_tokens=max_tokens, seed=derive_seed(0, rid, sample) if seed is None else seed),
         prompt=prompt,
         messages=messages,
     )
@@ -75,7 +75,7 @@ def test_samples_and_seeds_give_different_outputs():
     assert len({(r.text, r.reasoning) for r in results}) == len(results)
 
 
-def test_without_a_seed_the_output_follows_id_and_sample():
+def test_with_the_derived_seed_the_output_follows_id_and_sample():
     [a, b, c] = run(FAST, request("x", 0), request("x", 0), request("x", 1))
     assert (a.text, a.completion_tokens) == (b.text, b.completion_tokens)
     assert a.text != c.text

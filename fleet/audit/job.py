@@ -62,10 +62,8 @@ class JobAudit:
         return Vocab(self._decode, self.eos, self.repetition)
 
     def limits(self, record: InputRecord | None, context: int | None) -> Limits:
-        sampling = record_sampling(self.defaults, record, 0) if record is not None else None
-        max_tokens = sampling.max_tokens if sampling else self.defaults.get("max_tokens")
-        stops = sampling.stop if sampling else tuple(self.defaults.get("stop") or ()) or None
-        return Limits(int(max_tokens), stops, context)
+        sampling = record_sampling(self.defaults, record, 0)
+        return Limits(sampling.max_tokens, sampling.stop, context)
 
     def problems(self, row: dict[str, Any], record: InputRecord | None, context: int | None) -> list[str] | None:
         """What is wrong with one sample (each turn of a conversation checked alone); None when it holds

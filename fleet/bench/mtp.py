@@ -27,8 +27,9 @@ from typing import Any
 from fleet.bench.report import Figure, Section
 from fleet.engines.sglang.plan import with_planned_running
 from fleet.errors import ConfigError, FleetError
+from fleet.model.facts import model_facts
 from fleet.model.outputlen import FALLBACK_MAX_TOKENS
-from fleet.records import GenRequest, Message, Sampling
+from fleet.records import GenRequest, Message, record_sampling
 from fleet.settings import Settings, load_settings
 
 TOPICS = ("a sorting algorithm", "the causes of inflation", "how vaccines work", "a proof that sqrt(2) is irrational",
@@ -44,8 +45,10 @@ def require_sglang_gpu() -> None:
         )
 
 
-def mtp_requests(n: int, max_tokens: int) -> list[GenRequest]:
-    sampling = Sampling(max_tokens=max_tokens, seed=0)
+def mtp_requests(job: dict[str, Any], n: int, max_tokens: int) -> list[GenRequest]:
+    """`n` requests with the job's sampling (`job`: the model's, as a manifest holds it) and `max_tokens`."""
+    sampling = record_sampling(job | {"max_tokens": max_tokens}, None, seed=0)
+
     def ask(i: int) -> list[Message]:
         return [Message(role="user", content=f"Explain {TOPICS[i % len(TOPICS)]} step by step. ({i})")]
 
@@ -57,11 +60,12 @@ async def run_side(settings: Settings, requests: int, max_tokens: int, warmup: i
     from fleet.engines.sglang.engine import SglangEngine
 
     engine = SglangEngine(settings)
+    job = model_facts(settings)["sampling"]
     await engine.start()
     try:
-        await asyncio.gather(*(engine.generate(r) for r in mtp_requests(warmup, min(max_tokens, 64))))
+        await asyncio.gather(*(engine.generate(r) for r in mtp_requests(job, warmup, min(max_tokens, 64))))
         began = time.perf_counter()
-        results = await asyncio.gather(*(engine.generate(r) for r in mtp_requests(requests, max_tokens)))
+        results = await asyncio.gather(*(engine.generate(r) for r in mtp_requests(job, requests, max_tokens)))
         seconds = time.perf_counter() - began
     finally:
         await engine.shutdown()

@@ -52,7 +52,7 @@ def bare_generate(prompts_path: str, max_tokens: int, until: Path | None = None)
     import sglang
 
     from fleet.engines.sglang.engine import engine_kwargs
-    from fleet.model.facts import model_facts
+    from fleet.model.facts import model_end_ids
     from fleet.model.rendering import load_tokenizer, render_ids
     from fleet.settings import load_settings
 
@@ -60,7 +60,7 @@ def bare_generate(prompts_path: str, max_tokens: int, until: Path | None = None)
     kwargs = engine_kwargs(settings)
     engine = sglang.Engine(**kwargs)
     tok = load_tokenizer(settings.model or "")
-    eos = model_facts(settings)["sampling"]["eos_token_ids"]
+    eos = list(model_end_ids(settings.model or ""))
     requests = read_requests(prompts_path, max_tokens, settings.enable_thinking)
     params = {"temperature": 0.0, "max_new_tokens": max_tokens, "stop_token_ids": eos}
 

@@ -57,13 +57,13 @@ def bare_generate(model: str, prompts_path: str, max_tokens: int, until: Path | 
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from fleet.engines.vllm.plan import engine_kwargs
-    from fleet.model.facts import model_facts
+    from fleet.model.facts import model_end_ids
     from fleet.model.rendering import load_tokenizer, render_ids
     from fleet.settings import Settings
 
     settings = Settings(engine="vllm", model=model)
     tok = load_tokenizer(model)
-    eos = model_facts(settings)["sampling"]["eos_token_ids"]
+    eos = list(model_end_ids(settings.model or ""))
     ids = [render_ids(tok, r) for r in read_requests(prompts_path, max_tokens)]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=eos,
                             output_kind=RequestOutputKind.DELTA)  # streamed, as the worker reads it

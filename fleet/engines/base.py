@@ -138,7 +138,8 @@ class EngineSpec(ABC):
 
     @abstractmethod
     def job_model(self, settings: Settings) -> dict[str, Any]:
-        """The job config's model, effective sampling and max_tokens_from (fleet.engines.specs.job_config)."""
+        """The job config's model, its resolved sampling (every value the requests get unless a record sets
+        its own) and max_tokens_from (fleet.engines.specs.job_config)."""
 
     @abstractmethod
     def input_vocab(self, settings: Settings) -> int | None:

@@ -1,21 +1,18 @@
 """What the model engines (hf, sglang, vllm, server) share: a model directory and what its files say.
 
-The tokenizer renders prompts (so token counts are exact) and generation_config.json
-gives the sampling defaults; both engines read them the same way, through fleet.model.facts.
+The tokenizer renders prompts (so token counts are exact) and generation_config.json gives the
+end ids; each engine reads them the same way, through fleet.model.facts. The sampling defaults of
+generation_config.json are the job's, resolved at enqueue: a request comes with its final sampling.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from fleet.engines.base import Engine, EngineSpec
-from fleet.errors import ConfigError, FleetError
+from fleet.engines.base import Engine
 from fleet.model.endings import reported_text
-from fleet.model.facts import fill_sampling, model_facts
+from fleet.model.facts import model_end_ids
 from fleet.model.modeldir import require_model, resolve_model_dir
 from fleet.model.promptlimits import check_length
 from fleet.model.reasoning import ended_in_thinking, split_reasoning
@@ -31,8 +28,8 @@ class ModelEngine(Engine):
         self.settings = settings
         self.model_path = require_model(settings)
         self.tokenizer: Any = None
-        #: effective sampling defaults, eos ids included (model_facts)
-        self.defaults: dict[str, Any] = {}
+        #: the ids that end a sample (model_end_ids)
+        self.eos_ids: list[int] = []
         #: prompt + output token limit, known once the engine has started
         self.context: int | None = None
 
@@ -40,19 +37,16 @@ class ModelEngine(Engine):
         return resolve_model_dir(self.model_path).name
 
     def load_model_files(self) -> None:
-        """Tokenizer and sampling defaults; called at the start of `start()`."""
+        """Tokenizer and end ids; called at the start of `start()`."""
         self.tokenizer = load_tokenizer(self.model_path)
-        self.defaults = model_facts(self.settings)["sampling"]
+        self.eos_ids = list(model_end_ids(self.model_path))
 
     def end_ids(self) -> frozenset[int]:
-        return frozenset(self.defaults.get("eos_token_ids") or ())
+        return frozenset(self.eos_ids)
 
     @property
     def context_budget(self) -> int | None:
         return self.context
-
-    def stops_of(self, request: GenRequest) -> tuple[str, ...] | None:
-        return fill_sampling(request.sampling, self.defaults).stop
 
     async def prompt_of(self, request: GenRequest) -> Prompt:
         return render(self.tokenizer, request)
@@ -128,62 +122,3 @@ class ModelEngine(Engine):
         head = self.decode(tail)
         whole = self.decode(tail + new_ids[:window])
         return any(s in whole and s not in head for s in request.sampling.stop or ())
-
-
-class ModelEngineSpec(EngineSpec):
-    """What the model engines (hf, sglang, vllm, server) share: a model directory and its files."""
-
-    def model_identity(self, settings: Settings) -> dict[str, Any]:
-        """Model files by revision, not by path: hosts may keep one snapshot in other directories."""
-        facts = model_facts(settings)["model"]
-        # Not the directory name either: one snapshot copied to /models/qwen on one host and
-        # /data/Qwen3.6-27B on another is one model.
-        return {k: facts.get(k) for k in ("revision", "chat_template_sha256")}
-
-    def identity(self, settings: Settings) -> dict[str, Any]:
-        return {"model": self.model_identity(settings), self.name: self.shaping(settings)}
-
-    @abstractmethod
-    def shaping(self, settings: Settings) -> dict[str, Any]:
-        """This engine's settings that change tokens (not speed, memory or logging)."""
-
-    #: the engine section's tensor-parallel setting (a GPU engine that spans GPUs), or None
-    tensor_parallel: str | None = None
-
-    def gpus_per_worker(self, settings: Settings) -> int:
-        return getattr(getattr(settings, self.name), self.tensor_parallel) if self.tensor_parallel else 1
-
-    def spanning(self, settings: Settings, gpus: int) -> Settings:
-        """The engine's tensor parallelism set to `gpus`; a different one set by hand is refused."""
-        if self.tensor_parallel is None:
-            return super().spanning(settings, gpus)
-        section = getattr(settings, self.name)
-        asked = getattr(section, self.tensor_parallel)
-        if self.tensor_parallel in section.model_fields_set and asked != gpus:
-            raise ConfigError(f"{self.name}.{self.tensor_parallel} is {asked} but each worker gets {gpus} GPU(s) "
-                              "(--gpus-per-worker): leave it unset or make them equal")
-        return settings.model_copy(update={self.name: section.model_copy(update={self.tensor_parallel: gpus})})
-
-    def job_model(self, settings: Settings) -> dict[str, Any]:
-        facts = model_facts(settings)
-        return {"model": facts["model"], "sampling": facts["sampling"], "max_tokens_from": facts["max_tokens_from"]}
-
-    def input_vocab(self, settings: Settings) -> int | None:
-        return len(load_tokenizer(require_model(settings)))
-
-    def job_tokenizer(self, config: dict[str, Any], job: str) -> Any:
-        """The tokenizer of the job's model, refused when its chat template is not the job's."""
-        model = config.get("model") or {}
-        if not model.get("path"):
-            return super().job_tokenizer(config, job)
-        tokenizer = load_tokenizer(model["path"])
-        template = tokenizer.chat_template
-        if template is not None and not isinstance(template, str):
-            template = json.dumps(template, sort_keys=True)
-        sha = hashlib.sha256(template.encode()).hexdigest() if template else None
-        if model.get("chat_template_sha256") not in (None, sha):
-            raise FleetError(
-                f"the chat template at {model['path']!r} is not the one job {job!r} ran with "
-                "(sha256 differs from the manifest's)"
-            )
-        return tokenizer

@@ -34,14 +34,15 @@ def build_engine(settings: Settings) -> Engine:
 def job_config(settings: Settings) -> dict[str, Any]:
     """What shapes the output for this engine; hashed into the job manifest.
 
-    For model engines this reads the model's own files (chat template, generation config),
-    so the effective sampling values land in the manifest.
+    The job's sampling is resolved here, once, by its engine's spec (`job_model`): the model's
+    generation_config.json defaults under the settings' (fleet.toml, FLEET_SAMPLING__*, the flags),
+    max_tokens included (fleet.model.outputlen). Workers build each request's from it
+    (fleet.records.record_sampling) and engines send that as it is (docs/architecture.md, "Sampling").
     """
     base: dict[str, Any] = {
         "engine": settings.engine,
         "chunk_size": settings.chunk_size,
         "seed": settings.seed,
-        "sampling": settings.sampling.model_dump(),
         "enable_thinking": settings.enable_thinking,
         "return_output_ids": settings.return_output_ids,
     }

@@ -25,9 +25,8 @@ from typing import Any, TypeVar
 
 from fleet.engines.model import ModelEngine
 from fleet.errors import EngineError, FleetError, RecordError
-from fleet.model.facts import fill_sampling
 from fleet.model.rendering import Prompt, render
-from fleet.records import GenDelta, GenRequest, Sampling, continued_seed
+from fleet.records import NEUTRAL, GenDelta, GenRequest, Sampling, continued_seed
 from fleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -161,17 +160,16 @@ class StreamEngine(ModelEngine):
         return await self.render_prompt(request)
 
     def restart_reason(self, request: GenRequest) -> str | None:
-        sampling = fill_sampling(request.sampling, self.defaults)
-        unset = {"repetition_penalty": 1.0}
-        held = [f"{k} {v:g}" for k in self.output_only if (v := getattr(sampling, k)) not in (None, unset.get(k, 0.0))]
+        held = [f"{k} {v:g}" for k in self.output_only if (v := getattr(request.sampling, k)) != NEUTRAL[k]]
         if not held:
             return None
         return f"{self.name} counts {', '.join(held)} over output tokens only, and a continued sample's ids are prompt"
 
     def request_sampling(self, request: GenRequest) -> Sampling:
-        """The request's sampling as sent: the model's defaults filled in, and a continued request's
-        seed derived from (seed, ids made), so its tail draws afresh instead of replaying its head's draws."""
-        sampling = fill_sampling(request.sampling, self.defaults)
+        """The request's sampling as sent: as the worker resolved it (fleet.records.record_sampling), with a
+        continued request's seed derived from (seed, ids made), so its tail draws afresh instead of
+        replaying its head's draws."""
+        sampling = request.sampling
         return replace(sampling, seed=continued_seed(sampling.seed, len(request.prefix_ids)))
 
     async def stream(self, request: GenRequest) -> AsyncIterator[GenDelta]:

@@ -1,6 +1,8 @@
 """How vLLM and SGLang take a request's sampling: their own parameter names and values, every one
-explicit (neither applies generation_config.json on these paths). Shared by their embedded engines
-and by the server engine, which speaks their HTTP APIs (docs/architecture.md, "Engines").
+explicit (neither applies generation_config.json on these paths). The sampling comes final
+(fleet.records.record_sampling): only names and the engines' encodings of "off" change here. Shared
+by their embedded engines and by the server engine, which speaks their HTTP APIs (docs/architecture.md,
+"Engines").
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ def vllm_sampling(s: Sampling, max_new: int, eos_ids: list[int]) -> dict[str, An
         "temperature": s.temperature,
         "top_p": s.top_p,
         "top_k": s.top_k if s.top_k and s.top_k > 0 else 0,
-        "min_p": s.min_p or 0.0,
-        "repetition_penalty": 1.0 if s.repetition_penalty is None else s.repetition_penalty,
-        "presence_penalty": s.presence_penalty or 0.0,
-        "frequency_penalty": s.frequency_penalty or 0.0,
+        "min_p": s.min_p,
+        "repetition_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
         "max_tokens": max_new,
         "stop_token_ids": list(eos_ids),
         "seed": s.seed,
@@ -41,14 +43,14 @@ def sglang_sampling(s: Sampling, max_new: int, eos_ids: list[int], seeded: bool)
         "top_p": s.top_p,
         "top_k": s.top_k if s.top_k and s.top_k > 0 else -1,
         "min_p": s.min_p,
-        "repetition_penalty": 1.0 if s.repetition_penalty is None else s.repetition_penalty,
-        "presence_penalty": s.presence_penalty or 0.0,
-        "frequency_penalty": s.frequency_penalty or 0.0,
+        "repetition_penalty": s.repetition_penalty,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
         "max_new_tokens": max_new,
         "stop_token_ids": eos_ids,
     }
     if s.stop:
         params["stop"] = list(s.stop)
-    if seeded and s.seed is not None:
+    if seeded:
         params["sampling_seed"] = s.seed  # honoured only with enable_deterministic_inference
     return params

@@ -1,7 +1,8 @@
-"""The facts about a model that shape outputs: its identity and the effective sampling.
+"""The facts about a model that shape outputs: its identity, its end ids and the job's sampling.
 
-The effective sampling defaults come from the model's `generation_config.json` because
-SGLang's Engine path does not apply it (docs/architecture.md).
+The job's sampling takes its defaults from the model's `generation_config.json` because neither
+SGLang's nor vLLM's engine path applies it; it is resolved once, at enqueue, into the job's manifest,
+and engines take nothing from the model but its end ids (docs/architecture.md, "Sampling").
 """
 
 from __future__ import annotations
@@ -17,63 +18,56 @@ from fleet.model.modeldir import require_model, resolve_model_dir
 from fleet.model.outputlen import default_max_tokens
 from fleet.model.rendering import load_tokenizer
 from fleet.model.revision import model_revision
-from fleet.records import Sampling
+from fleet.records import NEUTRAL
 from fleet.settings import Settings
-
-#: Values that make a sampler a no-op, used when neither settings nor the model set one.
-NEUTRAL = {
-    "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
-    "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-}  # fmt: skip
-
-
-def fill_sampling(sampling: Sampling, defaults: dict[str, Any]) -> Sampling:
-    """The request's sampling with unset fields taken from `model_facts(...)["sampling"]`."""
-    from dataclasses import replace
-
-    # .get: a manifest written before the penalties existed has none; unset means neutral.
-    missing = {k: defaults.get(k) for k in NEUTRAL if getattr(sampling, k) is None}
-    if sampling.stop is None and defaults.get("stop"):
-        missing["stop"] = tuple(defaults["stop"])
-    return replace(sampling, **missing)
 
 
 def model_facts(settings: Settings) -> dict[str, Any]:
-    """Model identity and effective sampling for the job manifest (and its config hash)."""
+    """Model identity and the job's sampling for its manifest (and its config hash)."""
     model = require_model(settings)
-    return copy.deepcopy(_model_facts(model, settings.sampling.model_dump_json()))
+    sampling, max_tokens_from = _job_sampling(model, settings.sampling.model_dump_json())
+    return copy.deepcopy({"model": model_fingerprint(model), "sampling": sampling, "max_tokens_from": max_tokens_from})
 
 
 @lru_cache(maxsize=8)
-def _model_facts(model: str, sampling_json: str) -> dict[str, Any]:
-    model_dir = resolve_model_dir(model)
+def model_fingerprint(model: str) -> dict[str, Any]:
+    """What names the model's files: its path and name, its revision and its chat template's hash."""
     tokenizer = load_tokenizer(model)
     template = tokenizer.chat_template
     if template is not None and not isinstance(template, str):
         template = json.dumps(template, sort_keys=True)
-    job = json.loads(sampling_json)
-    max_tokens, max_tokens_from = default_max_tokens(model_dir, job["max_tokens"])
     return {
-        "model": {
-            "path": model,
-            "name": Path(model).name or model,
-            "revision": model_revision(model_dir),
-            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
-        },
-        "sampling": effective_sampling(model_dir, tokenizer, job, max_tokens),
-        "max_tokens_from": max_tokens_from,
+        "path": model,
+        "name": Path(model).name or model,
+        "revision": model_revision(resolve_model_dir(model)),
+        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest() if template else None,
     }
 
 
-def effective_sampling(model_dir: Path, tokenizer: Any, job: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    """generation_config.json values, overridden by the job's non-None settings; `max_tokens`
-    is the one fleet.model.outputlen resolved."""
+@lru_cache(maxsize=8)
+def _job_sampling(model: str, sampling_json: str) -> tuple[dict[str, Any], str]:
+    """The job's sampling (and where its max_tokens came from), its settings' `sampling_json` over the model's."""
+    model_dir = resolve_model_dir(model)
+    job = json.loads(sampling_json)
+    max_tokens, max_tokens_from = default_max_tokens(model_dir, job["max_tokens"])
+    gen = generation_config(model_dir)
+    sampling = effective_sampling(gen, job, max_tokens) | {"eos_token_ids": _end_ids(gen, load_tokenizer(model))}
+    return sampling, max_tokens_from
+
+
+def generation_config(model_dir: Path) -> Any:
+    """The model's generation_config.json; an empty one where it has none (it sets no defaults)."""
     from transformers import GenerationConfig
 
     try:
-        gen = GenerationConfig.from_pretrained(str(model_dir))
-    except OSError:  # no generation_config.json: the model sets no defaults
-        gen = GenerationConfig()
+        return GenerationConfig.from_pretrained(str(model_dir))
+    except OSError:
+        return GenerationConfig()
+
+
+def effective_sampling(gen: Any, job: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """generation_config.json values, overridden by the job's non-None settings; `max_tokens`
+    is the one fleet.model.outputlen resolved."""
     out: dict[str, Any] = {}
     for key, neutral in NEUTRAL.items():
         value = job.get(key)
@@ -82,11 +76,17 @@ def effective_sampling(model_dir: Path, tokenizer: Any, job: dict[str, Any], max
         out[key] = neutral if value is None else value
     if job.get("temperature") is None and gen.do_sample is False:
         out["temperature"] = 0.0  # the model asks for greedy decoding
-    eos = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
-    out.update(
-        max_tokens=max_tokens,
-        n=job["n"],
-        stop=job.get("stop"),
-        eos_token_ids=sorted({eos} if isinstance(eos, int) else set(eos or ())),
-    )
+    out.update(max_tokens=max_tokens, n=job["n"], stop=job.get("stop"))
     return out
+
+
+def _end_ids(gen: Any, tokenizer: Any) -> list[int]:
+    eos = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
+    return sorted({eos} if isinstance(eos, int) else set(eos or ()))
+
+
+@lru_cache(maxsize=8)
+def model_end_ids(model: str) -> tuple[int, ...]:
+    """The ids that end a sample: generation_config.json's eos ids, else the tokenizer's. The one
+    thing an engine takes from the model's defaults: a request's sampling comes whole (fleet.records)."""
+    return tuple(_end_ids(generation_config(resolve_model_dir(model)), load_tokenizer(model)))

@@ -21,7 +21,7 @@ def check_vocab(request: GenRequest, ids: list[int], vocab: int | None) -> None:
 def check_length(request: GenRequest, prompt_len: int, context: int | None) -> int:
     """Max new tokens after the request's prefix ids that fit the context (0 or less: none
     fit, the sample ends at "length"); RecordError when the prompt alone does not fit."""
-    max_new = request.remaining_tokens
+    max_new = request.sampling.max_tokens - len(request.prefix_ids)
     if context is None:
         return max_new
     if prompt_len >= context:

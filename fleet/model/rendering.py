@@ -14,7 +14,7 @@ from typing import Any
 from fleet.errors import ConfigError, RecordError
 from fleet.model.modeldir import resolve_model_dir
 from fleet.model.reasoning import THINK_OPEN
-from fleet.records import GenRequest
+from fleet.records import GenRequest, InputRecord, Message, Sampling
 
 
 @lru_cache(maxsize=8)
@@ -61,6 +61,17 @@ class Prompt:
 
     ids: list[int]
     opened_think: bool
+
+
+def record_prompt_ids(tokenizer: Any, record: InputRecord, enable_thinking: bool,
+                      messages: list[Message] | None = None) -> list[int]:
+    """A record's prompt ids as the worker renders them (`messages`: one turn's prompt instead of the
+    record's), for counting and rebuilding prompts; rendering reads no sampling, so its request's is a stand-in."""
+    request = GenRequest(
+        record_id=record.id, chunk=0, sample=0, sampling=Sampling(max_tokens=1, seed=0),
+        messages=messages or record.messages, prompt=record.prompt, enable_thinking=enable_thinking,
+    )  # fmt: skip
+    return render_ids(tokenizer, request)
 
 
 def render(tokenizer: Any, request: GenRequest) -> Prompt:

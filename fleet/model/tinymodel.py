@@ -157,6 +157,10 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     )
 
 
+#: the sampling defaults of the tiny model's generation_config.json (a job of it samples so unless told)
+SAMPLING = {"do_sample": True, "temperature": 1.0, "top_k": 20, "top_p": 0.95}
+
+
 def build_tiny_model(out_dir: Path, seed: int = 0, loop: bool = False) -> Path:
     """Write a tiny Qwen3ForCausalLM with tokenizer, template and generation config; no network.
     `loop`: greedy rows fall into an exact 3-token cycle (`loop_greedily`)."""
@@ -192,10 +196,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0, loop: bool = False) -> Path:
     if loop:
         loop_greedily(model, tokenizer)
     model.generation_config = GenerationConfig(
-        do_sample=True,
-        temperature=1.0,
-        top_k=20,
-        top_p=0.95,
+        **SAMPLING,
         bos_token_id=eot,
         eos_token_id=[im_end, eot],
         pad_token_id=eot,

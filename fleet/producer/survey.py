@@ -19,7 +19,7 @@ from fleet.errors import InputError, RecordError
 from fleet.producer.formats import input_format
 from fleet.producer.inputs import validate
 from fleet.producer.source import local_input
-from fleet.records import GenRequest, InputRecord, Sampling
+from fleet.records import InputRecord
 from fleet.settings import Settings
 
 
@@ -67,14 +67,10 @@ class PromptLengths:
         if self.tokenizer is None:
             self.unknown += 1
             return
-        from fleet.model.rendering import render_ids
+        from fleet.model.rendering import record_prompt_ids
 
-        request = GenRequest(
-            record_id=record.id, chunk=0, sample=0, sampling=Sampling(), messages=record.messages,
-            prompt=record.prompt, enable_thinking=self.settings.enable_thinking,
-        )  # fmt: skip
         try:
-            self.lengths.append(len(render_ids(self.tokenizer, request)))
+            self.lengths.append(len(record_prompt_ids(self.tokenizer, record, self.settings.enable_thinking)))
         except RecordError as e:
             self.rejected.append(f"{self.unit} {record.line}: {e}")
 

@@ -28,16 +28,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from fleet.engines.model import ModelEngine
 from fleet.errors import EngineError
-from fleet.model.facts import NEUTRAL, fill_sampling
 from fleet.model.modeldir import context_length_of, resolve_model_dir
 from fleet.model.rendering import Prompt, render
-from fleet.records import GenDelta, GenRequest, GenResult, Sampling, derive_seed, draw
+from fleet.records import GenDelta, GenRequest, GenResult, Sampling, draw
 from fleet.settings import Settings
 
 #: Tokens of decoded tail, beyond the longest stop string, checked for a stop each step.
@@ -55,8 +54,7 @@ class RowSampler:
         import torch
 
         def column(name: str) -> Any:
-            values = [getattr(s, name) for s in samplings]
-            return torch.tensor([NEUTRAL[name] if v is None else v for v in values], device=device)
+            return torch.tensor([getattr(s, name) for s in samplings], device=device)
 
         self.vocab = vocab
         self.temp = column("temperature").float()
@@ -74,7 +72,7 @@ class RowSampler:
         #: output ids each row already had before this run (a continued sample's prefix): penalised too
         self.prefixes = torch.tensor(prefixes or [0] * len(samplings), device=device)
         self.greedy = self.temp <= 0
-        self.seeds = [s.seed if s.seed is not None else 0 for s in samplings]
+        self.seeds = [s.seed for s in samplings]
         #: output position of each row's next token: its prefix, then one more each step
         self.starts = list(prefixes or [0] * len(samplings))
 
@@ -233,7 +231,6 @@ class HfEngine(ModelEngine):
         super().__init__(settings)
         self.model: Any = None
         self.device: str | None = None
-        self.eos_ids: frozenset[int] = frozenset()
         self.batches = 0  #: batches started
         self._queue: asyncio.Queue[_Pending] | None = None
         self._batcher: asyncio.Task | None = None
@@ -249,7 +246,6 @@ class HfEngine(ModelEngine):
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.load_model_files()
-        self.eos_ids = frozenset(self.defaults["eos_token_ids"])
         self.context = self.settings.hf.context_length or context_length_of(self.model_path)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="fleet-hf")
         try:
@@ -287,11 +283,8 @@ class HfEngine(ModelEngine):
         if filled is not None:
             yield GenDelta([], filled)
             return
-        sampling = fill_sampling(request.sampling, self.defaults)
-        if sampling.seed is None:
-            sampling = replace(sampling, seed=derive_seed(0, request.record_id, request.sample))
         loop = asyncio.get_running_loop()
-        pending = _Pending(request, prompt, max_new, sampling, asyncio.Queue(), loop.time())
+        pending = _Pending(request, prompt, max_new, request.sampling, asyncio.Queue(), loop.time())
         self._pending[request.request_id] = pending
         await self._queue.put(pending)
         streamed = 0
@@ -394,7 +387,7 @@ class HfEngine(ModelEngine):
             batch[i].put(loop, self._result(batch[i], generated, why, size))
 
         stopper = RowStopper(
-            width, [p.max_new for p in batch], self.eos_ids, [p.sampling.stop or () for p in batch],
+            width, [p.max_new for p in batch], self.end_ids(), [p.sampling.stop or () for p in batch],
             self.tokenizer, prefixes=prefixes, emit=[partial(p.put, loop) for p in batch],
             finish=[partial(finish, i) for i in range(size)],
             aborted=[partial(getattr, p, "closed") for p in batch], interval=self.settings.hf.stream_interval,

@@ -72,7 +72,7 @@ class ServerEngine(StreamEngine):
 
     async def submit(self, request: GenRequest, ids: list[int], sampling: Sampling, max_new: int) -> AsyncIterator[Any]:
         assert self.facts is not None
-        api, eos = self.facts.api, self.defaults["eos_token_ids"]
+        api, eos = self.facts.api, self.eos_ids
         text = await self.off_loop(self.tokenizer.decode, ids, False) if api == "openai" else None
         wire = call(api, self.facts.model, ids, text, sampling, max_new, eos, request.request_id,
                     self.server.stream_interval)

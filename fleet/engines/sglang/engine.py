@@ -195,7 +195,7 @@ class SglangEngine(StreamEngine):
 
     async def submit(self, request: GenRequest, ids: list[int], sampling: Sampling, max_new: int) -> AsyncIterator[Any]:
         """SGLang's incremental stream of one request: each output holds only the new ids."""
-        params = sglang_sampling(sampling, max_new, self.defaults["eos_token_ids"], self.settings.sglang.deterministic)
+        params = sglang_sampling(sampling, max_new, self.eos_ids, self.settings.sglang.deterministic)
         return await self._engine.async_generate(
             input_ids=ids, sampling_params=params, stream=True, rid=request.request_id or None
         )

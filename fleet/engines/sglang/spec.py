@@ -8,7 +8,7 @@ from typing import Any
 from unittest import mock
 
 from fleet.engines.base import Engine
-from fleet.engines.model import ModelEngineSpec
+from fleet.engines.modelspec import ModelEngineSpec
 from fleet.model.gpus import query_gpus
 from fleet.settings import Settings
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from fleet.engines.base import Engine
 from fleet.engines.sim.tokenchain import SimVocab, natural_length, sim_text_of, sim_tokens
 from fleet.errors import EngineError, RecordError
-from fleet.records import GenDelta, GenRequest, GenResult, derive_seed, prompt_digest
+from fleet.records import GenDelta, GenRequest, GenResult, prompt_digest
 from fleet.settings import SimSettings
 
 
@@ -71,7 +71,7 @@ class SimEngine(Engine):
     def predict_tokens(self, request: GenRequest) -> float | None:
         # The simulated length is a function of the seed: a perfect predictor, which
         # stands in for a learned one (or a length hint) on real engines.
-        return min(sim_length(self.cfg, self.seed_of(request)), request.sampling.max_tokens)
+        return min(sim_length(self.cfg, request.sampling.seed), request.sampling.max_tokens)
 
     def _trace(self, request: GenRequest, tokens: int) -> None:
         """One line per finished sample (the tokens this process made of it), appended to this
@@ -87,10 +87,6 @@ class SimEngine(Engine):
     def decode(self, ids: Sequence[int]) -> str:
         return self.vocab.decode(ids)
 
-    def seed_of(self, request: GenRequest) -> int:
-        seed = request.sampling.seed
-        return derive_seed(0, request.record_id, request.sample) if seed is None else seed
-
     async def stream(self, request: GenRequest) -> AsyncIterator[GenDelta]:
         """Every id is a function of (seed, position, the ids before it): a sample continued after its
         own prefix ends exactly as one generated in one go, and one continued after any other prefix
@@ -103,7 +99,7 @@ class SimEngine(Engine):
             raise RuntimeError(f"sim engine fails chunk {request.chunk} (fault_chunks)")
         if request.record_id in self.cfg.fail_ids:
             raise RecordError(f"sim engine rejects record {request.record_id!r} (fail_ids)")
-        seed = self.seed_of(request)
+        seed = request.sampling.seed
         ids, reason = sim_tokens(self.vocab, seed, sim_length(self.cfg, seed), request.sampling.max_tokens,
                                  request.prefix_ids, request.sampling.stop)
         done = sent = len(request.prefix_ids)

@@ -98,7 +98,7 @@ class VllmEngine(StreamEngine):
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = vllm_sampling(sampling, max_new, self.defaults["eos_token_ids"])
+        params = vllm_sampling(sampling, max_new, self.eos_ids)
         try:
             sp = SamplingParams(**params, output_kind=RequestOutputKind.DELTA)
         except ValueError as e:  # SamplingParams validates its ranges

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet.engines.base import Engine
-from fleet.engines.model import ModelEngineSpec
+from fleet.engines.modelspec import ModelEngineSpec
 from fleet.settings import Settings
 
 #: vllm settings (and engine_kwargs keys) that change throughput and memory, not tokens (tensor parallelism:

@@ -28,7 +28,7 @@ from fleet.engines.specs import job_tokenizer
 from fleet.errors import FleetError
 from fleet.export.formats.base import ExportRow, JsonLinesWriter, LeftOut, with_sample_and_extra
 from fleet.model.turns import turn_prompt
-from fleet.records import GenRequest, InputRecord, Message, Sampling, prompt_digest
+from fleet.records import InputRecord, Message, prompt_digest
 from fleet.store.manifest import Manifest
 
 
@@ -57,14 +57,10 @@ class PromptIds:
         return ids
 
     def render(self, record: InputRecord, messages: list[Message] | None = None) -> list[int]:
-        from fleet.model.rendering import render_ids
+        from fleet.model.rendering import record_prompt_ids
 
-        config = self.manifest.config
-        request = GenRequest(
-            record_id=record.id, chunk=0, sample=0, sampling=Sampling(), messages=messages or record.messages,
-            prompt=record.prompt, enable_thinking=config.get("enable_thinking", True),
-        )  # fmt: skip
-        return render_ids(self._tokenizer(), request)
+        thinking = self.manifest.config.get("enable_thinking", True)
+        return record_prompt_ids(self._tokenizer(), record, thinking, messages)
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is None:

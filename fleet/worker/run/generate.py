@@ -19,10 +19,11 @@ import logging
 import time
 import uuid
 from dataclasses import replace
+from typing import Any
 
 from fleet import metrics
 from fleet.engines.base import Engine
-from fleet.errors import RecordError
+from fleet.errors import ConfigError, RecordError
 from fleet.model.repetition import Cycle, RepetitionSettings, RepetitionWatch, watch_for
 from fleet.model.turns import turn_count, turn_prompt
 from fleet.records import (
@@ -42,11 +43,22 @@ from fleet.worker.run.chunk import ChunkRun, LiveSample, sample_key
 log = logging.getLogger(__name__)
 
 
+def job_sampling(config: dict[str, Any]) -> dict[str, Any]:
+    """The job's sampling as its manifest resolved it at enqueue; one without max_tokens (a manifest
+    fleet did not write) is refused, naming the field, before any request is built."""
+    sampling = config.get("sampling") or {}
+    if sampling.get("max_tokens") is None:
+        raise ConfigError("the job's manifest holds no sampling.max_tokens (a manifest fleet did not write): "
+                          "enqueue the job again under another --job name")
+    return sampling
+
+
 def requests_for(run: ChunkRun) -> list[tuple[InputRecord, GenRequest]]:
-    """Requests for every sample the chunk still lacks (checkpointed ones are skipped)."""
+    """Requests for every sample the chunk still lacks (checkpointed ones are skipped), each with its
+    final sampling (record_sampling): what the engine sends, unchanged."""
     assert run.manifest is not None
     config = run.manifest.config
-    defaults, job_seed = config["sampling"], config["seed"]
+    defaults, job_seed = job_sampling(config), config["seed"]
     out = []
     for record in run.records:
         for sample in range(record.sample_count(defaults.get("n", 1))):
