@@ -154,7 +154,7 @@ def record_sampling(job: dict[str, Any], record: InputRecord | None, seed: int) 
     model's generation_config.json, the settings and the flags: fleet.engines.specs.job_config), with
     the record's own overrides and `seed`. A sampler the job's sampling lacks is off: a manifest written
     before the penalties existed has none, and the engines then sent none (docs/architecture.md, "Sampling").
-    Its max_tokens it must hold (fleet.worker.generate.job_sampling refuses a manifest without one)."""
+    Its max_tokens it must hold (fleet.worker.run.generate.job_sampling refuses a manifest without one)."""
     values: dict[str, Any] = {k: NEUTRAL[k] if job.get(k) is None else job[k] for k in NEUTRAL}
     values["max_tokens"], values["stop"] = job["max_tokens"], job.get("stop")
     if record is not None and record.sampling:

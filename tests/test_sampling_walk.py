@@ -15,8 +15,8 @@ from fleet.engines.specs import build_engine, job_config
 from fleet.records import InputRecord, Message, SamplingOverrides
 from fleet.settings import Settings
 from fleet.store.manifest import Manifest, config_hash
-from fleet.worker.chunk import ChunkRun
-from fleet.worker.generate import requests_for
+from fleet.worker.run.chunk import ChunkRun
+from fleet.worker.run.generate import requests_for
 from tests.modelkit import LoopThread, loop_thread_fixture, tiny_model_fixture  # noqa: F401
 from tests.test_engines_sglang import fake_sglang_fixture  # noqa: F401
 
