@@ -117,6 +117,8 @@ def test_gpu_groups_pin_each_worker_to_its_gpus_and_its_engine_spans_them(tmp_pa
     store = open_store(str(tmp_path / "store"))
     try:
         wait_for(lambda: len(list(store.list(results_prefix("tp")))) == 4, 120, "all results")
+        # (one worker may finish these short chunks alone before the other is up: wait for both)
+        wait_for(lambda: workers.logs().count("CUDA_VISIBLE_DEVICES='") >= 2, 120, "both workers up")
     finally:
         workers.stop()
     logs = workers.logs()
