@@ -318,6 +318,7 @@ def test_a_beat_renews_every_lease_and_carries_its_figures_in_one_command(r):
         lease.acquire()
     pace = {"made": 50, "started_ms": 1, "samples": 0, "sample_tokens": 0}
     beat(r, leases, [Figures(look=Look.ASSISTED)] * 16)  # the broker learns the script (SCRIPT LOAD) once
+    r.hset(keys.made("j"), 1, 100)  # tokens earlier runs of chunk j/1 made
     time.sleep(0.3)
     before = calls(r)
     # When one beat renews them with each run's figures (tokens made, pace, unstarted samples)
@@ -328,8 +329,14 @@ def test_a_beat_renews_every_lease_and_carries_its_figures_in_one_command(r):
     assert all(s.renewed and s.looked and not s.committed and not s.assisted for s in seen)
     assert all(r.pttl(x.key) > 900 for x in leases)
     assert len(r.hgetall(keys.lease_beat())) == 16
-    assert r.hget(keys.made("j"), 1) == b"7" and json.loads(r.hget(keys.pace("k"), 2))["made"] == 50
+    assert r.hget(keys.made("j"), 1) == b"107" and r.hget(keys.made("j"), 3) == b"7"
+    assert json.loads(r.hget(keys.pace("k"), 2))["made"] == 50
     assert r.zscore(keys.progress("j"), 15) == 15.0
+    # and what the script ran inside grows with the jobs, not with the chunks: the tokens made go in
+    # one HMGET and one HSET per job, never an HINCRBY per chunk
+    ran = {k: after[k] - before.get(k, 0) for k in after}
+    assert ran.get("hincrby", 0) == 0 and ran["pexpire"] == 16
+    assert ran["hmget"] <= 2 * 2 and ran["hset"] <= 1 + 2 * 3
 
 
 def test_a_beat_renews_only_its_own_leases_and_reads_back_what_the_runs_must_know(r):

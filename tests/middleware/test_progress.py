@@ -54,3 +54,48 @@ def test_in_flight_gauge_follows_the_run():
     assert gauge.get() == before + 3
     run.inflight -= 3
     assert gauge.get() == before
+
+
+def test_a_stopped_run_reports_every_token_its_last_checkpoint_holds(worker, store, r):
+    """The engine may still stream while a stopped run ends (a cancelled generation settles on the
+    engine loop): what the run reports as made must cover every id its last flush stored, or the
+    next run's result counts fewer tokens made than its records hold."""
+    import threading
+    import time
+
+    from fleet.coord import figures
+    from fleet.store.checkpoints import longest_prefixes, read_checkpoint
+    from fleet.worker.run.outcome import HandedBack
+
+    streaming, ended = threading.Event(), threading.Event()
+
+    def engine_goes_on(run) -> None:
+        live = run.begin(run.records[0].id, 0)
+        while not ended.is_set():
+            run.extend(live, [7])
+            streaming.set()
+            time.sleep(0.0002)
+
+    def stopped_mid_stream(run, poll):
+        from fleet.store.layout import read_chunk
+
+        run.records = read_chunk(store, run.job, run.index)
+        threading.Thread(target=engine_goes_on, args=(run,), daemon=True).start()
+        streaming.wait(5)
+        worker.ctx.stopping.set()
+        while (stop := poll()) is None:
+            time.sleep(0.01)
+        return stop
+
+    # When a run is stopped while its engine still streams one sample's ids
+    try:
+        _, outcome = worker.run(2, stopped_mid_stream)
+    finally:
+        ended.set()
+    assert isinstance(outcome, HandedBack)
+    # Then its last checkpoint holds ids, and the tokens it reported cover every one of them
+    segments = [seg for key in store.list(checkpoint_prefix(JOB, 2))
+                for seg in read_checkpoint(store.get(key), key, worker.ctx.identity_hash).segments]
+    stored = sum(len(p.ids) for p in longest_prefixes(segments).values())
+    assert stored > 0
+    assert figures.made_by(r, JOB, 2) >= stored

@@ -22,11 +22,11 @@ def owner_stack(ctx: WorkerContext) -> list[Middleware]:
     """A delivered chunk: the only stack that requeues or quarantines."""
     return [MetricsMiddleware(ctx), StatsMiddleware(ctx), RetryMiddleware(ctx), CrashMiddleware(ctx),
             ResultGate(ctx), StopGate(ctx), ManifestGate(ctx), ConfigGate(ctx), LeaseMiddleware(ctx),
-            AdmissionMiddleware(ctx), CheckpointMiddleware(ctx), ProgressMiddleware(ctx)]
+            AdmissionMiddleware(ctx), ProgressMiddleware(ctx), CheckpointMiddleware(ctx)]
 
 
 def assist_stack(ctx: WorkerContext) -> list[Middleware]:
     """An end-of-job helper: never requeues, never quarantines; the owner stays responsible."""
     return [MetricsMiddleware(ctx), StatsMiddleware(ctx), CrashMiddleware(ctx), ResultGate(ctx), StopGate(ctx),
             ManifestGate(ctx), ConfigGate(ctx), AssistLeaseMiddleware(ctx), AdmissionMiddleware(ctx),
-            CheckpointMiddleware(ctx), ProgressMiddleware(ctx)]
+            ProgressMiddleware(ctx), CheckpointMiddleware(ctx)]

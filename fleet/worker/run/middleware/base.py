@@ -58,5 +58,7 @@ class Order:
     LEASE = 40
     #: after the lease: a chunk that must run alone holds its lease while the others end
     ADMISSION = 45
+    #: before CHECKPOINT, so its after runs after the run's last flush: the tokens a stopped run
+    #: reports cover every id its checkpoint holds (the engine may still stream while the run ends)
+    PROGRESS = 48
     CHECKPOINT = 50
-    PROGRESS = 60
