@@ -508,6 +508,9 @@ def test_control_plane_bench_runs_fleets_coordination_for_simulated_workers(tmp_
         # counted their commands; the Celery stand-in sent what the real worker was measured to send
         assert level["beat_ms"]["n"] > level["workers"] and level["round_s"]["n"] >= 1
         assert level["broker"]["by_command"]["evalsha"] > 0 and level["celery_sent_per_s"] > 0
+        # the probe's own share was measured alone (its beats' scripts), and is less than the level's
+        probe = level["probe_broker"]
+        assert probe["by_command"]["evalsha"] > 0 and 0 < probe["commands"] < level["broker"]["commands"]
     assert data["celery"]["patterns"] == ["/0.celery.pidbox"]
     # And after the restart every worker came back, and after the wipe every chunk is done,
     # running or queued again (fleet enqueue rebuilt the queue from the store)

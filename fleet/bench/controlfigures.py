@@ -21,17 +21,34 @@ REDIS_CORE_PCT, P99_MS, STATUS_S = 30.0, 50.0, 2.0
 LINEAR_WITHIN = 1.25
 
 
+def per_worker(level: dict[str, Any]) -> tuple[float, float]:
+    """Commands Redis ran and ms of Redis CPU a second per simulated worker, the probe's own share
+    (measured alone at the level, `probe_broker`) taken out: the instrument is not a worker."""
+    n, broker = level["workers"], level["broker"]
+    probe = level.get("probe_broker") or {"commands": 0.0, "cpu_s": 0.0}
+    return (max(0.0, broker["commands"] - probe["commands"]) / n,
+            max(0.0, broker["cpu_s"] - probe["cpu_s"]) * 1000 / n)
+
+
+def probe_note(level: dict[str, Any]) -> str:
+    probe = level.get("probe_broker")
+    if not probe:
+        return ""
+    return f"the probe's own {probe['commands']:.0f} commands and {probe['cpu_s'] * 1000:.2f} ms/s taken out"
+
+
 def level_figures(level: dict[str, Any], largest: bool) -> list[Figure]:
     n = level["workers"]
     broker = level["broker"]
     sent = level["sent_per_s"] / n
-    cpu_ms = broker["cpu_s"] * 1000 / n
+    ran, cpu_ms = per_worker(level)
     figures = [
         at_most(f"{n} workers: commands sent per worker", round(sent, 2), SENT_PER_WORKER, "/s",
                 note=f"Celery's stand-in {level['celery_sent_per_s'] / n:.2f}/s of it"),
-        Figure(f"{n} workers: commands Redis ran per worker", round(broker["commands"] / n, 1), "/s",
-               note="scripts' own commands counted"),
-        at_most(f"{n} workers: Redis CPU per worker", round(cpu_ms, 4), CPU_MS_PER_WORKER, "ms/s"),
+        Figure(f"{n} workers: commands Redis ran per worker", round(ran, 1), "/s",
+               note="scripts' own commands counted; " + probe_note(level)),
+        at_most(f"{n} workers: Redis CPU per worker", round(cpu_ms, 4), CPU_MS_PER_WORKER, "ms/s",
+                note=probe_note(level)),
     ]
     core = Figure(f"{n} workers: Redis CPU", round(broker["cpu_s"] * 100, 2), "%", note="of one core")
     probe, own = level["probe_ms"], level["beat_ms"]
@@ -57,11 +74,12 @@ def level_figures(level: dict[str, Any], largest: bool) -> list[Figure]:
 def k_figures(level: dict[str, Any]) -> list[Figure]:
     """Another K at the same workers: what a worker costs the broker as it runs more chunks."""
     n, k = level["workers"], level["k"]
+    ran, cpu_ms = per_worker(level)
     return [
         at_most(f"K={k}, {n} workers: commands sent per worker", round(level["sent_per_s"] / n, 2), SENT_PER_WORKER,
                 "/s"),
-        at_most(f"K={k}, {n} workers: Redis CPU per worker", round(level["broker"]["cpu_s"] * 1000 / n, 4),
-                CPU_MS_PER_WORKER, "ms/s", note=f"{level['broker']['commands'] / n:.1f} commands run per worker"),
+        at_most(f"K={k}, {n} workers: Redis CPU per worker", round(cpu_ms, 4), CPU_MS_PER_WORKER, "ms/s",
+                note=f"{ran:.1f} commands run per worker; {probe_note(level)}"),
     ]
 
 

@@ -104,6 +104,9 @@ class CPProfile:
     k_workers: int = 1000
     warmup_s: float = 30.0
     window_s: float = 60.0
+    #: the probe measured alone at each level: what it costs the broker is the instrument's, not the
+    #: fleet's (K assist leases looked at ten times a second: 32 commands a worker at 10 workers)
+    probe_alone_s: float = 10.0
     celery_s: float = 30.0
     #: how long the broker stays down in the restart, and how long the reconnections are watched
     down_s: float = 5.0
@@ -114,6 +117,7 @@ class CPProfile:
 
 FULL = CPProfile()
 QUICK = CPProfile(workers=(10, 40), more_k=(32,), k_workers=10, warmup_s=15.0, window_s=20.0, celery_s=10.0,
+                  probe_alone_s=3.0,
                   down_s=2.0, watch_s=20.0)
 
 
@@ -282,17 +286,31 @@ def status_cost(store_url: str, broker: Broker, job: str, calls: int, background
     return {"s": [round(t, 3) for t in took], "redis_cpu_ms": round(max(0.0, spent) * seconds * 1000 / calls, 1)}
 
 
+def probe_alone(broker: Broker, k: int, ttl_s: float, seconds: float) -> dict[str, float]:
+    """What the probe alone costs the broker a second (its commands are the same per beat under any
+    load), subtracted from the level's figures per worker; its keys are wiped after."""
+    with Probe(broker.url, k, ttl_s):
+        time.sleep(1.0)  # its first beats load the scripts
+        before, began = broker.info(), time.monotonic()
+        time.sleep(seconds)
+        alone = delta(before, broker.info(), time.monotonic() - began)
+    broker.admin.flushall()
+    return alone
+
+
 def run_level(n: int, profile: CPProfile, shape: Shape, broker: Broker, celery: CeleryCost, workdir: Path,
               demos: bool) -> dict[str, Any]:  # fmt: skip
     """N simulated workers at steady state: the window's figures (and, with `demos`, a restart and a wipe)."""
     workdir.mkdir(parents=True, exist_ok=True)
     broker.admin.flushall()
+    probe_cost = probe_alone(broker, shape.k, profile.lease_ttl_s, profile.probe_alone_s)
     store_url, job = str(workdir / "store"), f"cp{n}"
     total = 4 * n * shape.k
     done = n * shape.k
     manifest = write_bench_job(broker, store_url, job, total, done, shape)
     fleet = Fleet(workdir, specs_for(n, profile, shape, broker, store_url, job, done, total, celery, workdir))
-    out: dict[str, Any] = {"workers": n, "k": shape.k, "chunks": total, "chunks_done_before": done}
+    out: dict[str, Any] = {"workers": n, "k": shape.k, "chunks": total, "chunks_done_before": done,
+                           "probe_broker": probe_cost}
     try:
         fleet.wait_ready(300)
         time.sleep(profile.warmup_s)
