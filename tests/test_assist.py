@@ -46,3 +46,28 @@ def test_idle_worker_assists_saturated_owner(tmp_path, redis_server, clean_env):
     assert [r["id"] for r in read_jsonl(out)] == [f"r{i:05d}" for i in range(32)]
     assert not any(list(store.list(checkpoint_prefix("tail", s.chunk))) for s in stats)
     json.dumps([s.model_dump() for s in stats])
+
+
+def test_a_stopping_process_waits_for_its_assist_copy_to_end():
+    """The assist copy runs outside Celery's pool, which is all a warm shutdown waits for: the process
+    waits for it (Runtime.stop), so the copy's middleware flushes or drops its checkpoints before the
+    exit. Cut off, a helper stopped just after the owner committed left a checkpoint of a done chunk."""
+    import threading
+    from types import SimpleNamespace
+
+    from fleet.worker.process.assist import Assister
+
+    handed_back, ended = threading.Event(), []
+
+    def run_assist(job: str, index: int) -> None:
+        handed_back.wait(10)
+        ended.append((job, index))
+
+    assister = Assister(SimpleNamespace(), 4, lambda: 0, run_assist)  # type: ignore[arg-type]
+    assert assister.join(0.01)  # nothing running: nothing to wait for
+    # Given an assist copy still running
+    assister.begin("tail", 2)
+    # Then the wait runs out while it runs, and returns once it has ended
+    assert not assister.join(0.2) and ended == []
+    handed_back.set()
+    assert assister.join(5) and ended == [("tail", 2)]

@@ -48,6 +48,8 @@ STALL_EXIT_S = 30.0
 STALL_EXIT_CODE = 70
 #: seconds a stalled worker waits for its chunks to be handed back before it kills its engine
 STALL_HAND_BACK_S = 10.0
+#: beyond grace_s, how long a stopping process waits for its assist copy's hand-back (a poll and a flush)
+ASSIST_JOIN_S = 10.0
 
 
 class Runtime:
@@ -167,6 +169,10 @@ class Runtime:
 
     def stop(self) -> None:
         self._stop.set()
+        # Celery waited for its own tasks; an assist copy runs outside its pool: its hand-back (at
+        # grace_s, then a poll and a flush) ends it before the engine goes
+        if not self.assist.join(self.settings.grace_s + ASSIST_JOIN_S):
+            log.warning("worker %s: its assist copy did not end in time; exiting without it", self.name)
         self.watchdog.stop()
         self.ctx.heartbeat.stop()
         try:

@@ -29,6 +29,8 @@ class Assister:
         self.run_assist = run_assist
         self._assisting = threading.Event()
         self._assisted: set[tuple[str, int]] = set()
+        #: the assist copy running now, if any (a stopping process waits for it: `join`)
+        self._run: threading.Thread | None = None
 
     def start(self, stop: threading.Event) -> None:
         threading.Thread(target=self._loop, args=(stop,), name="fleet-assist", daemon=True).start()
@@ -44,8 +46,7 @@ class Assister:
                     continue
                 target = self.straggler()
                 if target is not None:
-                    self._assisting.set()
-                    threading.Thread(target=self._assist, args=target, name="fleet-assist-run", daemon=True).start()
+                    self.begin(*target)
             except Exception as e:  # noqa: BLE001 - the next poll tries again
                 log.warning("assist check failed: %s", e)
 
@@ -67,6 +68,22 @@ class Assister:
                     continue
                 best = (unstarted, job, index)
         return (best[1], best[2]) if best else None
+
+    def begin(self, job: str, index: int) -> None:
+        """Run one assist copy of the chunk on its own thread (one at a time)."""
+        self._assisting.set()
+        self._run = threading.Thread(target=self._assist, args=(job, index), name="fleet-assist-run", daemon=True)
+        self._run.start()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the assist copy running now to end, so its middleware's `after` runs before the
+        process exits: a stopped copy flushes what it made since its last checkpoint, or drops its
+        checkpoints when the owner committed meanwhile (a copy cut off by the exit left a checkpoint of
+        a committed chunk behind). False when it is still running after `timeout_s`."""
+        run = self._run
+        if run is not None:
+            run.join(timeout_s)
+        return run is None or not run.is_alive()
 
     def _assist(self, job: str, index: int) -> None:
         self._assisted.add((job, index))
