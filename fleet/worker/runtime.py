@@ -169,8 +169,9 @@ class Runtime:
 
     def stop(self) -> None:
         self._stop.set()
-        # Celery waited for its own tasks; an assist copy runs outside its pool: its hand-back (at
-        # grace_s, then a poll and a flush) ends it before the engine goes
+        # Celery waited for its own tasks; an assist copy runs outside its pool: its hand-back (a poll
+        # and a flush; at grace_s after a SIGTERM, at once on any other way out) ends it before the engine goes
+        self.ctx.stopping.set()
         if not self.assist.join(self.settings.grace_s + ASSIST_JOIN_S):
             log.warning("worker %s: its assist copy did not end in time; exiting without it", self.name)
         self.watchdog.stop()
