@@ -68,6 +68,6 @@ def test_a_stopping_process_waits_for_its_assist_copy_to_end():
     # Given an assist copy still running
     assister.begin("tail", 2)
     # Then the wait runs out while it runs, and returns once it has ended
-    assert not assister.join(0.2) and ended == []
+    assert not assister.join(0.2) and ended == [] and assister.assisting
     handed_back.set()
-    assert assister.join(5) and ended == [("tail", 2)]
+    assert assister.join(5) and ended == [("tail", 2)] and not assister.assisting

@@ -27,7 +27,6 @@ class Assister:
         self.inflight = inflight
         #: runs one assist copy of a chunk to its end
         self.run_assist = run_assist
-        self._assisting = threading.Event()
         self._assisted: set[tuple[str, int]] = set()
         #: the assist copy running now, if any (a stopping process waits for it: `join`)
         self._run: threading.Thread | None = None
@@ -38,7 +37,7 @@ class Assister:
     def _loop(self, stop: threading.Event) -> None:
         while not stop.wait(self.ctx.settings.assist_poll_s):
             try:
-                if self._assisting.is_set() or self.ctx.stopping.is_set() or self.ctx.run_slots.alone:
+                if self.assisting or self.ctx.stopping.is_set() or self.ctx.run_slots.alone:
                     continue
                 if self.inflight() >= self.max_running:
                     continue
@@ -69,9 +68,13 @@ class Assister:
                 best = (unstarted, job, index)
         return (best[1], best[2]) if best else None
 
+    @property
+    def assisting(self) -> bool:
+        """An assist copy runs now (its thread is alive from `begin` until the copy has ended)."""
+        return self._run is not None and self._run.is_alive()
+
     def begin(self, job: str, index: int) -> None:
         """Run one assist copy of the chunk on its own thread (one at a time)."""
-        self._assisting.set()
         self._run = threading.Thread(target=self._assist, args=(job, index), name="fleet-assist-run", daemon=True)
         self._run.start()
 
@@ -87,8 +90,5 @@ class Assister:
 
     def _assist(self, job: str, index: int) -> None:
         self._assisted.add((job, index))
-        try:
-            log.info("queue empty: assisting straggler chunk %s/%d", job, index)
-            self.run_assist(job, index)
-        finally:
-            self._assisting.clear()
+        log.info("queue empty: assisting straggler chunk %s/%d", job, index)
+        self.run_assist(job, index)
