@@ -46,7 +46,7 @@ def level_figures(level: dict[str, Any], largest: bool) -> list[Figure]:
         at_most(f"{n} workers: commands sent per worker", round(sent, 2), SENT_PER_WORKER, "/s",
                 note=f"Celery's stand-in {level['celery_sent_per_s'] / n:.2f}/s of it"),
         Figure(f"{n} workers: commands Redis ran per worker", round(ran, 1), "/s",
-               note="scripts' own commands counted; " + probe_note(level)),
+               note="; ".join(filter(None, ["scripts' own commands counted", probe_note(level)]))),
         at_most(f"{n} workers: Redis CPU per worker", round(cpu_ms, 4), CPU_MS_PER_WORKER, "ms/s",
                 note=probe_note(level)),
     ]
@@ -79,7 +79,7 @@ def k_figures(level: dict[str, Any]) -> list[Figure]:
         at_most(f"K={k}, {n} workers: commands sent per worker", round(level["sent_per_s"] / n, 2), SENT_PER_WORKER,
                 "/s"),
         at_most(f"K={k}, {n} workers: Redis CPU per worker", round(cpu_ms, 4), CPU_MS_PER_WORKER, "ms/s",
-                note=f"{ran:.1f} commands run per worker; {probe_note(level)}"),
+                note="; ".join(filter(None, [f"{ran:.1f} commands run per worker", probe_note(level)]))),
     ]
 
 
