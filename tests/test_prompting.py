@@ -15,7 +15,7 @@ from fleet.model.endings import trim_at_stop
 from fleet.model.facts import model_facts
 from fleet.model.promptlimits import check_length
 from fleet.model.reasoning import ended_in_thinking, split_reasoning
-from fleet.model.rendering import load_tokenizer, opens_think, render_ids
+from fleet.model.rendering import decode_ids, given_prompt, load_tokenizer, opens_think, own_decoder, render_ids
 from fleet.model.revision import model_revision
 from fleet.records import Message
 from fleet.settings import Settings
@@ -222,3 +222,69 @@ def test_a_missing_model_is_a_config_error(tmp_path: Path, monkeypatch: pytest.M
         model_facts(settings_for(tmp_path / "nope"))
     with pytest.raises(ConfigError, match="needs a model"):
         model_facts(Settings(engine="hf"))
+
+
+def test_decode_ids_is_the_tokenizers_own_decode(tiny_model: Path) -> None:
+    """The one-call decode gives what transformers' decode gives, special tokens kept or skipped, on ids
+    that split multi-byte characters and hold the end and think ids; a tokenizer that cleans up spaces
+    after decoding keeps its own decode."""
+    import random
+
+    tok = load_tokenizer(str(tiny_model))
+    specials = [tok.convert_tokens_to_ids(t) for t in ("<think>", "</think>")] + list(tok.all_special_ids)
+    draw = random.Random(7)
+    cases = [draw.choices(range(len(tok)), k=draw.randint(0, 40)) for _ in range(200)]
+    cases += [c + [draw.choice(specials)] + c for c in cases[:50]] + [[], specials]
+    assert any(tok.decode(c, skip_special_tokens=True) != tok.decode(c, skip_special_tokens=False) for c in cases)
+    for ids in cases:
+        for skip in (True, False):
+            assert decode_ids(tok, ids, skip) == tok.decode(ids, skip_special_tokens=skip), ids
+
+    class Cleaning:
+        clean_up_tokenization_spaces = True
+        _tokenizer = None
+
+        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+            return f"own {ids} {skip_special_tokens}"
+
+    assert decode_ids(Cleaning(), (1, 2)) == "own [1, 2] True"
+
+
+def test_an_engines_own_decode_is_the_tokenizers_and_holds_while_another_thread_renders(tiny_model: Path) -> None:
+    """own_decoder decodes as the tokenizer does, takes a pre-tokenized prompt as render does, and runs
+    on one thread while another renders chat prompts through the shared tokenizer (which encoding
+    borrows mutably) without either failing."""
+    import random
+    import threading
+
+    tok = load_tokenizer(str(tiny_model))
+    decode = own_decoder(tok)
+    assert decode is not None
+    draw = random.Random(3)
+    cases = [draw.choices(range(len(tok)), k=draw.randint(0, 60)) for _ in range(200)]
+    for ids in cases:
+        assert decode(ids, True) == tok.decode(ids, skip_special_tokens=True)
+        assert decode(ids, False) == tok.decode(ids, skip_special_tokens=False)
+    for thinking in (True, False):
+        ids = render_ids(tok, chat("p", "hi", thinking=thinking))
+        assert given_prompt(ids, decode).opened_think == opens_think(tok, ids) == thinking
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def render_loop() -> None:
+        try:
+            while not stop.is_set():
+                render_ids(tok, chat("q", "a longer question " * draw.randint(1, 20)))
+                tok(["x " * draw.randint(1, 50), "y"], padding=True, truncation=True, max_length=draw.randint(4, 40))
+        except BaseException as e:  # noqa: BLE001 - the test reports whatever the thread met
+            failures.append(e)
+
+    thread = threading.Thread(target=render_loop)
+    thread.start()
+    try:
+        for ids in cases * 5:
+            decode(ids, True)
+    finally:
+        stop.set()
+        thread.join()
+    assert failures == []

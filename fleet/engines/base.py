@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.errors import ConfigError, FleetError, RecordError
 from fleet.model.endings import Decode, prefix_ending
+from fleet.model.rendering import decode_ids
 from fleet.records import Ending, GenDelta, GenRequest, GenResult
 
 T = TypeVar("T")
@@ -156,7 +157,7 @@ class EngineSpec(ABC):
         """Output ids to text as this engine reported a job's records (its manifest's config): what
         the audit (fleet.audit) and the exports decode a record's ids with."""
         tokenizer = self.job_tokenizer(config, job)
-        return lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True)
+        return lambda ids: decode_ids(tokenizer, ids)
 
     def planned(self, settings: Settings, gpu: str | None = None) -> Settings:
         """Settings whose S is what this engine can run on `gpu` (this host's by default), so the

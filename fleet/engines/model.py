@@ -16,7 +16,7 @@ from fleet.model.facts import model_end_ids
 from fleet.model.modeldir import require_model, resolve_model_dir
 from fleet.model.promptlimits import check_length
 from fleet.model.reasoning import ended_in_thinking, split_reasoning
-from fleet.model.rendering import Prompt, load_tokenizer, render
+from fleet.model.rendering import Prompt, SpecialDecode, decode_ids, load_tokenizer, own_decoder, render
 from fleet.records import GenRequest, GenResult, prompt_digest
 from fleet.settings import Settings
 
@@ -28,6 +28,10 @@ class ModelEngine(Engine):
         self.settings = settings
         self.model_path = require_model(settings)
         self.tokenizer: Any = None
+        #: a decode no other thread's rendering can disturb (fleet.model.rendering.own_decoder): with it a
+        #: result is assembled, and a pre-tokenized prompt taken, where the engine is, with no hop to the
+        #: thread that renders; None: the tokenizer has none, and its work stays on that thread
+        self.own_decode: SpecialDecode | None = None
         #: the ids that end a sample (model_end_ids)
         self.eos_ids: list[int] = []
         #: prompt + output token limit, known once the engine has started
@@ -39,6 +43,7 @@ class ModelEngine(Engine):
     def load_model_files(self) -> None:
         """Tokenizer and end ids; called at the start of `start()`."""
         self.tokenizer = load_tokenizer(self.model_path)
+        self.own_decode = own_decoder(self.tokenizer)
         self.eos_ids = list(model_end_ids(self.model_path))
 
     def end_ids(self) -> frozenset[int]:
@@ -65,7 +70,7 @@ class ModelEngine(Engine):
         facts: dict[str, Any],
     ) -> GenResult:
         """`assemble`, decoding where this engine keeps its tokenizer work when it must decode."""
-        if request.prefix_ids or engine_text is None:
+        if (request.prefix_ids or engine_text is None) and self.own_decode is None:
             return await self.off_loop(self.assemble, request, prompt, new_ids, reason, engine_text, facts)
         return self.assemble(request, prompt, new_ids, reason, engine_text, facts)
 
@@ -103,7 +108,7 @@ class ModelEngine(Engine):
         return reported_text(ids, reason, self.end_ids(), stops, self.decode)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.own_decode(ids, True) if self.own_decode is not None else decode_ids(self.tokenizer, ids)
 
     def seam_window(self, request: GenRequest) -> int:
         """New tokens during which a stop string may still span the seam of a continued sample:

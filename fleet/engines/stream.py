@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from fleet.engines.model import ModelEngine
 from fleet.errors import EngineError, FleetError, RecordError
-from fleet.model.rendering import Prompt, render
+from fleet.model.rendering import Prompt, given_prompt, render
 from fleet.records import NEUTRAL, GenDelta, GenRequest, Sampling, continued_seed
 from fleet.settings import Settings
 
@@ -142,14 +142,17 @@ class StreamEngine(ModelEngine):
     # -- one request -----------------------------------------------------------------------------
 
     async def render_prompt(self, request: GenRequest) -> Prompt:
-        """The request's prompt ids, rendered off the loop (templating is pure Python and the
-        loop carries the engine's own output path), once the engine is known to be usable."""
+        """The request's prompt ids, once the engine is known to be usable: rendered off the loop
+        (templating is pure Python and the loop carries the engine's own output path); pre-tokenized
+        ids are taken on it, with the engine's own decode (ModelEngine.own_decode)."""
         if self._dead is not None:
             raise self._dead
         if self._engine is None:
             raise EngineError(f"{self.name} engine is not running (not started, or shut down)")
         if asyncio.get_running_loop() is not self._loop:
             raise EngineError(f"{self.name} engine called from a loop other than the one it started on")
+        if request.input_ids is not None and self.own_decode is not None:  # nothing to render: no hop
+            return given_prompt(request.input_ids, self.own_decode)
         return await asyncio.get_running_loop().run_in_executor(self._render, render, self.tokenizer, request)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:

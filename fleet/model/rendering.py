@@ -7,6 +7,7 @@ manifest all see the same prompt.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -26,6 +27,36 @@ def load_tokenizer(model: str) -> Any:
         return AutoTokenizer.from_pretrained(str(resolve_model_dir(model)))
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot load the tokenizer of {model!r}: {e}") from e
+
+
+def decode_ids(tokenizer: Any, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """`tokenizer.decode(ids, skip_special_tokens=...)`'s text in one call into a fast tokenizer's own
+    backend: transformers' decode first walks every id in Python (to_py_obj), which cost more than
+    the decode itself on every record the audit and the engines decode. Any other tokenizer, or one
+    that cleans up spaces after decoding, goes through its own decode."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    return backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+#: ids to text, special tokens skipped or kept
+SpecialDecode = Callable[[Sequence[int], bool], str]
+
+
+def own_decoder(tokenizer: Any) -> SpecialDecode | None:
+    """A decode that gives what `decode_ids(tokenizer, ...)` gives and that any thread may call while
+    another renders: a copy of a fast tokenizer's backend that only ever decodes (rendering mutates
+    the shared one: transformers sets its truncation and padding on each encode, and a tokenizer
+    borrowed mutably by one thread refuses every other). None where there is no backend to copy or
+    the tokenizer cleans up spaces after decoding."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    from tokenizers import Tokenizer
+
+    own = Tokenizer.from_str(backend.to_str())
+    return lambda ids, skip_special_tokens=True: own.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
 def render_ids(tokenizer: Any, request: GenRequest) -> list[int]:
@@ -82,5 +113,14 @@ def render(tokenizer: Any, request: GenRequest) -> Prompt:
 
 def opens_think(tokenizer: Any, prompt_ids: list[int]) -> bool:
     """True when the rendered prompt ends inside an open think block (Qwen 3.5/3.6 thinking)."""
-    tail = tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+    return think_opened(decode_ids(tokenizer, prompt_ids[-8:], skip_special_tokens=False))
+
+
+def given_prompt(ids: Sequence[int], decode: SpecialDecode) -> Prompt:
+    """The prompt of pre-tokenized ids, as `render` makes it, with a decode of the caller's own."""
+    return Prompt(list(ids), think_opened(decode(ids[-8:], False)))
+
+
+def think_opened(tail: str) -> bool:
+    """A prompt's last few tokens' text (specials kept) leaves a think block open."""
     return tail.rstrip().endswith(THINK_OPEN)

@@ -35,7 +35,7 @@ from typing import Any
 from fleet.engines.model import ModelEngine
 from fleet.errors import EngineError
 from fleet.model.modeldir import context_length_of, resolve_model_dir
-from fleet.model.rendering import Prompt, render
+from fleet.model.rendering import Prompt, decode_ids, render
 from fleet.records import GenDelta, GenRequest, GenResult, Sampling, draw
 from fleet.settings import Settings
 
@@ -203,7 +203,7 @@ class RowStopper:
         width = max(len(s) for s in self.stops[i]) + STOP_TAIL_SLACK
         prefix = self.prefixes[i] if self.prefixes else 0
         new = row[self.prompt_width - prefix :][-width:].tolist()
-        tail = self.tokenizer.decode(new, skip_special_tokens=True)
+        tail = decode_ids(self.tokenizer, new)
         return any(s in tail for s in self.stops[i])
 
 
