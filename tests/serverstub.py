@@ -16,6 +16,9 @@ runs in the vLLM stage, tests/test_engines_vllm.py). Read from vLLM 0.32's OpenA
   tokenizer manager's check); within it, the scheduler silently clips max_new_tokens to
   max_req_len - prompt - 1 with max_req_len = context - 1 (init_req_max_new_tokens): such a request
   ends at "length" two short of the context.
+- Stop strings (`stop`) end the output at the id that completes one, its text cut before it (vLLM's
+  `stop_reason` and SGLang's `matched` name it); streamed text holds back what a stop string may
+  still begin with.
 - A client that goes away aborts its request: the next write fails and generation stops (both servers
   cancel the request's generator on disconnect); its id is kept in `aborted`.
 - Faults: `fail_next` answers that many requests 500, `drop_after` closes the connection after that
@@ -121,16 +124,18 @@ class Stub:
                 stops = set(body.get("stop_token_ids") or [])
                 with_ids = bool(body.get("return_token_ids"))
 
-                def line(new: list[int], text: str, reason: str | None, first: bool) -> dict:
+                def line(new: list[int], text: str, reason: str | None, first: bool, whole: str,
+                         matched: str | None) -> dict:  # fmt: skip
                     choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": reason,
-                                              "stop_reason": None}
+                                              "stop_reason": matched}
                     if with_ids:
                         choice["token_ids"] = new
                         if first:
                             choice["prompt_token_ids"] = ids
                     return {"id": "cmpl-1", "object": "text_completion", "model": stub.model, "choices": [choice]}
 
-                self.stream(body.get("request_id", "?"), ids, max_new, stops, interval, drop, line)
+                self.stream(body.get("request_id", "?"), ids, max_new, stops, body.get("stop") or [], interval, drop,
+                            line)
 
             def generate(self, body: dict, drop: int | None) -> None:
                 ids, params = body["input_ids"], body["sampling_params"]
@@ -142,18 +147,24 @@ class Stub:
                 max_new = min(max_new, stub.context - 1 - len(ids) - 1)
                 made: list[int] = []
 
-                def line(new: list[int], text: str, reason: str | None, first: bool) -> dict:
+                def line(new: list[int], text: str, reason: str | None, first: bool, whole: str,
+                         matched: str | None) -> dict:  # fmt: skip
                     made.extend(new)
+                    finish = ({"type": reason, "matched": matched} if matched else {"type": reason}) if reason else None
                     meta = {"prompt_tokens": len(ids), "completion_tokens": len(made), "cached_tokens": 0,
-                            "finish_reason": {"type": reason} if reason else None}
-                    return {"text": stub.tokenizer.decode(made, skip_special_tokens=True), "output_ids": list(made),
-                            "meta_info": meta}
+                            "finish_reason": finish}
+                    return {"text": whole, "output_ids": list(made), "meta_info": meta}
 
                 self.stream(body.get("rid", "?"), ids, max_new, set(params.get("stop_token_ids") or []),
-                            stub.stream_interval, drop, line)
+                            params.get("stop") or [], stub.stream_interval, drop, line)
 
-            def stream(self, rid: str, prompt: list[int], max_new: int, stops: set[int], interval: int,
-                       drop: int | None, line: Any) -> None:
+            def stream(self, rid: str, prompt: list[int], max_new: int, stops: set[int], stop_strs: list[str],
+                       interval: int, drop: int | None, line: Any) -> None:
+                """Stop strings end the output at the id that completes one, the text before it (both
+                servers' default); while they are set, a streamed text holds back the last characters a
+                stop string might still begin with (vLLM's detokenizer's stop buffer)."""
+                stop_strs = [stop_strs] if isinstance(stop_strs, str) else list(stop_strs)
+                hold = max((len(x) for x in stop_strs), default=1) - 1
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -167,10 +178,16 @@ class Stub:
                         time.sleep(stub.step_s)
                         reason = "stop" if token in stops or token == stub.eos else \
                             "length" if len(out) >= max_new else None
+                        text = stub.tokenizer.decode(out[:-1] if reason == "stop" else out, skip_special_tokens=True)
+                        hits = [(text.find(x), x) for x in stop_strs if x in text] if reason != "stop" else []
+                        matched = min(hits)[1] if hits else None
+                        if matched is not None:
+                            reason, text = "stop", text[: text.find(matched)]
                         if reason is None and len(out) - sent < interval:
                             continue
-                        text = stub.tokenizer.decode(out[:-1] if reason == "stop" else out, skip_special_tokens=True)
-                        self.chunk(line(out[sent:], text[len(shown):], reason, sent == 0))
+                        if reason is None and hold:
+                            text = text[: max(len(shown), len(text) - hold)]
+                        self.chunk(line(out[sent:], text[len(shown):], reason, sent == 0, text, matched))
                         sent, shown, lines = len(out), text, lines + 1
                         if drop is not None and lines >= drop:  # the server's process dies, say
                             self.connection.shutdown(socket.SHUT_RDWR)

@@ -147,6 +147,23 @@ def test_a_continued_request_streams_what_follows_its_prefix_and_ends_as_one_run
     assert (result.reasoning, result.text) == (whole.reasoning, whole.text)
 
 
+def test_a_stop_string_ends_the_sample_at_its_first_place_in_the_text(harness: Harness) -> None:
+    """The text ends before the stop string's first place, the ids with the one that completed it
+    (vLLM is asked for its own text only then: fleet.engines.wire.vllm_sampling)."""
+    _, whole, _ = harness.collect(request("t", max_tokens=40))
+    if whole.reasoning is not None:
+        pytest.skip(f"{harness.name} split the text at a </think>; the stop string needs it whole")
+    text = whole.text
+    at = next((k for k in range(len(text) // 3, len(text) - 3)
+               if text[k:k + 3].strip() and text.find(text[k:k + 3]) == k), None)  # fmt: skip
+    assert at is not None, f"no stop string to pick in {text!r}"
+    _, stopped, _ = harness.collect(request("t", max_tokens=40, stop=(text[at:at + 3],)))
+    assert (stopped.text, stopped.finish_reason) == (text[:at], "stop")
+    assert stopped.output_ids == whole.output_ids[:len(stopped.output_ids)]
+    assert stopped.completion_tokens == len(stopped.output_ids) < len(whole.output_ids)
+    assert text[at:at + 3] in harness.engine.decode(stopped.output_ids)
+
+
 def test_a_prefix_that_already_ends_its_sample_is_never_continued(harness: Harness) -> None:
     whole_ids, whole, _ = harness.collect(request("e", max_tokens=24))
     ended = request("e", max_tokens=24)

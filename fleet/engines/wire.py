@@ -30,6 +30,10 @@ def vllm_sampling(s: Sampling, max_new: int, eos_ids: list[int]) -> dict[str, An
         "max_tokens": max_new,
         "stop_token_ids": list(eos_ids),
         "seed": s.seed,
+        # vLLM's incremental detokenizer steps once per token in the worker's process; fleet decodes a
+        # record's text from its ids once, at its end (ModelEngine.assemble), so it asks for vLLM's
+        # text only where vLLM must match stop strings in it
+        "detokenize": bool(s.stop),
     }
     if s.stop:
         params["stop"] = list(s.stop)

@@ -4,7 +4,7 @@
 back through an output-handler task that binds to the loop of the first request, so it
 is built in `start()` on the worker's long-lived loop thread and every request comes
 from that loop (fleet.worker.process.enginehost). Prompts go in as token ids (templated once by
-fleet.model.rendering); vLLM detokenises in its own output processor.
+fleet.model.rendering); fleet decodes their text from the ids (vLLM detokenises only for stop strings).
 """
 
 from __future__ import annotations

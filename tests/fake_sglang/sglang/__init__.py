@@ -32,6 +32,10 @@ Same surface, and the same sharp edges, as the real thing (paths inside the 0.5.
   An output comes every `stream_interval` tokens. `tokenizer_manager.abort_request(rid=...)`
   ends a stream with an abort finish reason, and closing a stream aborts the request
   (`_release_req_states_on_failure`);
+- a stop string ends the output at the id that completes it, checked after every token in the text
+  of the last few ids (`_check_str_based_finish`); the finish reason names it
+  ({"type": "stop", "matched": ...}) and the last text is cut before its first place
+  (detokenizer_manager.py `trim_matched_stop`); max_new_tokens is checked first;
 - an input id past config.json's vocab_size is not checked at all: the scheduler dies on the
   embedding lookup (IndexError) and SIGQUITs the host process, which dies with it
   (shown on the real engine by tests/test_sglang_real.py's probe script).
@@ -275,6 +279,11 @@ class Engine:
         incremental = bool(self.kwargs.get("incremental_streaming_output"))
         interval = int(self.kwargs.get("stream_interval", 1))
         ids = self._ids(input_ids, n, params)
+        stop = self._stop_string(ids, params)
+        matched = None
+        if stop is not None:
+            n, matched = stop
+            ids = ids[:n]
         made: list[int] = []
         sent = 0
         said = ""  #: the text streamed so far
@@ -314,7 +323,7 @@ class Engine:
                 yield out
                 return
             raise HTTPException(500, "Out of memory even after retracting all requests (fake abort)")
-        out = self._output(input_ids, {**params, "max_new_tokens": max_new}, n, time.monotonic() - began, ids)
+        out = self._output(input_ids, {**params, "max_new_tokens": max_new}, n, time.monotonic() - began, ids, matched)
         if stream and incremental:
             out["output_ids"] = out["output_ids"][sent:]
             out["text"] = out["text"][len(said):]
@@ -335,6 +344,27 @@ class Engine:
         seed = sum(input_ids[:4]) * 7
         return [(seed + len(input_ids) + i) % 1000 + 10 for i in range(n)]
 
+    def _stop_string(self, ids: list[int], params: dict[str, Any]) -> tuple[int, str] | None:
+        """Where a stop string ends the output, as the scheduler checks it after every token
+        (managers/schedule_batch.py `_check_str_based_finish`): the stop string in the text of the
+        last stop_str_max_len + 1 ids (specials kept), stop_str_max_len being the longest stop
+        string's length in tokens (sampling/sampling_params.py normalize); the output then ends with
+        the id that completed it. None: no stop string is hit."""
+        stops = params.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else list(stops)
+        if not stops:
+            return None
+        tok = self.tokenizer()
+        width = max(len(tok.encode(s, add_special_tokens=False)) for s in stops) + 1
+        for k in range(1, len(ids) + 1):
+            if k >= params.get("max_new_tokens", 128):
+                return None  # the length check comes first (Req.check_finished)
+            tail = tok.decode(ids[max(0, k - width) : k])
+            hit = next((s for s in stops if s in tail), None)
+            if hit is not None:
+                return k, hit
+        return None
+
     def _abort(
         self, rid: str, made: list[int], sent: int, said: str, params: dict[str, Any], incremental: bool
     ) -> dict[str, Any]:
@@ -345,17 +375,23 @@ class Engine:
                               "completion_tokens": len(made)}}
 
     def _output(
-        self, input_ids: list[int], params: dict[str, Any], n: int, latency: float, ids: list[int]
+        self, input_ids: list[int], params: dict[str, Any], n: int, latency: float, ids: list[int],
+        matched: str | None = None,
     ) -> dict[str, Any]:
-        if n >= params.get("max_new_tokens", 128):
-            finish: dict[str, Any] = {"type": "length", "length": n}
+        if matched is not None:
+            finish: dict[str, Any] = {"type": "stop", "matched": matched}
+        elif n >= params.get("max_new_tokens", 128):
+            finish = {"type": "length", "length": n}
         else:
             finish = {"type": "stop", "matched": EOS}
         ids = list(ids)
-        if finish["type"] == "stop":
+        if finish["matched" if "matched" in finish else "type"] == EOS:
             ids[-1] = EOS
+        text = self.detokenize(ids, params)
+        if matched is not None and matched in text:  # the detokenizer's trim_matched_stop (no_stop_trim off)
+            text = text[: text.find(matched)]
         return {
-            "text": self.detokenize(ids, params),
+            "text": text,
             "output_ids": ids,
             "meta_info": {
                 "id": f"req-{self.calls}",
