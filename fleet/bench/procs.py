@@ -92,14 +92,34 @@ def write_prompts(path: Path, n: int) -> Path:
     return path
 
 
+def write_id_prompts(path: Path, n: int, model: Path | str) -> Path:
+    """write_prompts' n records rendered once by fleet's own template code into `input_ids`
+    records, the reference job's form (prompts tokenized ahead, in the store): the engine
+    benchmarks feed both sides these ids, so neither side's figures hold chat rendering, which is
+    the job's cost, not fleet's nor the engine's."""
+    if path.exists():
+        return path
+    from fleet.model.rendering import load_tokenizer, render_ids
+
+    tok = load_tokenizer(str(model))
+    chat = write_prompts(path.with_name(f"chat-{path.name}"), n)
+    lines = [json.dumps({"id": r.record_id, "input_ids": render_ids(tok, r)}) for r in read_requests(chat, 1)]
+    tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+    return path
+
+
 def read_requests(path: Path | str, max_tokens: int, enable_thinking: bool = True) -> list[Any]:
-    """write_prompts' records as the greedy GenRequests a worker makes of them, for the bare sides."""
+    """write_prompts' (or write_id_prompts') records as the greedy GenRequests a worker makes of them,
+    for the bare sides."""
     from fleet.records import GenRequest, Message, Sampling, derive_seed
 
     records = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
     return [GenRequest(record_id=r["id"], chunk=0, sample=0, enable_thinking=enable_thinking,
                        sampling=Sampling(temperature=0.0, max_tokens=max_tokens, seed=derive_seed(0, r["id"], 0)),
-                       messages=[Message(**m) for m in r["messages"]])
+                       messages=[Message(**m) for m in r["messages"]] if "messages" in r else None,
+                       input_ids=r.get("input_ids"))
             for r in records]  # fmt: skip
 
 

@@ -26,10 +26,11 @@ from typing import Any
 
 from fleet.bench.feed import feed
 from fleet.bench.pairs import Lane, run_pairs
-from fleet.bench.procs import read_requests, write_prompts
+from fleet.bench.procs import read_requests, write_id_prompts
 from fleet.bench.report import Section
 from fleet.bench.sides import bare_side, fleet_side
 from fleet.errors import ConfigError
+from fleet.settings import load_settings
 
 #: beside each other on a shared CPU (fleet.bench.sharedcore): one torch thread per process
 SHARED_ENV = {"OMP_NUM_THREADS": "1"}
@@ -46,16 +47,14 @@ def require_sglang() -> None:
 
 def bare_generate(prompts_path: str, max_tokens: int, until: Path | None = None) -> dict[str, Any]:
     """A plain Engine with the worker's kwargs (incremental streaming, its stream interval), used
-    as the worker uses it: every prompt rendered as fleet renders it, one streamed
-    `async_generate` per request, all at once on the Engine's loop (fleet.bench.feed); timed from
-    rendering, after the engine is up."""
+    as the worker uses it: the prompts' ids as fleet's side reads them (fleet.bench.procs.write_id_prompts),
+    one streamed `async_generate` per request, all at once on the Engine's loop (fleet.bench.feed),
+    timed after the engine is up."""
     import sglang
 
     from fleet.engines.sglang.engine import engine_kwargs
     from fleet.model.facts import model_end_ids
     from fleet.model.rendering import load_tokenizer, render_ids
-    from fleet.settings import load_settings
-
     settings = load_settings()
     kwargs = engine_kwargs(settings)
     engine = sglang.Engine(**kwargs)
@@ -65,7 +64,7 @@ def bare_generate(prompts_path: str, max_tokens: int, until: Path | None = None)
     params = {"temperature": 0.0, "max_new_tokens": max_tokens, "stop_token_ids": eos}
 
     async def one(i: int) -> int:
-        ids = render_ids(tok, requests[i % len(requests)])  # templated as the worker templates them
+        ids = render_ids(tok, requests[i % len(requests)])  # the record's ids, as the worker sends them
         tokens = 0
         async for out in await engine.async_generate(input_ids=ids, sampling_params=params, stream=True):
             tokens += len(out.get("output_ids") or [])  # incremental: only the new ids
@@ -84,17 +83,18 @@ def measure_sglang_vs_bare(workdir: Path, env: dict[str, str], prompts_n: int, m
     """Pairs on the same prompts and settings (fleet.bench.pairs), their median ratio."""
     require_sglang()
     workdir.mkdir(parents=True, exist_ok=True)
+    model = load_settings().model or ""  # the FLEET_MODEL both sides run, which tokenizes the prompts
     env = {**env, **(SHARED_ENV if together else {})}
 
     def fleet(n: int, i: int, lane: Lane) -> dict[str, Any]:
-        prompts = write_prompts(workdir / f"prompts-{n}.jsonl", n)
+        prompts = write_id_prompts(workdir / f"ids-{n}.jsonl", n, model)
         side_env = {**env, "FLEET_SAMPLING__MAX_TOKENS": str(max_tokens), "FLEET_SAMPLING__TEMPERATURE": "0",
                     "FLEET_CHUNK_SIZE": str(chunk_size)}  # fmt: skip
         args = ["run", str(prompts), "--engine", "sglang", "--workers", "1"]
         return fleet_side(workdir, workdir / "sglang-fleet", f"sglang-{i}", args, side_env, n, chunk_size, lane)
 
     def bare(n: int, i: int, lane: Lane) -> dict[str, Any]:
-        args = ["--input", str(write_prompts(workdir / f"prompts-{n}.jsonl", n)), "--max-tokens", str(max_tokens)]
+        args = ["--input", str(write_id_prompts(workdir / f"ids-{n}.jsonl", n, model)), "--max-tokens", str(max_tokens)]
         return bare_side(workdir, "fleet.bench.sglangcompare", args, env, lane, "sglang")
 
     result = run_pairs(fleet, bare, pairs, prompts_n, min_window_s, chunk_size, cap=8 * prompts_n, log=log,

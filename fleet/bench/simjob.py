@@ -78,6 +78,8 @@ class SimJob:
     on_done: Callable[[], object] | None = None
     #: seconds a worker may take to be ready (a real engine's start on loaded cores takes minutes)
     ready_timeout_s: float = 0.0
+    #: the input to enqueue; None = write_prompts' chat records
+    prompts: Path | None = None
 
     @property
     def records(self) -> int:
@@ -102,7 +104,7 @@ def run_sim_job(job: SimJob, workdir: Path, timeout_s: float = 600) -> SimJobRes
     """Run the job to its last result and read its timings back from the store."""
     base = workdir / job.name
     base.mkdir(parents=True, exist_ok=True)
-    prompts = write_prompts(workdir / f"prompts-{job.records}.jsonl", job.records)
+    prompts = job.prompts or write_prompts(workdir / f"prompts-{job.records}.jsonl", job.records)
     store_url = job.store_url or str(base / "store")
     began = time.monotonic()
     with LocalRedis(base / "redis", persist=False) as redis_server:

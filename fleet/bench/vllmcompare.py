@@ -30,7 +30,7 @@ from typing import Any
 
 from fleet.bench.feed import feed
 from fleet.bench.pairs import Lane, run_pairs
-from fleet.bench.procs import clean_env, read_requests, run_fleet, write_prompts
+from fleet.bench.procs import clean_env, read_requests, run_fleet, write_id_prompts
 from fleet.bench.report import Section
 from fleet.bench.sides import bare_side, fleet_side
 
@@ -47,8 +47,8 @@ SHARED_ENV = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def bare_generate(model: str, prompts_path: str, max_tokens: int, until: Path | None = None) -> dict[str, Any]:
-    """A plain AsyncLLM loop over fleet's own rendering of the prompts, every request at once
-    (fleet.bench.feed)."""
+    """A plain AsyncLLM loop over the prompts' ids (fleet.bench.procs.write_id_prompts, as fleet's
+    side reads them), every request at once (fleet.bench.feed)."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -96,14 +96,14 @@ def measure_vllm(prompts_n: int, max_tokens: int, chunk: int, workdir: Path, pai
     engine_env = {**ENGINE_ENV, **(SHARED_ENV if together else {})}
 
     def fleet(n: int, i: int, lane: Lane) -> dict[str, Any]:
-        prompts = write_prompts(workdir / f"prompts-{n}.jsonl", n)
+        prompts = write_id_prompts(workdir / f"ids-{n}.jsonl", n, model)
         env = clean_env(workdir, {"FLEET_SAMPLING__MAX_TOKENS": str(max_tokens), "FLEET_SAMPLING__TEMPERATURE": "0",
                                   "FLEET_CHUNK_SIZE": str(chunk), **engine_env})  # fmt: skip
         args = ["run", str(prompts), "--engine", "vllm", "--model", str(model), "--workers", "1"]
         return fleet_side(workdir, workdir / "vllm-fleet", "vllm", args, env, n, chunk, lane)
 
     def bare(n: int, i: int, lane: Lane) -> dict[str, Any]:
-        args = ["--model", str(model), "--input", str(write_prompts(workdir / f"prompts-{n}.jsonl", n)),
+        args = ["--model", str(model), "--input", str(write_id_prompts(workdir / f"ids-{n}.jsonl", n, model)),
                 "--max-tokens", str(max_tokens)]  # fmt: skip
         return bare_side(workdir, "fleet.bench.vllmcompare", args, clean_env(workdir, engine_env), lane, "vllm")
 

@@ -34,7 +34,7 @@ from typing import Any
 
 INTERVAL_S = 0.01
 LOOP_THREAD = "fleet-engine-loop"
-TOP = 25
+TOP = 60
 
 
 def where(frame: FrameType) -> str:
