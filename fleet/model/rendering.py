@@ -34,10 +34,18 @@ def decode_ids(tokenizer: Any, ids: Sequence[int], skip_special_tokens: bool = T
     backend: transformers' decode first walks every id in Python (to_py_obj), which cost more than
     the decode itself on every record the audit and the engines decode. Any other tokenizer, or one
     that cleans up spaces after decoding, goes through its own decode."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+    backend = decoding_backend(tokenizer)
+    if backend is None:
         return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
     return backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def decoding_backend(tokenizer: Any) -> Any | None:
+    """A fast tokenizer's backend where its one decode call gives what the tokenizer's own decode
+    gives; None for any other tokenizer, or one that cleans up spaces after decoding."""
+    if getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return None
+    return getattr(tokenizer, "_tokenizer", None)
 
 
 #: ids to text, special tokens skipped or kept
@@ -50,8 +58,8 @@ def own_decoder(tokenizer: Any) -> SpecialDecode | None:
     the shared one: transformers sets its truncation and padding on each encode, and a tokenizer
     borrowed mutably by one thread refuses every other). None where there is no backend to copy or
     the tokenizer cleans up spaces after decoding."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+    backend = decoding_backend(tokenizer)
+    if backend is None:
         return None
     from tokenizers import Tokenizer
 
