@@ -385,7 +385,7 @@ class Engine:
         else:
             finish = {"type": "stop", "matched": EOS}
         ids = list(ids)
-        if finish["matched" if "matched" in finish else "type"] == EOS:
+        if matched is None and finish["type"] == "stop":  # a natural end: the model's end id
             ids[-1] = EOS
         text = self.detokenize(ids, params)
         if matched is not None and matched in text:  # the detokenizer's trim_matched_stop (no_stop_trim off)
