@@ -235,10 +235,13 @@ def settings_of(model: Path, env: dict[str, str]) -> Settings:
                           if k.startswith("FLEET_VLLM__")})
 
 
+#: the job tests' engines run eager, both fleet's and the bare reference (the same kwargs): on the CPU build
+#: torch.compile costs ~25 s of every engine start and makes no step faster for the tiny model (same ids). The
+#: contract tests and the read-back test below keep the compiled engine, the default
+EAGER = {"FLEET_VLLM__ENFORCE_EAGER": "true"}
 #: the dense model's engine in every dense test, and in their bare reference
-#: why the two timing tests below do not run in CI
 DENSE_ENV = {"FLEET_VLLM__DTYPE": "float32", "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES),
-             "FLEET_VLLM__MAX_NUM_SEQS": "8"}
+             "FLEET_VLLM__MAX_NUM_SEQS": "8", **EAGER}
 #: the dense tests' reference length (a greedy answer cut at fewer max tokens is a prefix of it)
 DENSE_BARE_TOKENS = 1500
 
@@ -262,7 +265,7 @@ def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int
     prompts = tmp / "p.jsonl"
     prompts.write_text("".join(json.dumps(x) + "\n" for x in [*lines, *extra]))
     env = {"FLEET_DATA_DIR": str(tmp / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "3",
-           "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES), "FLEET_VLLM__MAX_NUM_SEQS": "8", **env}
+           "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES), "FLEET_VLLM__MAX_NUM_SEQS": "8", **EAGER, **env}
     run = run_fleet("run", str(prompts), "--job", "v", "--engine", engine, "--model", str(model),
                     "--workers", "1", env=env, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -319,8 +322,7 @@ def test_real_vllm_engine_core_never_outlives_its_sigkilled_worker(
 
     # Given `fleet worker --engine vllm` with its engine up (vLLM's EngineCore arms no parent-death signal)
     env = {"FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
-           "FLEET_STORE_URL": str(tmp_path / "s"), "FLEET_VLLM__DTYPE": "float32",
-           "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES), "FLEET_VLLM__MAX_NUM_SEQS": "8"}
+           "FLEET_STORE_URL": str(tmp_path / "s"), **DENSE_ENV}
     workers = Workers(env, tmp_path / "logs")
     try:
         launcher, worker, core = worker_with(workers, "v", "EngineCore", ready="vllm engine ready", timeout=600)
@@ -546,16 +548,15 @@ def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_o
     # which the tiny model writes no EOS for 600 tokens and more
     env = {"FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
            "FLEET_VLLM__DTYPE": "float32", "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES),
-           "FLEET_VLLM__MAX_NUM_SEQS": str(STALL_RECORDS)}  # all at once: no record waits for another's end
+           "FLEET_VLLM__MAX_NUM_SEQS": str(STALL_RECORDS), **EAGER}  # all at once: no record waits for another's end
     lines = [{"id": f"r{i}", "prompt": f"class A{i}:\n    def run(self):",
               "sampling": {"temperature": 0, "max_tokens": STALL_TOKENS}} for i in range(STALL_RECORDS)]
     # When its EngineCore is frozen (SIGSTOP) mid-generation; then it is declared stalled, killed,
     # and the job ends on the restarted engine, each record once (tests/fleetproc.py)
     rows = frozen_engine_job(tmp_path, env, "v", "EngineCore", lines, STALL_S, lease_s=10)
     # and the greedy records equal a bare vllm.LLM's uninterrupted ones
-    settings = Settings(engine="vllm", model=str(tiny_model),
-                        vllm={"dtype": "float32", "kv_cache_memory_bytes": KV_BYTES, "max_num_seqs": STALL_RECORDS})
-    bare = [b["ids"] for b in bare_outputs(tiny_model, engine_kwargs(settings), prompt_ids(tiny_model, lines, rows),
+    bare = [b["ids"] for b in bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, env)),
+                                           prompt_ids(tiny_model, lines, rows),
                                            STALL_TOKENS, tmp_path)]
     assert [row["output_ids"] for row in rows] == bare
 
@@ -569,8 +570,7 @@ def test_real_vllm_job_on_the_loop_model_stops_greedy_loops_and_never_sampled_ro
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
     env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "4",
-           "FLEET_VLLM__DTYPE": "float32", "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES),
-           "FLEET_VLLM__MAX_NUM_SEQS": "8"}
+           **DENSE_ENV}
     # When it runs through a real worker on vLLM, whose stream reports every 16 tokens
     run = run_fleet("run", str(prompts), "--job", "loops", "--engine", "vllm", "--model", str(loop_model),
                     "--max-tokens", "1500", "--workers", "1", env=env, timeout=1200)
