@@ -76,6 +76,8 @@ def test_fleet_run_sglang_with_the_real_engines_edges(tmp_path: Path, tiny_model
     [long_req] = [e for e in requests if 60 < e["prompt"] < 100]
     assert long_req["prompt"] + RESERVED + long_req["sampling_params"]["max_new_tokens"] == CONTEXT
     assert rows["long"]["finish_reason"] in ("stop", "length")
+    # And every finished stream was run to its end, none closed at its last output
+    assert not [e for e in entries if e["event"] == "closed_after_finish"]
     # And the aborted one is an error row while everything else was generated
     assert rows["aborted"]["finish_reason"] == "error" and "500" in rows["aborted"]["error"]
     assert all(r["finish_reason"] != "error" for k, r in rows.items() if k != "aborted")

@@ -158,19 +158,34 @@ def test_status_counts_tokens_in_flight_before_anything_commits(tmp_path, redis_
 
 
 
-def stop_and_replace_until_done(workers: Workers, store, job: str, chunks: int, every_s: float,
+def made_tokens(r: redis.Redis, job: str) -> int:
+    """The job's tokens made as its workers' heartbeats publish them while they stream."""
+    return sum(int(v) for v in r.hvals(keys.made(job)))
+
+
+def stop_and_replace_until_done(workers: Workers, store, r: redis.Redis, job: str, chunks: int, every_tokens: int,
                                 deadline_s: float, signum: int = signal.SIGTERM) -> int:
-    """Two hosts at a time, each stopped with `signum` once it has worked `every_s` seconds: each round
-    waits for the newer host to be ready (its worker's engine loaded, however busy the machine), gives it
-    `every_s`, then stops the older one and starts another, until the job's `chunks` results exist.
+    """Two hosts at a time, each stopped with `signum` once the job has made `every_tokens` more tokens
+    since its successor was ready: each round waits for the newer host to be ready (its worker's engine
+    loaded, however busy the machine), then for that much work, then stops the older one and starts
+    another, until the job's `chunks` results exist. Work, not seconds: on a quiet 2-core box the whole
+    job once took less than two rounds of a fixed 12 s, and no record was running at the one stop.
     Returns the stops sent."""
     names = ["host0", "host1"]
     hosts = [workers.start(name) for name in names]
     stops, began = 0, time.monotonic()
-    while len(list(store.list(results_prefix(job)))) < chunks:
+
+    def done() -> bool:
+        return len(list(store.list(results_prefix(job)))) >= chunks
+
+    while not done():
         assert time.monotonic() - began < deadline_s, f"the job did not finish while the stops went on ({stops})"
         wait_for(functools.partial(workers.ready, names[-1]), deadline_s, f"{names[-1]} ready")
-        time.sleep(every_s)
+        start = made_tokens(r, job)
+        wait_for(lambda: done() or made_tokens(r, job) - start >= every_tokens, deadline_s,  # noqa: B023
+                 f"{every_tokens} tokens made", interval=0.05)
+        if done():
+            break
         old = hosts.pop(0)
         names.pop(0)
         if signum == signal.SIGKILL:
@@ -200,10 +215,10 @@ def storm_records(tmp: Path) -> Path:
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize(("signum", "every_s"), [(signal.SIGTERM, 5.0), (signal.SIGKILL, 12.0)],
+@pytest.mark.parametrize(("signum", "every_tokens"), [(signal.SIGTERM, 1000), (signal.SIGKILL, 1500)],
                          ids=["sigterm", "sigkill"])
 def test_a_sampled_hf_job_stopped_every_few_seconds_exports_what_one_run_makes(
-        tmp_path, redis_server, clean_env, tiny_model, signum, every_s):
+        tmp_path, redis_server, clean_env, tiny_model, signum, every_tokens):
     """The tiny model under its own sampling (temperature 1: rows end at different lengths inside a
     batch that runs on), its workers stopped every few seconds until the job is done: every record is
     what one uninterrupted run makes, token for token, and none holds an end id before its last position."""
@@ -224,7 +239,8 @@ def test_a_sampled_hf_job_stopped_every_few_seconds_exports_what_one_run_makes(
     workers = Workers(env, tmp_path / "logs")
     store = open_store(env["FLEET_STORE_URL"])
     try:
-        stops = stop_and_replace_until_done(workers, store, "hs", 8, every_s, 900, signum)
+        stops = stop_and_replace_until_done(workers, store, redis.Redis.from_url(redis_server.url), "hs", 8,
+                                            every_tokens, 900, signum)
     finally:
         workers.stop()
     # Then every record passes the audit and equals the clean run's, ids included
@@ -241,10 +257,10 @@ def test_a_sampled_hf_job_stopped_every_few_seconds_exports_what_one_run_makes(
     ended_early = [r for r in rows if r["finish_reason"] == "stop" and not r["id"].startswith("long")]
     differ = [r["id"] for r, x in zip(rows, ref, strict=True) if r["output_ids"] != x["output_ids"]]
     st = status(env, "hs")
-    print(f"\n{stops} stops ({signal.Signals(signum).name} every {every_s:g}s); {len(continued)} of {len(rows)} "
-          f"records continued; {len(ended_early)} sampled rows ended on their end id; {st['tokens_made_twice']} of "
-          f"{st['completion_tokens']} tokens made twice ({st['tokens_made_twice'] / stops:.0f} per stop); records "
-          f"unlike the clean run: {differ}")
+    print(f"\n{stops} stops ({signal.Signals(signum).name} every {every_tokens} tokens made); {len(continued)} of "
+          f"{len(rows)} records continued; {len(ended_early)} sampled rows ended on their end id; "
+          f"{st['tokens_made_twice']} of {st['completion_tokens']} tokens made twice "
+          f"({st['tokens_made_twice'] / max(stops, 1):.0f} per stop); records unlike the clean run: {differ}")
     assert not differ
     assert [(r["finish_reason"], r["output"], r["reasoning"]) for r in rows] == \
         [(x["finish_reason"], x["output"], x["reasoning"]) for x in ref]

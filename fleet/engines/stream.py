@@ -52,6 +52,9 @@ class StreamEngine(ModelEngine):
     #: sampling fields this engine counts over output tokens only: a continued request's prefix is
     #: prompt to it, so a sample with any of them set restarts instead (restart_reason)
     output_only: tuple[str, ...] = ()
+    #: the engine's own stream ends by itself right after its last output, with nothing more to wait
+    #: for: it is run out, not closed there (`run_out`)
+    ends_after_last: bool = False
 
     def __init__(self, settings: Settings, kwargs: dict[str, Any]):
         super().__init__(settings)
@@ -219,7 +222,10 @@ class StreamEngine(ModelEngine):
                     continue
                 ended = True
                 text = "".join(texts) if texts else None  # none reported: decoded from the ids
-                yield GenDelta(ids, await self.whole(request, prompt, new, step.reason, text, step.facts))
+                result = await self.whole(request, prompt, new, step.reason, text, step.facts)
+                if self.ends_after_last:
+                    await run_out(outputs)
+                yield GenDelta(ids, result)
                 return
         finally:
             # A stream closed before its end (the worker's repetition stop, a cancelled chunk, a seam
@@ -240,3 +246,16 @@ class StreamEngine(ModelEngine):
         if isinstance(sorted_error, EngineError):
             self._dead = sorted_error
         return sorted_error
+
+
+async def run_out(outputs: AsyncIterator[Any]) -> None:
+    """Let an engine's stream end by itself after its last output. Closed there instead, it takes a
+    GeneratorExit through the engine's own generators: SGLang runs its failed-request clean-up and
+    leaves its inner generators to the loop's finalizer (a cross-thread wake-up and a task each, per
+    request), vLLM its abort path. Anything it still yields is not the request's (the close follows)."""
+    try:
+        await anext(outputs)
+    except StopAsyncIteration:
+        pass
+    except Exception as e:  # noqa: BLE001 - the result is whole; the engine's next request tells of the engine
+        log.warning("an engine stream failed after its last output: %s: %s", type(e).__name__, e)

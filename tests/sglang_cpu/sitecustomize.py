@@ -10,10 +10,11 @@ scheduler and detokenizer, which are spawned) gets the same two changes:
   SGLang's AMX/CPU-kernel detection is false and its layers take their `forward_native` paths.
 
 Nothing else is touched: the engine, scheduler and model code are the real ones. One switch for the
-abort test: with `SGLANG_TEST_ABORT_RID` set, a request whose rid holds that text is aborted by the
-scheduler after its first output, through SGLang's own AbortReq with an HTTP status (the path its
-running and waiting timeouts take), so the test decides which request fails and when, instead of a
-timeout that also fires on every slow request of a busy machine.
+abort test: with `SGLANG_TEST_ABORT_RID` set when the process starts, a request whose rid holds that
+text is aborted by the scheduler after its first output, through SGLang's own AbortReq with an HTTP
+status (the path its running and waiting timeouts take), so the test decides which request fails and
+when, instead of a timeout that also fires on every slow request of a busy machine. Without it,
+SGLang's own generate_request runs unwrapped.
 """
 
 from __future__ import annotations
@@ -47,14 +48,18 @@ def _abort_after_first_output(generate_request):  # noqa: ANN001, ANN202
     async def wrapped(self, obj, request=None):  # noqa: ANN001, ANN202
         part, rid = os.environ.get(ABORT_RID), getattr(obj, "rid", None)
         armed = bool(part) and isinstance(rid, str) and part in rid
-        async for out in generate_request(self, obj, request):
-            yield out
-            if armed:
-                from sglang.srt.managers.io_struct import AbortReq
+        inner = generate_request(self, obj, request)
+        try:
+            async for out in inner:
+                yield out
+                if armed:
+                    from sglang.srt.managers.io_struct import AbortReq
 
-                armed = False
-                self._dispatch_to_scheduler(AbortReq(rid=rid, abort_message=ABORT_MESSAGE, finished_reason={
-                    "type": "abort", "status_code": 503, "message": ABORT_MESSAGE}))
+                    armed = False
+                    self._dispatch_to_scheduler(AbortReq(rid=rid, abort_message=ABORT_MESSAGE, finished_reason={
+                        "type": "abort", "status_code": 503, "message": ABORT_MESSAGE}))
+        finally:  # closed with this one, as SGLang's own would be, not left to the loop's finalizer
+            await inner.aclose()
 
     return wrapped
 
@@ -65,6 +70,9 @@ def _patch_kernel_loader(module: types.ModuleType) -> None:
 
 
 def _patch_tokenizer_manager(module: types.ModuleType) -> None:
+    """Only in a process started with the switch set: elsewhere (the benchmarks) SGLang's own method runs."""
+    if not os.environ.get(ABORT_RID):
+        return
     manager = module.TokenizerManager
     manager.generate_request = _abort_after_first_output(manager.generate_request)
 

@@ -142,6 +142,8 @@ class SglangEngine(StreamEngine):
     name = "sglang"
     # SGLang's penalizers (sampling/penaltylib) all cumulate output ids only
     output_only = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+    #: TokenizerManager.generate_request returns right after the finished output
+    ends_after_last = True
 
     def __init__(self, settings: Settings):
         super().__init__(settings, engine_kwargs(settings))

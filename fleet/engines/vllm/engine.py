@@ -45,6 +45,8 @@ class VllmEngine(StreamEngine):
     name = "vllm"
     # vLLM's repetition penalty counts prompt and output ids alike (apply_penalties), so it carries
     output_only = ("presence_penalty", "frequency_penalty")
+    #: AsyncLLM.generate returns right after the finished output
+    ends_after_last = True
 
     def __init__(self, settings: Settings):
         super().__init__(settings, engine_kwargs(settings))

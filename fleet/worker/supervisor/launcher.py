@@ -94,10 +94,12 @@ class Supervisor:
         self.restart = restart
         self.stopping = False
         self.spawned = 0
+        #: the fleet whose orphans this launcher ends: its data directory's
+        self.scope = proctree.scope_of(settings.data_dir)
 
     def _spawn(self, child: _Child) -> None:
         self.spawned += 1
-        child.tag = proctree.make_tag(os.getpid(), self.spawned)
+        child.tag = proctree.make_tag(os.getpid(), self.spawned, self.scope)
         env = {**os.environ, **self.settings.to_env(), **child.spec.env, "PYTHONUNBUFFERED": "1",
                LAUNCHER_PID_ENV: str(os.getpid()), proctree.TREE_ENV: child.tag}
         argv = [sys.executable, "-m", "fleet.worker.main", "--name", child.spec.name,
@@ -118,7 +120,7 @@ class Supervisor:
     def start(self) -> None:
         if not proctree.become_subreaper():
             log.warning("no PR_SET_CHILD_SUBREAPER: orphans of a dead worker are found, not adopted")
-        if left := proctree.orphaned_trees():
+        if left := proctree.orphaned_trees(self.scope):
             proctree.kill_tree(left)
             log.warning("ended %d process(es) %s left by workers of a launcher that is gone", len(left), left)
         for child in self.children:

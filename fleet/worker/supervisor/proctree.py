@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import hashlib
 import logging
 import os
 import signal
@@ -130,28 +131,38 @@ def tree_tag(pid: int) -> str | None:
     return None
 
 
-def make_tag(launcher: int, seq: int) -> str:
-    """The TREE_ENV value of the seq-th worker process a launcher starts: names the launcher by pid
-    and start time, so a tag outliving its launcher is known as such even after pid reuse."""
+def scope_of(data_dir: Path) -> str:
+    """The launchers whose orphans one another end: those of one data directory (a host's fleet). Two
+    fleets on one machine (CI's tests side by side) never end each other's processes."""
+    return hashlib.sha256(str(data_dir.expanduser().resolve()).encode()).hexdigest()[:12]
+
+
+def make_tag(launcher: int, seq: int, scope: str) -> str:
+    """The TREE_ENV value of the seq-th worker process a launcher of `scope` starts: names the launcher
+    by pid and start time, so a tag outliving its launcher is known as such even after pid reuse."""
     st = stat(launcher)
-    return f"{launcher}.{st.start if st else 0}.{seq}"
+    return f"{launcher}.{st.start if st else 0}.{seq}.{scope}"
 
 
-def launcher_gone(tag: str) -> bool:
+def launcher_gone(tag: str, scope: str) -> bool:
+    """The tag's launcher, of this scope, is gone."""
+    parts = tag.split(".")
+    if len(parts) != 4 or parts[3] != scope:
+        return False
     try:
-        pid, start, _ = (int(x) for x in tag.split("."))
+        pid, start = int(parts[0]), int(parts[1])
     except ValueError:
         return False
     st = stat(pid)
     return st is None or st.start != start
 
 
-def orphaned_trees() -> list[int]:
-    """Running processes whose launcher is gone. A launcher killed outright takes its workers
-    (PR_SET_PDEATHSIG), not what they started: vLLM's EngineCore lives on, holding the GPU, and
-    the next launcher on the host ends it before it starts its own workers."""
+def orphaned_trees(scope: str) -> list[int]:
+    """Running processes whose launcher of this scope is gone. A launcher killed outright takes its
+    workers (PR_SET_PDEATHSIG), not what they started: vLLM's EngineCore lives on, holding the GPU, and
+    the next launcher of the host's fleet ends it before it starts its own workers."""
     return [pid for pid in all_pids() if pid != os.getpid() and (st := stat(pid)) is not None and st.running
-            and (tag := tree_tag(pid)) is not None and launcher_gone(tag)]
+            and (tag := tree_tag(pid)) is not None and launcher_gone(tag, scope)]
 
 
 def tree_of(tag: str, session: int | None = None) -> list[int]:

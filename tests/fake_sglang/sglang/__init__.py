@@ -327,7 +327,14 @@ class Engine:
         if stream and incremental:
             out["output_ids"] = out["output_ids"][sent:]
             out["text"] = out["text"][len(said):]
-        yield out
+        try:
+            yield out
+        except GeneratorExit:
+            # closed at its finished output instead of run out: SGLang's generate_request takes that close
+            # through its failed-request clean-up (`except BaseException`) and leaves its inner generator to
+            # the event loop's finalizer, a cross-thread wake-up and a task per request
+            journal({"event": "closed_after_finish", "pid": os.getpid(), "rid": rid})
+            raise
 
     @staticmethod
     def _output_start(input_ids: list[int]) -> int:
