@@ -254,7 +254,9 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     worker (`command` in its command line) once its engine has made `made` tokens of the job, i.e.
     mid-generation; then wait for the worker to declare it stalled, the stopped process to end and
     the job's results. The job is enqueued first so that nothing stands between its first tokens
-    and the SIGSTOP: the tiny model finishes a short job in seconds."""
+    and the SIGSTOP: the tiny model finishes a short job in seconds. The count is the worker's own
+    (`fleet_tokens_made` on its metrics endpoint, counted as the deltas stream), not the broker's: a
+    heartbeat carries it there every 10 s at a 10 s lease, and a job of 7 s could end between two."""
     from fleet.coord import keys
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
@@ -263,13 +265,13 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
 
     store, r = open_store(env["FLEET_STORE_URL"]), redis.Redis.from_url(env["FLEET_BROKER_URL"])
     assert run_fleet("enqueue", str(prompts), "--job", job, env=env).returncode == 0
-    launcher = workers.start(host)
+    port = free_port()
+    launcher = workers.start(host, extra_env={"FLEET_METRICS_PORT": str(port)})
     wait_for(lambda: len(worker_pids(launcher.pid)) == 1, timeout, f"the worker of {host}")
     [worker] = worker_pids(launcher.pid)
     wait_for(lambda: len(processes_below(worker, command)) == 1, timeout, f"{command} below the worker")
     [pid] = processes_below(worker, command)
-    wait_for(lambda: sum(int(n) for n in r.hvals(keys.made(job))) >= made, timeout, f"{made} tokens made",
-             interval=0.02)
+    wait_for(lambda: tokens_made_by(port) >= made, timeout, f"{made} tokens made", interval=0.02)
     os.kill(pid, signal.SIGSTOP)
     frozen = time.monotonic()
     name = f"cpu0@{host}"
