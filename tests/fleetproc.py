@@ -255,8 +255,9 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     mid-generation; then wait for the worker to declare it stalled, the stopped process to end and
     the job's results. The job is enqueued first so that nothing stands between its first tokens
     and the SIGSTOP: the tiny model finishes a short job in seconds. The count is the worker's own
-    (`fleet_tokens_made` on its metrics endpoint, counted as the deltas stream), not the broker's: a
-    heartbeat carries it there every 10 s at a 10 s lease, and a job of 7 s could end between two."""
+    (`fleet_tokens_made` on its metrics endpoint, counted as the deltas stream) or the broker's, whichever
+    shows it first: a heartbeat carries it to the broker every 10 s at a 10 s lease (a 7 s SGLang job
+    ended between two), and a scrape of a worker whose engine keeps the cores busy lagged a 6 s vLLM job."""
     from fleet.coord import keys
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
@@ -271,7 +272,9 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     [worker] = worker_pids(launcher.pid)
     wait_for(lambda: len(processes_below(worker, command)) == 1, timeout, f"{command} below the worker")
     [pid] = processes_below(worker, command)
-    wait_for(lambda: tokens_made_by(port) >= made, timeout, f"{made} tokens made", interval=0.02)
+    # whichever counts them first: the worker's scrape can lag on cores its engine keeps busy
+    wait_for(lambda: tokens_made_by(port) >= made or sum(int(n) for n in r.hvals(keys.made(job))) >= made, timeout,
+             f"{made} tokens made", interval=0.02)
     os.kill(pid, signal.SIGSTOP)
     frozen = time.monotonic()
     name = f"cpu0@{host}"
