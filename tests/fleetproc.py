@@ -273,8 +273,8 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     wait_for(lambda: len(processes_below(worker, command)) == 1, timeout, f"{command} below the worker")
     [pid] = processes_below(worker, command)
     # whichever counts them first: the worker's scrape can lag on cores its engine keeps busy
-    wait_for(lambda: tokens_made_by(port) >= made or sum(int(n) for n in r.hvals(keys.made(job))) >= made, timeout,
-             f"{made} tokens made", interval=0.02)
+    wait_for(lambda: tokens_made_by(port) >= made or made_tokens(r, job) >= made, timeout, f"{made} tokens made",
+             interval=0.02)
     os.kill(pid, signal.SIGSTOP)
     frozen = time.monotonic()
     name = f"cpu0@{host}"
@@ -364,6 +364,13 @@ HANDOVER_ENV = {"FLEET_RETURN_OUTPUT_IDS": "true", "FLEET_CHUNK_SIZE": "2", "FLE
                 "FLEET_GRACE_S": "0"}
 
 
+def made_tokens(r: redis.Redis, job: str) -> int:
+    """The job's tokens made as its workers' heartbeats publish them to the broker while they stream."""
+    from fleet.coord import keys
+
+    return sum(int(v) for v in r.hvals(keys.made(job)))
+
+
 def tokens_made_by(port: int) -> float:
     """A worker's `fleet_tokens_made` from its metrics endpoint; 0 until it serves them."""
     import requests
@@ -399,7 +406,6 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     read from its own metrics (`fleet_tokens_made`, counted as the deltas stream, scraped every 0.05 s),
     not from the broker, where a heartbeat carries it only every few seconds: vLLM's CPU build makes
     4 x 1,500 tokens in 2 s, so the records must outlast a scrape or two."""
-    from fleet.coord import keys
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
     from fleet.store.results import read_result
@@ -415,9 +421,6 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     workers = Workers(env, tmp / "logs")
     store, r = open_store(env["FLEET_STORE_URL"]), redis.Redis(port=redis_port)
 
-    def made() -> list[int]:
-        return [int(v) for v in r.hvals(keys.made(job))]
-
     port = free_port()
 
     def generating() -> bool:
@@ -431,7 +434,7 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
         a.send_signal(signal.SIGTERM)
         a.wait(timeout=120)
         exit_s = time.monotonic() - began
-        made_by_a = sum(made())
+        made_by_a = made_tokens(r, job)
         workers.start("hostB")
         wait_for(lambda: len(list(store.list(results_prefix(job)))) == 2, timeout, "both results")
     finally:

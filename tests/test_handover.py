@@ -21,7 +21,7 @@ from fleet.store import open_store
 from fleet.store.layout import results_prefix
 from fleet.store.results import read_result
 from tests.conftest import run_fleet
-from tests.fleetproc import Workers, clean_reference, memory_dir, read_jsonl, wait_for, write_prompts
+from tests.fleetproc import Workers, clean_reference, made_tokens, memory_dir, read_jsonl, wait_for, write_prompts
 from tests.modelkit import tiny_model_fixture  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -107,13 +107,13 @@ def test_sigterm_exits_in_seconds_and_the_next_worker_makes_none_of_its_tokens_a
     store, r = open_store(store_url), redis.Redis(port=redis_server.port)
     a = workers.start("hostA")
     try:
-        wait_for(lambda: sum(int(v) for v in r.hvals(keys.made("term"))) > 16 * 60, 60, "requests running")
+        wait_for(lambda: made_tokens(r, "term") > 16 * 60, 60, "requests running")
         # When it gets SIGTERM mid-generation (no checkpoint taken yet: the interval is 30 s)
         began = time.monotonic()
         a.send_signal(signal.SIGTERM)
         a.wait(timeout=60)
         exit_s = time.monotonic() - began
-        made_before = sum(int(v) for v in r.hvals(keys.made("term")))
+        made_before = made_tokens(r, "term")
         # And another worker finishes the job
         workers.start("hostB")
         wait_for(lambda: len(list(store.list(results_prefix("term")))) == 4, 120, "all results")
@@ -156,11 +156,6 @@ def test_status_counts_tokens_in_flight_before_anything_commits(tmp_path, redis_
     assert 0 < st["tok_s"] < 1200
 
 
-
-
-def made_tokens(r: redis.Redis, job: str) -> int:
-    """The job's tokens made as its workers' heartbeats publish them while they stream."""
-    return sum(int(v) for v in r.hvals(keys.made(job)))
 
 
 def stop_and_replace_until_done(workers: Workers, store, r: redis.Redis, job: str, chunks: int, every_tokens: int,
