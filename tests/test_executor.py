@@ -65,15 +65,16 @@ def test_a_late_poll_is_logged(caplog: pytest.LogCaptureFixture, monkeypatch) ->
             coro.close()
             return concurrent.futures.Future()  # never done: only the poll ends the run
 
-    def waits_long(fs: Any, timeout: float) -> None:
+    def waits_long(woken: Any, timeout: float) -> bool:
         time.sleep(timeout + 0.2)  # the thread got no CPU (or no GIL) for 0.2 s past its timeout
+        return False
 
     monkeypatch.setattr(task, "LATE_POLL_S", 0.1)
-    monkeypatch.setattr(task.concurrent.futures, "wait", waits_long)
-    monkeypatch.setattr(task, "POLL_S", 0.01)
+    monkeypatch.setattr(task.ChunkTask, "wait", staticmethod(waits_long))
     monkeypatch.setattr(task, "generate_chunk", lambda *a: _coro())
     with caplog.at_level(logging.WARNING, logger="fleet.worker.run.task"):
-        stop = task.ChunkTask(None, Host()).generate(run_of(), lambda: Superseded("stop"))  # type: ignore[arg-type]
+        chunk_task = task.ChunkTask(None, Host(), poll_s=0.01)  # type: ignore[arg-type]
+        stop = chunk_task.generate(run_of(), lambda: Superseded("stop"))
     assert isinstance(stop, Superseded)
     # at least the 0.2 s it slept past its timeout
     late = re.search(r"chunk j/0: its poll came (\d+\.\d)s late", caplog.text)

@@ -37,7 +37,7 @@ from fleet.worker.run.chunk import ChunkRun
 from fleet.worker.run.executor import Executor
 from fleet.worker.run.middleware import assist_stack, owner_stack
 from fleet.worker.run.outcome import Committed, Failed, HandedBack, Outcome, Skipped, Superseded
-from fleet.worker.run.task import ChunkTask
+from fleet.worker.run.task import ChunkTask, poll_s_of
 from fleet.worker.supervisor.proctree import descendants, kill_tree
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class Runtime:
         self.app = app
         self.engine = build_engine(settings)
         self.host = EngineHost(self.engine)
-        self.task = ChunkTask(store, self.host, writer)
+        self.task = ChunkTask(store, self.host, writer, self.ctx.bell, poll_s_of(settings))
         self.owner = Executor(owner_stack(self.ctx))
         self.assister = Executor(assist_stack(self.ctx))
         #: chunks this process runs now (Celery slots and assists)
@@ -145,7 +145,7 @@ class Runtime:
         except Exception as e:
             log.warning("could not record the stall: %s", e)
         threading.Thread(target=self._end_engine, name="fleet-stall-kill", daemon=True).start()
-        # The hand-back takes a poll (0.5 s) and a flush; a process that cannot exit after that
+        # The hand-back takes a poll (the bell's, at once) and a flush; a process that cannot exit after that
         # (a thread stuck inside the engine) is ended outright, and its launcher starts a fresh one.
         threading.Timer(STALL_EXIT_S, os._exit, args=(STALL_EXIT_CODE,)).start()
         self.restart("engine stalled")
@@ -154,7 +154,7 @@ class Runtime:
         """Kill what the hung engine started, once its chunks are handed back: vLLM's client notices
         its EngineCore's death at once (its monitor thread) and fails every open stream with
         EngineDeadError, which would fail the chunks as an engine death (suspects, a second death)
-        before the stop gate's next poll (0.5 s) hands them back. A hung engine's processes (vLLM's EngineCore, SGLang's
+        before the stop gate's poll (the bell's) hands them back. A hung engine's processes (vLLM's EngineCore, SGLang's
         scheduler) may ignore everything but SIGKILL; whatever runs in this process ends with it."""
         deadline = time.monotonic() + STALL_HAND_BACK_S
         while self.active and time.monotonic() < deadline:

@@ -98,7 +98,7 @@ def make_worker(settings: Settings, store: LocalStore, r: redis.Redis, host: Eng
                         queue=ChunkQueue(make_celery(settings), settings.queue, r),
                         policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store),
                         restart=restarts.append, identity=identity, identity_hash=identity_hash(identity))
-    return Worker(ctx, ChunkTask(store, host, ctx.writer), restarts)
+    return Worker(ctx, ChunkTask(store, host, ctx.writer, ctx.bell), restarts)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from fleet.coord.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, load_manifest
+from fleet.worker.process.bell import Bell, RingingEvent
 from fleet.worker.process.runslots import RunSlots
 from fleet.worker.process.storewriter import StoreWriter
 
@@ -92,10 +93,12 @@ class WorkerContext:
     #: what this worker's engine is (fleet.engines.identity): compared with each job's, stamped on checkpoints
     identity: dict[str, Any] = field(default_factory=dict)
     identity_hash: str = ""
-    #: set when running chunks must be handed back (grace period over, or the engine died)
-    stopping: threading.Event = field(default_factory=threading.Event)
+    #: wakes the runs waiting on the engine when `stopping` or `draining` is set (fleet.worker.process.bell)
+    bell: Bell = field(default_factory=Bell)
+    #: set when running chunks must be handed back (grace period over, or the engine died); rings the bell
+    stopping: threading.Event = None  # type: ignore[assignment]  # set in __post_init__, on the bell
     #: set on SIGTERM: every running chunk flushes its samples' ids at once (this host is going away)
-    draining: threading.Event = field(default_factory=threading.Event)
+    draining: threading.Event = None  # type: ignore[assignment]  # set in __post_init__, on the bell
     #: stops the process for its supervisor to restart it (the engine is gone)
     restart: Callable[[str], None] = lambda why: None
     #: which chunks this process runs now, and whether one runs alone (process-wide, both stacks)
@@ -106,5 +109,8 @@ class WorkerContext:
     owned: OwnedRuns = field(default_factory=OwnedRuns)
 
     def __post_init__(self) -> None:
+        for flag in ("stopping", "draining"):
+            if getattr(self, flag) is None:
+                object.__setattr__(self, flag, RingingEvent(self.bell))
         if self.writer is None:
             object.__setattr__(self, "writer", StoreWriter(self.store))

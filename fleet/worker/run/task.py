@@ -3,25 +3,29 @@ checkpoints (fleet.worker.run.middleware) and reports how it ended as an Outcome
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from fleet.audit.job import JobAudit
 from fleet.errors import FleetError
+from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.layout import read_chunk, result_key
 from fleet.store.results import ChunkStats, encode_result, sample_counts
+from fleet.worker.process.bell import Bell
 from fleet.worker.process.enginehost import EngineHost
 from fleet.worker.process.storewriter import StoreWriter
 from fleet.worker.run.chunk import ChunkRun
 from fleet.worker.run.generate import generate_chunk
 from fleet.worker.run.outcome import Committed, Outcome, Superseded
 
+#: seconds between a run's looks at its middleware where no bell wakes it (a worker's runs have one:
+#: fleet.worker.process.bell, and poll at `poll_s_of` the settings)
 POLL_S = 0.5
-#: a poll this much later than POLL_S is logged: hand-backs, checkpoints and tokens made waited
+#: a poll this much later than its interval is logged: hand-backs, checkpoints and tokens made waited
 LATE_POLL_S = 1.0
 log = logging.getLogger(__name__)
 
@@ -31,11 +35,22 @@ def mean_of(rows: list[dict[str, Any]], field: str) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
+def poll_s_of(settings: Settings) -> float:
+    """A run's poll where the bell wakes it: as often as the heartbeat carries what the middleware
+    report (its figures, a lease lost, a copy committed elsewhere), a helper looks for fresh
+    checkpoints or a checkpoint is due, whichever is soonest, and never more often than POLL_S."""
+    return max(POLL_S, min(settings.heartbeat_s, settings.assist_poll_s, settings.checkpoint_interval_s))
+
+
 class ChunkTask:
-    def __init__(self, store: Store, host: EngineHost, writer: StoreWriter | None = None):
+    def __init__(self, store: Store, host: EngineHost, writer: StoreWriter | None = None, bell: Bell | None = None,
+                 poll_s: float = POLL_S):  # fmt: skip
         self.store, self.host = store, host
         #: where the result goes (spooled while the store refuses it, where the worker has a spool)
         self.writer = writer or StoreWriter(store)
+        #: wakes a waiting run at once when the process stops or drains (none: it sees that at its next poll)
+        self.bell = bell or Bell()
+        self.poll_s = poll_s
 
     def __call__(self, run: ChunkRun, poll: Callable[[], Outcome | None]) -> Outcome:
         run.records = read_chunk(self.store, run.job, run.index)
@@ -43,22 +58,32 @@ class ChunkTask:
         return stop if stop is not None else self.commit(run, poll)
 
     def generate(self, run: ChunkRun, poll: Callable[[], Outcome | None]) -> Outcome | None:
-        """Wait for the engine, polling the middleware; stop at once when one says so."""
+        """Wait for the engine, polling the middleware every `poll_s`, and at once when the generation
+        ends or the bell rings; stop at once when a middleware says so."""
         future = self.host.submit(generate_chunk(run, self.host.engine, self.host.gate, self.host.clock))
-        while True:
-            # wait(), not result(timeout=): on Python 3.11 an engine's own asyncio.TimeoutError
-            # is concurrent.futures.TimeoutError, and would read as "not done yet" forever.
-            began = time.monotonic()
-            concurrent.futures.wait([future], timeout=POLL_S)
-            if (late := time.monotonic() - began - POLL_S) >= LATE_POLL_S:
-                log.warning("chunk %s: its poll came %.1fs late (this thread did not run)", run.name, late)
-            if future.done():
-                future.result()  # raises what the generation raised
-                return None
-            stop = poll()
-            if stop is not None:
-                future.cancel()
-                return stop
+        woken = threading.Event()
+        future.add_done_callback(lambda _: woken.set())
+        with self.bell.listening(woken):
+            while True:
+                began = time.monotonic()
+                woke = self.wait(woken, self.poll_s)
+                if not woke and (late := time.monotonic() - began - self.poll_s) >= LATE_POLL_S:
+                    log.warning("chunk %s: its poll came %.1fs late (this thread did not run)", run.name, late)
+                woken.clear()  # a ring from here on wakes the next wait: the poll below reads what rang
+                if future.done():
+                    # result(), not a wait on it: on Python 3.11 an engine's own asyncio.TimeoutError is
+                    # concurrent.futures.TimeoutError, and would read as "not done yet" forever.
+                    future.result()  # raises what the generation raised
+                    return None
+                stop = poll()
+                if stop is not None:
+                    future.cancel()
+                    return stop
+
+    @staticmethod
+    def wait(woken: threading.Event, timeout: float) -> bool:
+        """True when woken (the generation ended, the bell rang), False when the poll is due."""
+        return woken.wait(timeout)
 
     def commit(self, run: ChunkRun, poll: Callable[[], Outcome | None] = lambda: None) -> Outcome:
         rows = list(run.finished.values())
