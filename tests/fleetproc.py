@@ -248,16 +248,31 @@ class Frozen:
     ready_s: list[float]
 
 
+def step_until(pid: int, done: Callable[[], bool], timeout: float, what: str, run_s: float = 0.05) -> None:
+    """Let a process run only in slices of run_s, look at `done` between them while it is stopped, and
+    leave it stopped (SIGSTOP) once done: it cannot run past the point the test waits for, however late
+    the test's own looks come on a busy machine."""
+    began = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    while not done():
+        if time.monotonic() - began >= timeout:
+            os.kill(pid, signal.SIGCONT)
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(run_s)
+        os.kill(pid, signal.SIGSTOP)
+
+
 def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str], prompts: Path, job: str,
                   chunks: int, made: int, timeout: float = 600) -> Frozen:
     """Enqueue a job, start one `fleet worker` host for it, and SIGSTOP the engine process below its
     worker (`command` in its command line) once its engine has made `made` tokens of the job, i.e.
     mid-generation; then wait for the worker to declare it stalled, the stopped process to end and
-    the job's results. The job is enqueued first so that nothing stands between its first tokens
-    and the SIGSTOP: the tiny model finishes a short job in seconds. The count is the worker's own
-    (`fleet_tokens_made` on its metrics endpoint, counted as the deltas stream) or the broker's, whichever
-    shows it first: a heartbeat carries it to the broker every 10 s at a 10 s lease (a 7 s SGLang job
-    ended between two), and a scrape of a worker whose engine keeps the cores busy lagged a 6 s vLLM job."""
+    the job's results. The engine process runs only in the slices `step_until` gives it, from the
+    moment it exists, so the job cannot end before the test has looked: the tiny model finishes it in
+    seconds, and beside a CPU hog the test's looks lagged a 6.7 s vLLM job to its end. The count is
+    the worker's own (`fleet_tokens_made` on its metrics endpoint, counted as the deltas stream) or the
+    broker's, whichever shows it first."""
     from fleet.coord import keys
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
@@ -273,9 +288,8 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     wait_for(lambda: len(processes_below(worker, command)) == 1, timeout, f"{command} below the worker")
     [pid] = processes_below(worker, command)
     # whichever counts them first: the worker's scrape can lag on cores its engine keeps busy
-    wait_for(lambda: tokens_made_by(port) >= made or made_tokens(r, job) >= made, timeout, f"{made} tokens made",
-             interval=0.02)
-    os.kill(pid, signal.SIGSTOP)
+    step_until(pid, lambda: tokens_made_by(port) >= made or made_tokens(r, job) >= made, timeout,
+               f"{made} tokens made")
     frozen = time.monotonic()
     name = f"cpu0@{host}"
     wait_for(lambda: r.hexists(keys.worker_stalls(), name), timeout, f"{name} declared stalled")
