@@ -269,8 +269,9 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     worker (`command` in its command line) once its engine has made `made` tokens of the job, i.e.
     mid-generation; then wait for the worker to declare it stalled, the stopped process to end and
     the job's results. The engine process runs only in the slices `step_until` gives it, from the
-    moment it exists, so the job cannot end before the test has looked: the tiny model finishes it in
-    seconds, and beside a CPU hog the test's looks lagged a 6.7 s vLLM job to its end. The count is
+    moment it exists, so that the job does not end before the test has looked: the tiny model finishes
+    it in seconds, and beside a CPU hog the test's looks lagged a 6.7 s vLLM job to its end (one hogged
+    try of two with the slices still ran to its end: docs/architecture.md, "Tests"). The count is
     the worker's own (`fleet_tokens_made` on its metrics endpoint, counted as the deltas stream) or the
     broker's, whichever shows it first."""
     from fleet.coord import keys
@@ -287,7 +288,6 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     [worker] = worker_pids(launcher.pid)
     wait_for(lambda: len(processes_below(worker, command)) == 1, timeout, f"{command} below the worker")
     [pid] = processes_below(worker, command)
-    # whichever counts them first: the worker's scrape can lag on cores its engine keeps busy
     step_until(pid, lambda: tokens_made_by(port) >= made or made_tokens(r, job) >= made, timeout,
                f"{made} tokens made")
     frozen = time.monotonic()
