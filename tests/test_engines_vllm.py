@@ -14,8 +14,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from transformers import AutoTokenizer
@@ -32,6 +33,8 @@ from tests.conftest import run_fleet
 from tests.fleetproc import (
     Workers,
     check_loops_stopped,
+    engine_below,
+    engine_of,
     frozen_engine_job,
     gone_before_successor,
     hand_over,
@@ -358,8 +361,8 @@ def test_real_vllm_engine_processes_die_with_a_sigkilled_launcher(
 
 
 #: the hand-over's records: ~30,000 tokens, all 16 running at once (both chunks), ~6 s of a free 2-core box.
-#: Host A's SIGTERM lands once its polls publish tokens made (~1 s in); on 2 cores that vLLM's processes keep
-#: busy, a poll of the worker was seen to come 1.7 s late, which 8 records running alone (3 s) did not outlast
+#: The EngineCore runs in slices until host A's metrics count 4 x 48 tokens (tests/fleetproc.hand_over): a look
+#: at the worker came 7 s late on 2 busy cores, when 12 of the 16 had run to their end
 HANDOVER_RECORDS, HANDOVER_TOKENS = 16, 1900
 HANDOVER_ENGINE = {**DENSE_ENV, "FLEET_VLLM__MAX_NUM_SEQS": str(HANDOVER_RECORDS)}
 #: beside them, at the head of each chunk: rows that end early while their chunk runs on (greedy, cut at 24
@@ -386,14 +389,15 @@ def handover_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPath
                         prompt_ids(tiny_model, lines), HANDOVER_TOKENS, tmp_path_factory.mktemp("handover-bare"))
 
 
-def handover_job(tmp: Path, env: dict[str, str], redis_port: int, bare: list[dict], model: Path) -> None:
+def handover_job(tmp: Path, env: dict[str, str], redis_port: int, bare: list[dict], model: Path,
+                 engine: Callable[[subprocess.Popen[bytes]], list[int]]) -> None:
     """A greedy job of long records in two chunks, with rows that end early, sampled ones and one that must
-    restart: host A gets SIGTERM while the records are generating, host B finishes the job
-    (tests/fleetproc.hand_over, which audits every record); checked against the bare engine."""
+    restart: host A gets SIGTERM while the records are generating (its `engine` stepped until then), host B
+    finishes the job (tests/fleetproc.hand_over, which audits every record); checked against the bare engine."""
     lines = chat_lines(HANDOVER_RECORDS, HANDOVER_TOKENS, prefix="c")
     half = HANDOVER_RECORDS // 2
     records = [*HANDOVER_EXTRA[0], *lines[:half], *HANDOVER_EXTRA[1], *lines[half:]]
-    done = hand_over(tmp, env, redis_port, records)  # every record audited against its ids
+    done = hand_over(tmp, env, redis_port, records, engine=engine)  # every record audited against its ids
     by_id = {row["id"]: row for row in done.rows}
     rows = [by_id[line["id"]] for line in lines]
     prompt_ids(model, lines, rows)  # the records' prompt digests are the ids the bare engine got
@@ -416,7 +420,7 @@ def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_to
 ):
     env = {**HANDOVER_ENGINE, "FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model),
            "FLEET_BROKER_URL": redis_server.url}  # the store: tests/fleetproc.memory_dir
-    handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model)
+    handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model, engine_below("EngineCore"))
 
 
 # -- the server engine on a real `vllm serve` (the same engine args: its records must be the embedded one's) --
@@ -425,19 +429,26 @@ def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_to
 SERVER_KEY = "fleet-test-key"
 
 
+class Served(NamedTuple):
+    """A `vllm serve` for the tests: its base URL and its process (the EngineCore runs below it)."""
+
+    url: str
+    pid: int
+
+
 @pytest.fixture(scope="module")
-def served(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def served(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """One `vllm serve` of the dense model with the hand-over's engine args (16 requests at once), behind
-    an API key: the URL."""
+    an API key."""
     from tests.vllmserve import vllm_server
 
     kwargs = engine_kwargs(settings_of(tiny_model, HANDOVER_ENGINE))
-    with vllm_server(kwargs, tmp_path_factory.mktemp("serve") / "serve.log", api_key=SERVER_KEY) as (url, _):
-        yield url
+    with vllm_server(kwargs, tmp_path_factory.mktemp("serve") / "serve.log", api_key=SERVER_KEY) as (url, proc):
+        yield Served(url, proc.pid)
 
 
-def served_env(url: str) -> dict[str, str]:
-    return {"FLEET_SERVER__BASE_URL": url, "OPENAI_API_KEY": SERVER_KEY, "FLEET_SERVER__MAX_RUNNING": "16"}
+def served_env(served: Served) -> dict[str, str]:
+    return {"FLEET_SERVER__BASE_URL": served.url, "OPENAI_API_KEY": SERVER_KEY, "FLEET_SERVER__MAX_RUNNING": "16"}
 
 
 @pytest.mark.e2e
@@ -458,7 +469,8 @@ def test_real_vllm_served_records_stopped_by_sigterm_are_continued_token_for_tok
     # (the server aborts them), host B continues every record from its checkpointed ids, sent as token ids
     env = {"FLEET_ENGINE": "server", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
            **served_env(served)}
-    handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model)
+    handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model,
+                 lambda _: engine_of(served.pid, "EngineCore"))  # the server's engine makes host A's tokens
 
 
 async def unfinished(engine) -> int:

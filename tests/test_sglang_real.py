@@ -26,7 +26,7 @@ from fleet.model.reasoning import split_reasoning
 from fleet.model.rendering import load_tokenizer, render_ids
 from fleet.records import GenRequest, Message, Sampling, prompt_digest
 from fleet.worker.process.enginehost import admission_limit
-from tests.fleetproc import check_loops_stopped, hand_over, loop_job_lines, read_jsonl
+from tests.fleetproc import check_loops_stopped, engine_below, hand_over, loop_job_lines, read_jsonl
 from tests.modelkit import loop_model_fixture, tiny_model_fixture  # noqa: F401
 from tests.sglangcpu import CPU_KWARGS, CPU_SETTINGS_ENV, have_real_sglang, process_env, run_bare
 
@@ -222,7 +222,8 @@ def test_real_sglang_records_stopped_by_sigterm_are_continued_by_another_worker_
     env = process_env({**CPU_SETTINGS_ENV, "FLEET_ENGINE": "sglang", "FLEET_MODEL": str(tiny_model),
                        "FLEET_BROKER_URL": redis_server.url})  # the store: tests/fleetproc.memory_dir
     records = [*HANDOVER_EXTRA[0], *CONTINUED[:2], *HANDOVER_EXTRA[1], *CONTINUED[2:]]
-    done = hand_over(tmp_path, env, redis_server.port, records, timeout=600)  # every record audited against its ids
+    done = hand_over(tmp_path, env, redis_server.port, records, timeout=600,  # every record audited against its ids
+                     engine=engine_below("sglang::scheduler"))
     by_id = {row["id"]: row for row in done.rows}
     rows = [by_id[r["id"]] for r in CONTINUED]
     # And the rows that ended early are what their run made; the penalised one started again from token 0
