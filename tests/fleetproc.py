@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import redis
 
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.store import Store, open_store
+from fleet.worker.supervisor.proctree import children, descendants, is_worker, running, stat
 
 FAST_SIM = {
     "FLEET_ENGINE": "sim",
@@ -91,22 +93,18 @@ class Workers:
 def cmdline(pid: int) -> str:
     """A process's command line, words joined by spaces ('' once it is gone or a zombie)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 
 def processes_below(root: int, command: str) -> list[int]:
     """Running descendants of root whose command line contains command."""
-    from fleet.worker.supervisor.proctree import descendants
-
     return [pid for pid in descendants(root) if command in cmdline(pid)]
 
 
 def worker_pids(launcher: int) -> list[int]:
     """The worker processes a `fleet worker` launcher runs now (not the orphans it adopted)."""
-    from fleet.worker.supervisor.proctree import children, is_worker
-
     return [pid for pid in children(launcher) if is_worker(cmdline(pid).encode())]
 
 
@@ -125,18 +123,12 @@ def gone_before_successor(launcher: int, worker: int, pid: int, timeout: float =
     """Seconds from now (just after worker's death) until pid, a process it left, exited (a zombie
     has freed its memory; its parent reaps it); fails if the launcher starts a successor worker while
     pid still runs."""
-    from fleet.worker.supervisor.proctree import stat
-
-    def ended() -> bool:
-        st = stat(pid)
-        return st is None or not st.running
-
     began, gone = time.monotonic(), None
     while time.monotonic() - began < timeout:
-        if gone is None and ended():
+        if gone is None and not running(pid):
             gone = time.monotonic() - began
         if [p for p in worker_pids(launcher) if p != worker]:
-            assert ended(), f"a successor worker started beside pid {pid} of the dead worker"
+            assert not running(pid), f"a successor worker started beside pid {pid} of the dead worker"
             assert gone is not None
             return gone
         time.sleep(0.005)
@@ -158,12 +150,6 @@ def kill_the_launcher(env: dict[str, str], log_dir: Path, command: str, expected
     holds `command`); then `kill -9` of the launcher, as an operator would, and a wait until the worker and
     every process below it have ended (a zombie has ended: its memory, the GPU's too, is freed). Checks that
     the engine's processes named in `expected` were there, and were gone within 30 s."""
-    from fleet.worker.supervisor.proctree import stat
-
-    def ended(pid: int) -> bool:
-        st = stat(pid)
-        return st is None or not st.running
-
     workers = Workers(env, log_dir)
     try:
         launcher, worker, _ = worker_with(workers, "k", command, ready="engine ready", timeout=timeout)
@@ -172,8 +158,8 @@ def kill_the_launcher(env: dict[str, str], log_dir: Path, command: str, expected
         launcher.wait()
         began = time.monotonic()
         left = [worker, *(pid for pid, _ in below)]
-        wait_for(lambda: all(ended(pid) for pid in left), 60,
-                 f"the worker and its engine's processes to end: {[(p, cmdline(p)) for p in left if not ended(p)]}",
+        wait_for(lambda: not any(running(pid) for pid in left), 60,
+                 f"the worker and its engine's processes to end: {[(p, cmdline(p)) for p in left if running(p)]}",
                  interval=0.05)
         killed = LauncherKilled(below, time.monotonic() - began)
     finally:
@@ -286,7 +272,6 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     from fleet.coord import keys
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
-    from fleet.worker.supervisor.proctree import stat
     from tests.conftest import run_fleet
 
     store, r = open_store(env["FLEET_STORE_URL"]), redis.Redis.from_url(env["FLEET_BROKER_URL"])
@@ -304,17 +289,13 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     wait_for(lambda: r.hexists(keys.worker_stalls(), name), timeout, f"{name} declared stalled")
     declared = time.monotonic() - frozen
 
-    def ended() -> bool:
-        st = stat(pid)
-        return st is None or not st.running
-
-    wait_for(ended, 60, f"the stopped {command} killed", interval=0.02)
+    wait_for(lambda: not running(pid), 60, f"the stopped {command} killed", interval=0.02)
     killed = time.monotonic() - frozen
     status = json.loads(run_fleet("status", "--job", job, "--json", env=env).stdout)
     wait_for(lambda: len(list(store.list(results_prefix(job)))) == chunks, timeout, f"the {chunks} results")
     done = time.monotonic() - frozen
     successors = [p for p in worker_pids(launcher.pid) if p != worker]
-    stopped = [p for p in processes_below(launcher.pid, "") if (st := stat(p)) is not None and st.state == "T"]
+    stopped = [p for p in processes_below(launcher.pid, "") if (st := stat(p)) is not None and st.stopped]
     ready_s = [float(x) for x in re.findall(r"engine ready in ([0-9.]+)s", workers.logs())]
     return Frozen(pid, declared, killed, done, status, successors, stopped, ready_s)
 
@@ -341,7 +322,6 @@ def frozen_engine_job(tmp: Path, env: dict[str, str], host: str, command: str, r
     comes exactly once, some continued from what the frozen engine made.
     Returns the exported rows, in input order, for the caller to compare with its bare engine."""
     from fleet.coord import keys
-    from fleet.worker.supervisor.proctree import stat
     from tests.conftest import run_fleet
 
     env = {**env, "FLEET_STORE_URL": str(memory_dir(tmp, "s")), "FLEET_STALL_S": str(stall_s),
@@ -367,7 +347,7 @@ def frozen_engine_job(tmp: Path, env: dict[str, str], host: str, command: str, r
     # and a Redis write on an idle machine) is printed above, not asserted: a busy machine delays it.
     assert frozen.status["stalled_workers"][0]["stalled_s"] >= stall_s and stall_s - 2 <= frozen.declared
     assert "declaring it hung" in workers.logs() and frozen.successors and not frozen.stopped
-    assert stat(frozen.pid) is None or not stat(frozen.pid).running
+    assert not running(frozen.pid)
     # killed once declared, and the job done after that on the restarted engine (the waits bound both)
     assert frozen.declared <= frozen.killed <= frozen.done and len(frozen.ready_s) == 2
     assert sum(int(v) for v in redis.Redis.from_url(env["FLEET_BROKER_URL"]).hvals(keys.attempts("fz"))) == 0

@@ -321,7 +321,7 @@ def test_real_vllm_fleet_run_on_the_hybrid_model_speculates_and_equals_bare_vllm
 def test_real_vllm_engine_core_never_outlives_its_sigkilled_worker(
     real_vllm, tmp_path, tiny_model, redis_server, clean_env
 ):
-    from fleet.worker.supervisor.proctree import stat
+    from fleet.worker.supervisor.proctree import running, stat
 
     # Given `fleet worker --engine vllm` with its engine up (vLLM's EngineCore arms no parent-death signal)
     env = {"FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
@@ -342,7 +342,7 @@ def test_real_vllm_engine_core_never_outlives_its_sigkilled_worker(
         assert len(cores) == 1 and cores == processes_below(successor, "EngineCore") and gone < 10
     finally:
         workers.stop(timeout=120)
-    assert launcher.returncode == 0 and (stat(cores[0]) is None or not stat(cores[0]).running)
+    assert launcher.returncode == 0 and not running(cores[0])
     assert "killed by SIGKILL" in workers.logs()
 
 

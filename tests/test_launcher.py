@@ -78,8 +78,7 @@ def test_gpu_workers_pinned_supervised_and_measured(tmp_path, redis_server, clea
         running = json.loads(run_fleet("status", "--job", "gpu", "--json", env=env).stdout)
         scraped = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=60).text
         # and one worker dies
-        children = [int(p) for t in Path(f"/proc/{launcher.pid}/task").iterdir()
-                    for p in (t / "children").read_text().split()]
+        children = proctree.children(launcher.pid)
         os.kill(children[0], signal.SIGKILL)
         wait_for(lambda: len(list(store.list(results_prefix("gpu")))) == 20, 120, "all results")
         wait_for(lambda: workers.logs().count("ready.") >= 3, 30, "the restarted worker ready")
@@ -190,15 +189,6 @@ def test_engine_failure_restarts_the_worker_and_never_commits_a_partial_chunk(tm
     assert not store.exists("dies/results/000001")
 
 
-def alive(pid: int) -> bool:
-    """Running, not a zombie waiting for a reaper (a killed launcher reaps nothing)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status
-
-
 def test_a_killed_launcher_takes_its_workers(tmp_path, redis_server, clean_env):
     # Given a `fleet worker` launcher with two running worker processes
     env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "s")}
@@ -206,17 +196,32 @@ def test_a_killed_launcher_takes_its_workers(tmp_path, redis_server, clean_env):
     launcher = workers.start("host", workers=2)
     try:
         wait_for(lambda: workers.logs().count("ready") >= 2, 90, "two workers ready")
-        children = [int(p) for t in Path(f"/proc/{launcher.pid}/task").iterdir()
-                    for p in (t / "children").read_text().split()]
-        assert len(children) == 2 and all(alive(p) for p in children)
+        children = proctree.children(launcher.pid)
+        assert len(children) == 2 and all(proctree.running(p) for p in children)
         # When the launcher is killed outright
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=10)
         # Then no worker process remains
-        gone = wait_for(lambda: not any(alive(p) for p in children), 10, "workers to die with their launcher")
+        gone = wait_for(lambda: not any(proctree.running(p) for p in children), 10,
+                        "workers to die with their launcher")
         print(f"\nworkers gone {gone:.2f}s after their launcher's SIGKILL")
     finally:
         workers.stop()
+
+
+def test_a_tag_names_its_launcher_by_the_kernels_start_ticks():
+    # Given this process as a launcher, and its start as the kernel counts it (field 22 of /proc/<pid>/stat),
+    # which every tag a launcher of this scope ever wrote holds
+    me = os.getpid()
+    ticks = int(Path(f"/proc/{me}/stat").read_bytes().rsplit(b")", 1)[1].split()[19])
+    # When it tags its third worker
+    tag = proctree.make_tag(me, 3, "scope")
+    # Then the tag holds those ticks; the launcher is not gone, but a launcher of that pid with another start
+    # is (the pid was reused), and a tag of another scope is never this one's to judge
+    assert tag == f"{me}.{ticks}.3.scope"
+    assert not proctree.launcher_gone(tag, "scope")
+    assert proctree.launcher_gone(f"{me}.{ticks + 1}.3.scope", "scope")
+    assert not proctree.launcher_gone(f"{me}.{ticks + 1}.3.other", "scope")
 
 
 def test_kill_tree_ends_a_descendant_in_its_own_session_that_ignores_sigterm(tmp_path):
@@ -307,8 +312,8 @@ def test_what_workers_of_a_killed_launcher_left_is_ended_by_the_next_launcher(tm
         first, worker, helper = worker_with(workers, "first", "sleep 3600")
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
-        wait_for(lambda: not alive(worker), 10, "the worker to die with its launcher")
-        assert alive(helper)
+        wait_for(lambda: not proctree.running(worker), 10, "the worker to die with its launcher")
+        assert proctree.running(helper)
         # When the next launcher starts on the host
         second = workers.start("second")
         # Then the orphan is gone before its first worker starts

@@ -12,6 +12,7 @@ real engine here; the ones a CPU cannot show (GPU memory, the state pool) stay t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from fleet.model.reasoning import split_reasoning
@@ -74,14 +76,10 @@ HANDOVER_EXTRA = [
 def _procs_with(marker: str) -> list[int]:
     """Live processes whose environment carries `marker` (this job's data directory)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            continue
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.pid != os.getpid() and any(marker in value for value in proc.environ().values()):
+                found.append(proc.pid)
     return found
 
 

@@ -19,6 +19,7 @@ from fleet.coord import keys
 from fleet.coord.leases import process_of
 from fleet.store import open_store
 from fleet.store.layout import checkpoints_prefix, failed_prefix, results_prefix
+from fleet.worker.supervisor.proctree import children
 from tests.conftest import run_fleet
 from tests.fleetproc import Workers, clean_reference, wait_for
 
@@ -40,10 +41,6 @@ SIM = {
     # Chunks here run seconds, not the minutes of a real job: scale the crash evidence with them.
     "FLEET_CRASH_WINDOW_S": "1.5",
 }
-
-
-def children(pid: int) -> list[int]:
-    return [int(p) for t in Path(f"/proc/{pid}/task").iterdir() for p in (t / "children").read_text().split()]
 
 
 @pytest.fixture(scope="module")
