@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import re
@@ -22,7 +21,7 @@ import redis
 
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.store import Store, open_store
-from fleet.worker.supervisor.proctree import children, descendants, is_worker, running, stat
+from fleet.worker.supervisor.proctree import children, descendants, is_worker, running, signal_all, stat
 
 FAST_SIM = {
     "FLEET_ENGINE": "sim",
@@ -235,27 +234,19 @@ class Frozen:
     ready_s: list[float]
 
 
-def step_until(pids: int | list[int], done: Callable[[], bool], timeout: float, what: str,
-               run_s: float = 0.05) -> None:
+def step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: str, run_s: float = 0.05) -> None:
     """Let processes run only in slices of run_s, look at `done` between them while they are stopped,
     and leave them stopped (SIGSTOP) once done: they cannot run past the point the test waits for,
-    however late the test's own looks come on a busy machine."""
-    pids = [pids] if isinstance(pids, int) else pids
-
-    def send(sig: signal.Signals) -> None:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):  # a helper process that ended meanwhile
-                os.kill(pid, sig)
-
+    however late the test's own looks come on a busy machine. One that ends meanwhile is passed over."""
     began = time.monotonic()
-    send(signal.SIGSTOP)
+    signal_all(pids, signal.SIGSTOP)
     while not done():
         if time.monotonic() - began >= timeout:
-            send(signal.SIGCONT)
+            signal_all(pids, signal.SIGCONT)
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        send(signal.SIGCONT)
+        signal_all(pids, signal.SIGCONT)
         time.sleep(run_s)
-        send(signal.SIGSTOP)
+        signal_all(pids, signal.SIGSTOP)
 
 
 def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str], prompts: Path, job: str,
@@ -282,7 +273,7 @@ def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str]
     [worker] = worker_pids(launcher.pid)
     wait_for(lambda: len(processes_below(worker, command)) == 1, timeout, f"{command} below the worker")
     [pid] = processes_below(worker, command)
-    step_until(pid, lambda: tokens_made_by(port) >= made or made_tokens(r, job) >= made, timeout,
+    step_until([pid], lambda: tokens_made_by(port) >= made or made_tokens(r, job) >= made, timeout,
                f"{made} tokens made")
     frozen = time.monotonic()
     name = f"cpu0@{host}"
@@ -414,24 +405,22 @@ def engine_below(command: str) -> Callable[[subprocess.Popen[bytes]], list[int]]
 
 
 def engine_of(root: int, command: str) -> list[int]:
-    """The one process below root whose command line holds command, and its own descendants."""
-    from fleet.worker.supervisor.proctree import descendants
-
+    """The one process below root whose command line holds command, and its own descendants; none
+    until it exists."""
     found = processes_below(root, command)
     return [found[0], *descendants(found[0])] if len(found) == 1 else []
 
 
 def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dict], job: str = "cont",
-              timeout: float = 900, engine: Callable[[subprocess.Popen[bytes]], list[int]] | None = None
-              ) -> HandOver:
+              timeout: float = 900, *, engine: Callable[[subprocess.Popen[bytes]], list[int]]) -> HandOver:
     """Records in two chunks: host A starts them, gets SIGTERM once its engine made `4 x 48` tokens,
     and host B finishes the job; checks what every hand-over must show, on any engine. Host A's count is
     read from its own metrics (`fleet_tokens_made`, counted as the deltas stream, scraped every 0.05 s),
     not from the broker, where a heartbeat carries it only every few seconds.
 
     `engine` finds the processes that make host A's tokens (an embedded engine's, `engine_below`, or a
-    server's): they run only in `step_until`'s slices from the moment they exist until the count is
-    reached, and go on once the SIGTERM is sent. vLLM's CPU build makes 4 x 1,500 tokens in 2 s, and
+    server's, `engine_of`): they run only in `step_until`'s slices from the moment they exist until the
+    count is reached, and go on once the SIGTERM is sent. vLLM's CPU build makes 4 x 1,500 tokens in 2 s, and
     on 2 busy cores a scrape of the worker came 7 s late (CI: 12 of 16 records had run to their end,
     and the one that must restart with them), so a test that only looks cannot hold the records."""
     from fleet.store import open_store
@@ -457,17 +446,12 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
 
     a = workers.start("hostA", extra_env={"FLEET_METRICS_PORT": str(port)})
     try:
-        stepped: list[int] = []
-        if engine is None:
-            wait_for(generating, timeout, "both chunks generating", interval=0.05)
-        else:
-            wait_for(lambda: bool(stepped.extend(engine(a)) or stepped), timeout, "host A's engine", interval=0.02)
-            step_until(stepped, generating, timeout, "both chunks generating")
+        wait_for(lambda: bool(engine(a)), timeout, "host A's engine", interval=0.02)
+        stepped = engine(a)
+        step_until(stepped, generating, timeout, "both chunks generating")
         began = time.monotonic()
         a.send_signal(signal.SIGTERM)
-        for pid in stepped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        signal_all(stepped, signal.SIGCONT)
         a.wait(timeout=120)
         exit_s = time.monotonic() - began
         made_by_a = made_tokens(r, job)
