@@ -92,7 +92,7 @@ class Workers:
 def cmdline(pid: int) -> str:
     """A process's command line, words joined by spaces ('' once it is gone or a zombie)."""
     try:
-        return " ".join(psutil.Process(pid).cmdline())
+        return " ".join(psutil.Process(pid).cmdline()).strip()  # a retitled process pads with NULs
     except psutil.Error:
         return ""
 
@@ -237,16 +237,20 @@ class Frozen:
 def step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: str, run_s: float = 0.05) -> None:
     """Let processes run only in slices of run_s, look at `done` between them while they are stopped,
     and leave them stopped (SIGSTOP) once done: they cannot run past the point the test waits for,
-    however late the test's own looks come on a busy machine. One that ends meanwhile is passed over."""
+    however late the test's own looks come on a busy machine. One that ends meanwhile is passed over;
+    on a failure (a timeout, the test's own) they are let go, never left stopped."""
     began = time.monotonic()
     signal_all(pids, signal.SIGSTOP)
-    while not done():
-        if time.monotonic() - began >= timeout:
+    try:
+        while not done():
+            if time.monotonic() - began >= timeout:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             signal_all(pids, signal.SIGCONT)
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(run_s)
+            signal_all(pids, signal.SIGSTOP)
+    except BaseException:
         signal_all(pids, signal.SIGCONT)
-        time.sleep(run_s)
-        signal_all(pids, signal.SIGSTOP)
+        raise
 
 
 def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str], prompts: Path, job: str,
@@ -448,6 +452,7 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     try:
         wait_for(lambda: bool(engine(a)), timeout, "host A's engine", interval=0.02)
         stepped = engine(a)
+        assert stepped, "host A's engine went away"
         step_until(stepped, generating, timeout, "both chunks generating")
         began = time.monotonic()
         a.send_signal(signal.SIGTERM)

@@ -522,3 +522,27 @@ def test_control_plane_bench_runs_fleets_coordination_for_simulated_workers(tmp_
     store = data["store"]
     assert store["measured"]["chunks"] == 4 and store["per_gpu_hour"]["PUT partial"] > 0
     assert all("/partial/" in prefix for prefix in store["measured"]["listed"])
+
+
+def test_proctreecost_prints_each_read_both_ways_and_leaves_no_process_behind():
+    # Given the process-tree bench, run with a mark every process it starts inherits
+    mark = f"proctreecost-{os.getpid()}-{time.monotonic_ns()}"
+    env = {**os.environ, "FLEET_TEST_MARK": mark}
+    # When it measures with no other processes and with 30 held elsewhere
+    out = subprocess.run([sys.executable, "-m", "fleet.bench.proctreecost", "--others", "0,30"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # Then each read is timed both ways at each count, with the launcher's tick
+    for read in ("children(launcher)", "look at one process", "tree tag of one process"):
+        rows = [line for line in out.stdout.splitlines() if line.strip().startswith(read)]
+        assert len(rows) == 2 and all(" ms   psutil " in row for row in rows), out.stdout
+    assert out.stdout.count("launcher reap tick:") == 2
+    # and none of the processes it started (its 8 workers, the holder and its 30) outlives it
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("FLEET_TEST_MARK") == mark:
+                left.append(proc.pid)
+        except psutil.Error:
+            continue
+    assert not left, left

@@ -8,10 +8,9 @@ are reparented to it, not to init, and it reaps them), starts each worker in a s
 own and tags its environment (`TREE_ENV`); every process the worker starts inherits the tag
 (multiprocessing's spawn, setsid and double forks keep the environment), which finds them wherever
 they were reparented, even when they left the worker's session. A worker that must end its own
-engine (a hung one) calls `kill_tree(descendants(os.getpid()))`. Processes are read through psutil,
-but for a process's children (the kernel's own list, read on the launcher's every tick) and its
-ignored signals (psutil reads no signal masks). Linux only: elsewhere nothing is found, and a
-dead worker's engine may outlive it.
+engine (a hung one) calls `kill_tree(descendants(os.getpid()))`. Read from Linux /proc, not psutil
+(docs/architecture.md, "Worker death", has the figures): elsewhere nothing is found, and a dead
+worker's engine may outlive it.
 """
 
 from __future__ import annotations
@@ -28,8 +27,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 log = logging.getLogger(__name__)
 #: set by the launcher in each worker's environment, one value per worker process it starts
 TREE_ENV = "FLEET_WORKER_TREE"
@@ -42,44 +39,39 @@ DEAF_WAIT_S = 1.0
 KILL_WAIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.02
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
 class Stat:
-    """What fleet reads of a process: who it is and whether it still runs."""
+    """The fields of /proc/<pid>/stat fleet reads: who a process is and whether it still runs."""
 
     pid: int
-    #: psutil's status (psutil.STATUS_*)
-    status: str
-    ppid: int
+    state: str
     session: int
-    #: clock ticks after boot, as the kernel counts a process's start (and tags always held them): a pid
-    #: reused by another process has another start
+    #: clock ticks after boot: a pid reused by another process has another start
     start: int
 
     @property
     def running(self) -> bool:
         # A zombie has freed its memory, the GPU's too (its files are closed at exit); only its parent's
         # wait is missing.
-        return self.status not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        return self.state not in ("Z", "X", "x")
 
     @property
     def stopped(self) -> bool:
-        """Stopped by a signal or a tracer: it acts on no signal but SIGKILL until continued."""
-        return self.status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        """Stopped by a signal (T) or a tracer (t): it acts on no signal but SIGKILL until continued."""
+        return self.state in ("T", "t")
 
 
 def stat(pid: int) -> Stat | None:
-    """None when no such process exists."""
+    """None when no such process exists (or this is not Linux)."""
     try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            # psutil's create_time is boot time + the kernel's start ticks / CLK_TCK: back to the ticks
-            start = round((proc.create_time() - psutil.boot_time()) * CLK_TCK)
-            return Stat(pid=pid, status=proc.status(), ppid=proc.ppid(), session=os.getsid(pid), start=start)
-    except (psutil.NoSuchProcess, ProcessLookupError):
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except (OSError, ValueError):
         return None
+    # The command name may hold spaces and parentheses: the fields after it follow the last ')'.
+    rest = data[data.rindex(b")") + 2:].split()
+    return Stat(pid=pid, state=rest[0].decode(), session=int(rest[3]), start=int(rest[19]))
 
 
 def running(pid: int) -> bool:
@@ -89,10 +81,8 @@ def running(pid: int) -> bool:
 
 
 def children(pid: int) -> list[int]:
-    """Direct children of pid, zombies included, from the kernel's own list of each of its threads (each
-    thread forks its own). Not psutil's `children()`: that reads every process on the machine for
-    their parents, and the launcher calls this twice a second (`reap_orphans`): 7.5 ms a call against
-    0.015 at 1,000 processes (docs/architecture.md, "Worker death")."""
+    """Direct children of pid, zombies included, from the kernel's list of each of its threads (each
+    thread forks its own): only pid's own files are read."""
     out: list[int] = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -107,11 +97,19 @@ def children(pid: int) -> list[int]:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below pid, parents before their children. A snapshot: what forks meanwhile
-    is missed, so a caller that must end a tree looks again after killing it."""
-    with contextlib.suppress(psutil.NoSuchProcess):
-        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
-    return []
+    """Every process below pid, parents before their children, walked down the kernel's children
+    lists (only the subtree is read). A snapshot: what forks meanwhile is missed, so a caller that
+    must end a tree looks again after killing it."""
+    found: list[int] = []
+    seen = {pid}
+    todo = [pid]
+    while todo:
+        for child in children(todo.pop(0)):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                todo.append(child)
+    return found
 
 
 def is_worker(cmdline: bytes) -> bool:
@@ -120,13 +118,25 @@ def is_worker(cmdline: bytes) -> bool:
     return b"fleet.worker.main" in cmdline or cmdline.startswith(b"[celeryd: ")
 
 
+def all_pids() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+
+
 def tree_tag(pid: int) -> str | None:
     """The value of TREE_ENV that pid was started with; None when unset or unreadable (a zombie's
     environment is gone, another user's is closed)."""
     try:
-        return psutil.Process(pid).environ().get(TREE_ENV)
-    except psutil.Error:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
         return None
+    prefix = f"{TREE_ENV}=".encode()
+    for entry in env.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None
 
 
 def scope_of(data_dir: Path) -> str:
@@ -159,7 +169,7 @@ def orphaned_trees(scope: str) -> list[int]:
     """Running processes whose launcher of this scope is gone. A launcher killed outright takes its
     workers (PR_SET_PDEATHSIG), not what they started: vLLM's EngineCore lives on, holding the GPU, and
     the next launcher of the host's fleet ends it before it starts its own workers."""
-    return [pid for pid in psutil.pids() if pid != os.getpid() and (st := stat(pid)) is not None and st.running
+    return [pid for pid in all_pids() if pid != os.getpid() and (st := stat(pid)) is not None and st.running
             and (tag := tree_tag(pid)) is not None and launcher_gone(tag, scope)]
 
 
@@ -170,7 +180,7 @@ def tree_of(tag: str, session: int | None = None) -> list[int]:
     and among descendants no stranger can have taken it)."""
     mine = set(descendants(os.getpid())) if session is not None else set()
     found = []
-    for pid in psutil.pids():
+    for pid in all_pids():
         st = stat(pid)
         if st is None or not st.running or pid == os.getpid():
             continue
@@ -224,7 +234,7 @@ def signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
 
 
 def ignores_sigterm(pid: int) -> bool:
-    """From the SigIgn mask of /proc/<pid>/status (psutil reads no signal masks)."""
+    """From the SigIgn mask of /proc/<pid>/status."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("SigIgn:"):
