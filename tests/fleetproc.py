@@ -474,8 +474,9 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     done = HandOver(rows, exit_s, made_by_a, sum(st.tokens_made - st.completion_tokens for st in stats if st),
                     sum(st.samples_restarted for st in stats if st), sum(again))
     continued = [row for row in rows if row.get("continued_at")]
+    at = {row["id"]: row["continued_at"] for row in continued}
     print(f"\nSIGTERM to exit of host A: {exit_s:.1f}s; host A made {made_by_a} tokens; {len(continued)} of "
-          f"{len(rows)} records continued at {[row['continued_at'] for row in continued]}; tokens made twice "
+          f"{len(rows)} records continued at {at}; tokens made twice "
           f"{done.made_twice}, of them {done.restarted_tokens} by {done.restarted} sample(s) started again")
     # every record passes the audit against its own ids (none continued past its own end)
     audited = run_fleet("verify", "--job", job, env=env)

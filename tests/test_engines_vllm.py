@@ -9,12 +9,13 @@ stopped mid-generation on one worker and continued on another, and compared the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -360,11 +361,10 @@ def test_real_vllm_engine_processes_die_with_a_sigkilled_launcher(
     kill_the_launcher(env, tmp_path / "logs", "EngineCore", ("VLLM::EngineCore", "VLLM::Worker"))
 
 
-#: the hand-over's records: ~30,000 tokens, all 16 running at once (both chunks), ~6 s of a free 2-core box.
-#: The EngineCore runs in slices until host A's metrics count 4 x 48 tokens (tests/fleetproc.hand_over): a look
-#: at the worker came 7 s late on 2 busy cores, when 12 of the 16 had run to their end
+#: the hand-over's long records: ~30,000 tokens, ~6 s of a free 2-core box. The EngineCore runs in slices until
+#: host A's metrics count 4 x 48 tokens (tests/fleetproc.hand_over): a look at the worker came 7 s late on 2 busy
+#: cores, when 12 of the 16 had run to their end
 HANDOVER_RECORDS, HANDOVER_TOKENS = 16, 1900
-HANDOVER_ENGINE = {**DENSE_ENV, "FLEET_VLLM__MAX_NUM_SEQS": str(HANDOVER_RECORDS)}
 #: beside them, at the head of each chunk: rows that end early while their chunk runs on (greedy, cut at 24
 #: tokens; sampled under the model's own sampling, ending on its end id at various lengths: seeded requests whose
 #: continuation prefills hold their ids made, which once killed the CPU build's EngineCore) and one whose
@@ -379,6 +379,11 @@ HANDOVER_EXTRA = [
      *({"id": f"s{i}", "messages": [{"role": "user", "content": f"Question {i}?"}], "sampling": {"max_tokens": 300}}
        for i in range(2, 5))],
 ]
+#: every record of both chunks runs at once: vLLM takes requests in the order its input threads finish them
+#: (AsyncLLM.add_request processes inputs on a thread pool), so with fewer places than records CI once left the
+#: penalised and the sampled ones waiting behind the long ones, and host A stopped before they had made a token
+HANDOVER_RUNNING = HANDOVER_RECORDS + sum(len(extra) for extra in HANDOVER_EXTRA)
+HANDOVER_ENGINE = {**DENSE_ENV, "FLEET_VLLM__MAX_NUM_SEQS": str(HANDOVER_RUNNING)}
 
 
 @pytest.fixture(scope="module")
@@ -438,7 +443,7 @@ class Served(NamedTuple):
 
 @pytest.fixture(scope="module")
 def served(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One `vllm serve` of the dense model with the hand-over's engine args (16 requests at once), behind
+    """One `vllm serve` of the dense model with the hand-over's engine args (24 requests at once), behind
     an API key."""
     from tests.vllmserve import vllm_server
 
@@ -448,7 +453,8 @@ def served(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 def served_env(served: Served) -> dict[str, str]:
-    return {"FLEET_SERVER__BASE_URL": served.url, "OPENAI_API_KEY": SERVER_KEY, "FLEET_SERVER__MAX_RUNNING": "16"}
+    return {"FLEET_SERVER__BASE_URL": served.url, "OPENAI_API_KEY": SERVER_KEY,
+            "FLEET_SERVER__MAX_RUNNING": str(HANDOVER_RUNNING)}
 
 
 @pytest.mark.e2e
@@ -471,6 +477,23 @@ def test_real_vllm_served_records_stopped_by_sigterm_are_continued_token_for_tok
            **served_env(served)}
     handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model,
                  lambda _: engine_of(served.pid, "EngineCore"))  # the server's engine makes host A's tokens
+
+
+def count_calls(obj: object, name: str) -> list[tuple]:
+    """Record every call of obj's method `name` (its arguments), passing it on."""
+    calls: list[tuple] = []
+    method = getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return method(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return calls
+
+
+async def all_of(coros: Iterable[Coroutine]) -> list:
+    return await asyncio.gather(*coros)
 
 
 async def unfinished(engine) -> int:
@@ -500,6 +523,12 @@ def test_real_vllm_engine_reads_back_clips_aborts_and_shuts_down(real_vllm, tiny
         # Read back: 64 MiB of float32 KV holds 65,536 tokens = 32 requests of the 2,048 context
         assert engine.context == 2048 and engine.kv_tokens == 65536
         assert engine.max_running == 32
+        # A burst of requests goes in without a round trip to the engine core each (one slow answer
+        # would let the requests behind it overtake it)
+        asked = count_calls(engine._engine.engine_core, "get_supported_tasks_async")
+        burst = [chat(f"b{i}", f"Question {i}?", max_tokens=2, temperature=0.0) for i in range(6)]
+        lt.run(all_of(engine.generate(r) for r in burst))
+        assert asked == []
         # A prompt longer than the context fails alone; one near it is clipped to what fits
         with pytest.raises(RecordError, match="context is 2048"):
             lt.run(engine.generate(ids_request("long", 2100, max_tokens=8)))

@@ -71,7 +71,11 @@ class VllmEngine(StreamEngine):
         except ImportError as e:
             raise EngineError(f"engine 'vllm' needs the vllm package (ops/vllm-venv.sh): {e}") from e
         self.greedy_only = current_platform.is_cpu() and "speculative_config" in self.kwargs
-        return AsyncLLM.from_engine_args(AsyncEngineArgs(**self.kwargs))
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.kwargs))
+        # Cached before the first request: a first burst would otherwise reach the scheduler out of
+        # fleet's order (docs/architecture.md, "vLLM facts").
+        await engine.get_supported_tasks()
+        return engine
 
     async def read_back(self) -> None:
         """What vLLM settled on: its context, max_num_seqs and the KV cache it could allocate.
