@@ -234,13 +234,11 @@ class Frozen:
     ready_s: list[float]
 
 
-def step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: str, run_s: float = 0.05,
-               rest_s: float = 0.0) -> None:
-    """Let processes run only in slices of run_s (each followed by rest_s stopped, where what the test
-    waits for runs elsewhere), look at `done` between them while they are stopped, and leave them stopped
-    (SIGSTOP) once done: they cannot run past the point the test waits for, however late the test's own
-    looks come on a busy machine. One that ends meanwhile is passed over; on a failure (a timeout, the
-    test's own) they are let go, never left stopped."""
+def step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: str, run_s: float = 0.05) -> None:
+    """Let processes run only in slices of run_s, look at `done` between them while they are stopped,
+    and leave them stopped (SIGSTOP) once done: they cannot run past the point the test waits for,
+    however late the test's own looks come on a busy machine. One that ends meanwhile is passed over;
+    on a failure (a timeout, the test's own) they are let go, never left stopped."""
     began = time.monotonic()
     signal_all(pids, signal.SIGSTOP)
     try:
@@ -250,7 +248,6 @@ def step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: 
             signal_all(pids, signal.SIGCONT)
             time.sleep(run_s)
             signal_all(pids, signal.SIGSTOP)
-            time.sleep(rest_s)
     except BaseException:
         signal_all(pids, signal.SIGCONT)
         raise
