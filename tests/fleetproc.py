@@ -416,7 +416,8 @@ def engine_of(root: int, command: str) -> list[int]:
 
 
 def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dict], job: str = "cont",
-              timeout: float = 900, *, engine: Callable[[subprocess.Popen[bytes]], list[int]]) -> HandOver:
+              timeout: float = 900, *, engine: Callable[[subprocess.Popen[bytes]], list[int]],
+              served: bool = False) -> HandOver:
     """Records in two chunks: host A starts them, gets SIGTERM once its engine made `4 x 48` tokens,
     and host B finishes the job; checks what every hand-over must show, on any engine. Host A's count is
     read from its own metrics (`fleet_tokens_made`, counted as the deltas stream, scraped every 0.05 s),
@@ -426,7 +427,13 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     server's, `engine_of`): they run only in `step_until`'s slices from the moment they exist until the
     count is reached, and go on once the SIGTERM is sent. vLLM's CPU build makes 4 x 1,500 tokens in 2 s, and
     on 2 busy cores a scrape of the worker came 7 s late (CI: 12 of 16 records had run to their end,
-    and the one that must restart with them), so a test that only looks cannot hold the records."""
+    and the one that must restart with them), so a test that only looks cannot hold the records.
+
+    A `served` engine (a server's, which host A's exit does not need) stays stopped until host A has exited:
+    host A then hands back exactly what it had when told to stop. Let go at the SIGTERM, the server ran every
+    record to its end before host A, in a scheduler group of its own, was let on the CPU to close its streams
+    (CI: 0 of 24 records continued, docs/architecture.md, "Tests"); an embedded engine must go on, for its
+    worker's shutdown waits on it."""
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
     from fleet.store.results import read_result
@@ -456,8 +463,12 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
         step_until(stepped, generating, timeout, "both chunks generating")
         began = time.monotonic()
         a.send_signal(signal.SIGTERM)
-        signal_all(stepped, signal.SIGCONT)
-        a.wait(timeout=120)
+        if not served:
+            signal_all(stepped, signal.SIGCONT)
+        try:
+            a.wait(timeout=120)
+        finally:
+            signal_all(stepped, signal.SIGCONT)
         exit_s = time.monotonic() - began
         made_by_a = made_tokens(r, job)
         workers.start("hostB")
