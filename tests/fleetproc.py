@@ -416,8 +416,7 @@ def engine_of(root: int, command: str) -> list[int]:
 
 
 def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dict], job: str = "cont",
-              timeout: float = 900, *, engine: Callable[[subprocess.Popen[bytes]], list[int]],
-              served: bool = False) -> HandOver:
+              timeout: float = 900, *, engine: Callable[[subprocess.Popen[bytes]], list[int]]) -> HandOver:
     """Records in two chunks: host A starts them, gets SIGTERM once its engine made `4 x 48` tokens,
     and host B finishes the job; checks what every hand-over must show, on any engine. Host A's count is
     read from its own metrics (`fleet_tokens_made`, counted as the deltas stream, scraped every 0.05 s),
@@ -429,7 +428,7 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
     on 2 busy cores a scrape of the worker came 7 s late (CI: 12 of 16 records had run to their end,
     and the one that must restart with them), so a test that only looks cannot hold the records.
 
-    A `served` engine (a server's, which host A's exit does not need) stays stopped until host A has exited:
+    The server engine's engine (a server's, which host A's exit does not need) stays stopped until host A has exited:
     host A then hands back exactly what it had when told to stop. Let go at the SIGTERM, the server ran every
     record to its end before host A, in a scheduler group of its own, was let on the CPU to close its streams
     (CI: 0 of 24 records continued, docs/architecture.md, "Tests"); an embedded engine must go on, for its
@@ -463,7 +462,7 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
         step_until(stepped, generating, timeout, "both chunks generating")
         began = time.monotonic()
         a.send_signal(signal.SIGTERM)
-        if not served:
+        if env.get("FLEET_ENGINE") != "server":
             signal_all(stepped, signal.SIGCONT)
         try:
             a.wait(timeout=120)

@@ -396,14 +396,14 @@ def handover_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPath
 
 
 def handover_job(tmp: Path, env: dict[str, str], redis_port: int, bare: list[dict], model: Path,
-                 engine: Callable[[subprocess.Popen[bytes]], list[int]], served: bool = False) -> None:
+                 engine: Callable[[subprocess.Popen[bytes]], list[int]]) -> None:
     """A greedy job of long records in two chunks, with rows that end early, sampled ones and one that must
     restart: host A gets SIGTERM while the records are generating (its `engine` stepped until then), host B
     finishes the job (tests/fleetproc.hand_over, which audits every record); checked against the bare engine."""
     lines = chat_lines(HANDOVER_RECORDS, HANDOVER_TOKENS, prefix="c")
     half = HANDOVER_RECORDS // 2
     records = [*HANDOVER_EXTRA[0], *lines[:half], *HANDOVER_EXTRA[1], *lines[half:]]
-    done = hand_over(tmp, env, redis_port, records, engine=engine, served=served)  # every record audited
+    done = hand_over(tmp, env, redis_port, records, engine=engine)  # every record audited against its ids
     by_id = {row["id"]: row for row in done.rows}
     rows = [by_id[line["id"]] for line in lines]
     prompt_ids(model, lines, rows)  # the records' prompt digests are the ids the bare engine got
@@ -477,7 +477,7 @@ def test_real_vllm_served_records_stopped_by_sigterm_are_continued_token_for_tok
     env = {"FLEET_ENGINE": "server", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
            **served_env(served)}
     handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model,  # its engine makes host A's tokens
-                 lambda _: engine_of(served.pid, "EngineCore"), served=True)
+                 lambda _: engine_of(served.pid, "EngineCore"))
 
 
 async def all_of(coros: Iterable[Coroutine]) -> list:
