@@ -1,0 +1,36 @@
+"""A failed run's last lines name the test and show its processes' last words (tests/failurelogs.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+INNER = '''
+from pathlib import Path
+
+def test_a_worker_dies(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "host-a.log").write_text("\\n".join(f"host-a line {i}" for i in range(200)))
+    (logs / "host-b.log").write_text("engine ready\\nTraceback: the engine died")
+    assert False, "the job did not finish"
+
+def test_passes_quietly(tmp_path: Path) -> None:
+    (tmp_path / "quiet.log").write_text("nothing to see")
+'''
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_a_failed_tests_logs_come_after_its_traceback(pytester: pytest.Pytester, workers: list[str]) -> None:
+    # Given a test that writes its worker logs under tmp_path and then fails
+    pytester.makepyfile(test_inner=INNER)
+    # When the run ends, with the plugin on (serially, or through pytest-xdist's workers)
+    result = pytester.runpytest_subprocess("-p", "tests.failurelogs", "-ra", *workers)
+    # Then its last lines hold each log's tail, named, after the traceback and before the summary
+    out = result.stdout.str()
+    assert result.ret == 1
+    header = out.index("process logs: test_inner.py::test_a_worker_dies")
+    assert out.index("AssertionError") < header < out.index("short test summary info")
+    tail = out[header:]
+    assert "logs/host-b.log" in tail and "Traceback: the engine died" in tail
+    assert "host-a line 199" in tail and "host-a line 175" in tail and "host-a line 174" not in tail
+    assert "nothing to see" not in out  # a passing test's logs stay out
