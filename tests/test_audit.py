@@ -18,7 +18,7 @@ from tests.conftest import run_fleet
 from tests.fleetproc import FAST_SIM, read_jsonl, write_prompts
 
 VOCAB = SimVocab(1000)
-AUDIT = Vocab(VOCAB.decode, {VOCAB.eos}, RepetitionSettings())
+AUDIT = Vocab(VOCAB.decode, {VOCAB.eos}, RepetitionSettings(), ends_before_length=True)
 LIMITS = Limits(max_tokens=100, stops=None)
 
 
@@ -106,10 +106,17 @@ def test_export_leaves_out_and_names_a_defect_and_verify_fails(tmp_path: Path, c
     assert failed.returncode == 1
     text = " ".join(failed.stderr.split())
     assert "1 fail" in text and f"chunk 1 record {bad['id']!r}" in text and "continued past its own end" in text
-    # And the export leaves it out, names it and counts it
+    # And the export leaves it out, names it, counts it and exits 1, naming the flag for a partial export
     out = tmp_path / "o.jsonl"
     exp = run_fleet("export", "--job", "a", "--out", str(out), env=env, cwd=tmp_path)
+    assert exp.returncode == 1, exp.stderr
+    said = " ".join(exp.stderr.split())
+    assert "left out 1: failed the audit" in said and "--allow-defects" in said
+    kept = [json.loads(x)["id"] for x in prompts.read_text().splitlines() if json.loads(x)["id"] != bad["id"]]
+    assert [r["id"] for r in read_jsonl(out)] == kept
+    # And with --allow-defects the same partial export exits 0, saying it is partial
+    exp = run_fleet("export", "--job", "a", "--out", str(out), "--allow-defects", env=env, cwd=tmp_path)
     assert exp.returncode == 0, exp.stderr
-    assert [r["id"] for r in read_jsonl(out)] == [json.loads(x)["id"] for x in prompts.read_text().splitlines()
-                                                  if json.loads(x)["id"] != bad["id"]]
-    assert "left out 1: failed the audit" in " ".join(exp.stderr.split())
+    said = " ".join(exp.stderr.split())
+    assert "partial export (--allow-defects): 1 sample(s) failed the audit and were left out" in said
+    assert [r["id"] for r in read_jsonl(out)] == kept

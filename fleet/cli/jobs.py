@@ -289,9 +289,14 @@ def export(
     only_finished: Annotated[bool, typer.Option(
         "--only-finished", help="only samples that stopped on their own with an answer (no max-tokens cuts, none ended "
         "inside the thinking, no errors)")] = False,
+    allow_defects: Annotated[bool, typer.Option(
+        "--allow-defects", help="exit 0 though rows that fail the audit were left out (a partial export) or rows "
+        "that cannot be checked were written; without it either makes the export exit 1")] = False,
     store_url: StoreOpt = None,
 ) -> None:
-    """Results in input order."""
+    """Results in input order, every row audited first. Exit 1 when a row that fails the audit is left out or
+    one that cannot be checked is written, unless --allow-defects; rows the format cannot hold, and
+    --only-finished, are the user's choice (counted, exit 0)."""
     from fleet.export.formats import LeftOut
     from fleet.export.writer import export_job
     from fleet.store import store_for
@@ -306,14 +311,20 @@ def export(
     print_audit(audited)
     for reason, count in left_out.reasons.items():
         console.print(f"left out {count}: {reason}")
+    if audited.bad:
+        what = (f"{audited.failed:,} sample(s) failed the audit and were left out, {audited.unchecked:,} could not "
+                "be checked and were written unverified (named above)")
+        if not allow_defects:
+            fail(f"{what}. Pass --allow-defects to accept such an export", code=1)
+        console.print(f"[bold yellow]partial export (--allow-defects):[/] {what}", highlight=False)
 
 
 def print_audit(audited: AuditCounts) -> None:
     console.print(audited.line(), highlight=False)
     for defect in audited.defects:
         console.print(f"[bold red]defect:[/] {escape(defect)}", highlight=False, soft_wrap=True)
-    if audited.failed > len(audited.defects):
-        console.print(f"and {audited.failed - len(audited.defects)} more defects")
+    if audited.bad > len(audited.defects):
+        console.print(f"and {audited.bad - len(audited.defects)} more defects")
 
 
 @app.command()
@@ -323,9 +334,9 @@ def verify(
         "--allow-incomplete", help="audit the chunks done so far of an unfinished job")] = False,
     store_url: StoreOpt = None,
 ) -> None:
-    """Audit a job's records against their own token ids without exporting them: each record's text is
-    what its ids decode to, its token count theirs, no end id before its last position, its finish reason
-    what its ids say. Exit 1 when any record fails."""
+    """Audit a job's records without exporting them: each held to its own token ids (text, counts, where
+    it ends and why), its input record's prompt and the job's configuration (docs/architecture.md, "Audit").
+    Exit 1 when any record fails or cannot be checked."""
     from fleet.export.verify import verify_job
     from fleet.store import store_for
 
@@ -335,5 +346,5 @@ def verify(
     with live_progress(console) as progress:
         run_guarded(verify_job, store_for(settings), job, audited, allow_incomplete, progress)
     print_audit(audited)
-    if audited.failed:
-        raise typer.Exit(1)
+    if audited.bad:
+        fail(f"{audited.failed:,} sample(s) failed the audit, {audited.unchecked:,} could not be checked", code=1)

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fleet.errors import ConfigError, FleetError, RecordError
 from fleet.model.endings import Decode, prefix_ending
-from fleet.model.rendering import decode_ids
-from fleet.records import Ending, GenDelta, GenRequest, GenResult
+from fleet.model.rendering import decode_ids, record_prompt_ids
+from fleet.records import Ending, GenDelta, GenRequest, GenResult, InputRecord, Message
 
 T = TypeVar("T")
+#: a record's prompt tokens, or one turn's (its prompt's messages), as the job's worker counted them
+PromptCount = Callable[[InputRecord, "list[Message] | None"], int]
 
 if TYPE_CHECKING:
     from fleet.settings import Settings
@@ -124,6 +126,10 @@ class EngineSpec(ABC):
     """
 
     name: str = "engine"
+    #: an end id or stop string on the last id its max tokens (or the context) allows ends a sample as
+    #: `stop` (the sim and hf check them first); False: either reason may stand there (vLLM and SGLang
+    #: check the length first), so the audit takes either (docs/architecture.md, "Audit")
+    ends_before_length: bool = False
     #: `fleet doctor` lists the GPUs for this engine
     needs_gpu: bool = False
     #: it reads a model directory (FLEET_MODEL): the tokenizer, the chat template, generation_config.json
@@ -158,6 +164,20 @@ class EngineSpec(ABC):
         the audit (fleet.audit) and the exports decode a record's ids with."""
         tokenizer = self.job_tokenizer(config, job)
         return lambda ids: decode_ids(tokenizer, ids)
+
+    def prompt_counter(self, config: dict[str, Any], job: str) -> PromptCount:
+        """Prompt tokens as this engine's worker counted a record's (`messages`: one turn's prompt instead of
+        the record's): pre-tokenized ids as given, else the prompt rendered by the job's tokenizer; the audit
+        holds each record's prompt_tokens to it (fleet.audit.prompts)."""
+        tokenizer = self.job_tokenizer(config, job)
+        thinking = config.get("enable_thinking", True)
+
+        def count(record: InputRecord, messages: list[Message] | None = None) -> int:
+            if record.input_ids is not None:
+                return len(record.input_ids)
+            return len(record_prompt_ids(tokenizer, record, thinking, messages))
+
+        return count
 
     def planned(self, settings: Settings, gpu: str | None = None) -> Settings:
         """Settings whose S is what this engine can run on `gpu` (this host's by default), so the

@@ -27,7 +27,7 @@ class ExportCheck:
     """Counts and checks the rows of one export of `indexes` (all chunks unless incomplete)."""
 
     def __init__(self, manifest: Manifest, indexes: list[int]):
-        self.job = manifest.job
+        self.job, self.manifest = manifest.job, manifest
         self.expect_records = sum(chunk_records(manifest, i) for i in indexes)
         #: exact for a full export; per-record n makes an incomplete one's unknown
         self.expect_samples = manifest.samples if len(indexes) == manifest.chunks else None
@@ -37,22 +37,30 @@ class ExportCheck:
         self.problems: list[str] = []
         self.problem_count = 0
 
-    def rows(self, rows: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """`rows` unchanged, checked on the way through; `commit` reports what is wrong."""
+    def rows(self, rows: Iterable[Any]) -> Iterator[Any]:
+        """`rows` unchanged, checked on the way through; `commit` reports what is wrong. A malformed row
+        (the audit names it) counts as its record's first sample unless it says otherwise."""
         for row in rows:
             self.samples += 1
-            if row.get("sample", 0) == 0:
-                self._record(row)
+            sample = row.get("sample", 0) if isinstance(row, dict) else 0
+            if not isinstance(sample, int) or sample == 0:
+                self._record(row if isinstance(row, dict) else {})
             yield row
 
     def _record(self, row: dict[str, Any]) -> None:
         self.records += 1
-        if self.ids.add(str(row["id"]), self.records) is not None:
-            self._problem(f"record id {row['id']!r} appears twice")
-        pos = row.get("pos", self.last_pos + 1)
+        if self.ids.add(str(row.get("id")), self.records) is not None:
+            self._problem(f"record id {row.get('id')!r} appears twice")
+        pos = row.get("pos")
+        pos = pos if isinstance(pos, int) else self.last_pos + 1
         if pos <= self.last_pos:
-            self._problem(f"record {row['id']!r} (input record {pos}) is out of input order")
+            self._problem(f"record {row.get('id')!r} (input record {pos}) is out of input order")
         self.last_pos = max(pos, self.last_pos)
+
+    def unreadable(self, index: int) -> None:
+        """Chunk `index`'s result cannot be read (the audit names it): its records are not expected."""
+        self.expect_records -= chunk_records(self.manifest, index)
+        self.expect_samples = None
 
     def _problem(self, text: str) -> None:
         self.problem_count += 1

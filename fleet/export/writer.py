@@ -4,13 +4,14 @@ streaming chunk by chunk to a target of fleet.export.target (a local path, `-` o
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fleet.audit.job import AuditCounts
 from fleet.coord.chunkstate import done_indexes
 from fleet.errors import FleetError
 from fleet.export.audit import ExportAudit
 from fleet.export.card import card
-from fleet.export.check import ExportCheck
+from fleet.export.check import ExportCheck, chunk_records
 from fleet.export.formats import FORMATS, VOLATILE_FIELDS, ExportRow, LeftOut
 from fleet.export.merge import Merge, RedoRows, redo_manifests
 from fleet.export.target import folder_target, target
@@ -19,9 +20,12 @@ from fleet.progress import Progress
 from fleet.store import Store
 from fleet.store.layout import read_chunk
 from fleet.store.manifest import Manifest, require_manifest
-from fleet.store.results import finished, read_result
+from fleet.store.results import finished
 
 __all__ = ["VOLATILE_FIELDS", "export_job"]
+
+#: rows `--only-finished` leaves out (LeftOut's reason): the user's filter, not a defect
+NOT_FINISHED = "not finished (--only-finished: cut at max tokens, ended inside the thinking, loops, errors)"
 
 
 def chunk_rows(
@@ -30,15 +34,35 @@ def chunk_rows(
 ) -> list[ExportRow]:
     """One chunk's samples in input order (each the version `merge` picks among the job and its
     redo jobs), each with its input record where the format or the audit reads it; every row passes
-    `check` before any filter, so the manifest's counts hold for every format, and then the audit
-    against its own ids (fleet.export.audit)."""
-    stats, rows = read_result(store, job, index)
-    picked = [(merge.pick(r), merge.picked_from) if merge else (r, None) for r in rows]
+    `check` before any filter, so the manifest's counts hold for every format, then the audit
+    (fleet.export.audit), which leaves out and names a defect, and last `only_finished`, the user's filter."""
+    result = audit.result(index, chunk_records(check.manifest, index))
+    if result is None:
+        check.unreadable(index)
+        return []
+    stats, rows = result
+    picked = [(merge.pick(r), merge.picked_from) if merge and mergeable(r) else (r, None) for r in rows]
     checked = list(zip(check.rows(r for r, _ in picked), (j for _, j in picked), strict=True))
+    read = inputs or audit.needs_inputs
+    records = {rec.pos: rec for rec in read_chunk(store, job, index)} if read else {}
+    kept = audit.keep([(ExportRow(r, records.get(position(r))), j) for r, j in checked], stats, left_out, read)
     if only_finished:
-        checked = [(r, j) for r, j in checked if finished(r)]
-    records = {rec.pos: rec for rec in read_chunk(store, job, index)} if inputs or audit.needs_inputs else {}
-    return audit.keep([(ExportRow(r, records.get(r["pos"])), j) for r, j in checked], stats, left_out)
+        for row in kept:
+            if not finished(row.out):
+                left_out.add(NOT_FINISHED)
+        kept = [row for row in kept if finished(row.out)]
+    return kept
+
+
+def position(row: Any) -> int | None:
+    """A row's input position, None for a row too broken to hold one (the audit names it)."""
+    pos = row.get("pos") if isinstance(row, dict) else None
+    return pos if isinstance(pos, int) else None
+
+
+def mergeable(row: Any) -> bool:
+    """A row a redo job's version can be matched to (the audit names one that is not)."""
+    return position(row) is not None and isinstance(row.get("sample", 0), int) and "id" in row
 
 
 def done_chunks(store: Store, manifest: Manifest, allow_incomplete: bool) -> list[int]:
@@ -65,9 +89,9 @@ def export_job(
     `only_finished` keeps only samples that stopped on their own with an answer (not at max
     tokens, not inside the thinking, not failed); rows a format cannot hold are counted in `left_out`.
     `redo_jobs` (redo jobs of `job`, fleet.export.merge) give each row the version that finished.
-    Every row is audited against its own ids first; a row that fails is left out, and `audited` gets
-    the counts and the named defects (fleet.export.audit). A folder format (hf) writes its folder and
-    its dataset card.
+    Every row is audited first (fleet.export.audit); a row that fails or cannot be checked is left out,
+    and `audited` gets the counts and the named defects: the caller decides what they mean for its exit.
+    A folder format (hf) writes its folder and its dataset card.
     """
     manifest = require_manifest(store, job)
     indexes = done_chunks(store, manifest, allow_incomplete)

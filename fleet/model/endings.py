@@ -49,7 +49,9 @@ def prefix_ending(ids: Sequence[int], eos: Collection[int], stops: Sequence[str]
         ends.append((max_tokens, "length"))
     if not ends:
         return None
-    length, reason = min(ends)
+    # An end id or stop string on the last id max tokens allows ends it as stop, as the sim and hf
+    # report it (vLLM and SGLang say length there: the audit takes either from them, fleet.audit.checks).
+    length, reason = min(ends, key=lambda end: (end[0], end[1] != "stop"))
     return Ending(reason, length)
 
 

@@ -11,6 +11,7 @@ from fleet.settings import Settings
 
 class HfSpec(ModelEngineSpec):
     name = "hf"
+    ends_before_length = True  # its RowStopper takes an end id, then a stop string, then the length
 
     def build(self, settings: Settings) -> Engine:
         from fleet.engines.hf.engine import HfEngine

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet.engines.base import Engine, EngineSpec
+from fleet.engines.base import Engine, EngineSpec, PromptCount
 from fleet.engines.sim.tokenchain import SimVocab
 from fleet.model.endings import Decode
 from fleet.model.outputlen import default_max_tokens
+from fleet.records import GenRequest, InputRecord, Message, Sampling
 from fleet.settings import Settings
 
 #: how sim ids are made (fleet.engines.sim.tokenchain): 2, each id chained to the ids before it
@@ -17,6 +18,7 @@ TOKENS_VERSION = 2
 class SimSpec(EngineSpec):
     name = "sim"
     needs_model = False
+    ends_before_length = True  # sim_tokens ends at its end id or a stop string before its max tokens
 
     def build(self, settings: Settings) -> Engine:
         from fleet.engines.sim.engine import SimEngine
@@ -41,6 +43,20 @@ class SimSpec(EngineSpec):
 
     def decoder(self, config: dict[str, Any], job: str) -> Decode:
         return SimVocab.of((config.get("model") or {}).get("vocab_size")).decode
+
+    def prompt_counter(self, config: dict[str, Any], job: str) -> PromptCount:
+        from fleet.engines.sim.engine import prompt_size
+
+        thinking = config.get("enable_thinking", True)
+
+        def count(record: InputRecord, messages: list[Message] | None = None) -> int:
+            return prompt_size(GenRequest(
+                record_id=record.id, chunk=0, sample=0, sampling=Sampling(max_tokens=1, seed=0),
+                messages=messages or record.messages, prompt=record.prompt, input_ids=record.input_ids,
+                enable_thinking=thinking,
+            ))  # fmt: skip
+
+        return count
 
     def input_vocab(self, settings: Settings) -> int | None:
         return settings.sim.vocab_size

@@ -104,7 +104,7 @@ class ChunkTask:
         the result's header. The audit never holds back a commit: a failure to run it is logged."""
         engine = self.host.engine
         assert run.manifest is not None
-        audit = JobAudit(run.manifest, engine.decode)
+        audit = JobAudit(run.manifest, engine.decode, prompts=False)  # its prompt counts are this run's own
         records = {r.pos: r for r in run.records}
         try:
             counts, _ = self.host.submit(engine.off_loop(audit.check, rows, records, engine.context_budget)).result()
@@ -112,7 +112,7 @@ class ChunkTask:
             log.warning("chunk %s: the audit could not run: %s: %s", run.name, type(e).__name__, e)
             return {"context": engine.context_budget}
         for defect in counts.defects:
-            log.error("audit: job %s %s", run.job, defect)
+            log.error("audit: %s", defect)
         return {"audit_checked": counts.checked, "audit_failed": counts.failed, "audit_defects": counts.defects,
                 "context": engine.context_budget}
 
