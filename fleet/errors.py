@@ -68,13 +68,6 @@ class ObjectMissing(StoreError):
     fault = Fault.HOPELESS
 
 
-class ManifestMissing(ObjectMissing):
-    """This worker's store has no manifest for the job (another store shares the broker):
-    the chunk is requeued with backoff for a worker of the right store, never quarantined."""
-
-    fault = Fault.INFRA
-
-
 class ChunkCorrupt(FleetError):
     """A chunk object cannot be decoded: retrying will not help, quarantine it."""
 

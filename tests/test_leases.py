@@ -295,13 +295,17 @@ def test_a_watched_lease_registers_its_job_again_after_a_broker_wipe(r):
     # Given a broker that lost its job set
     r.flushall()
     # When a worker (re)takes a chunk lease, Then the job is known again, with the lease clock
-    assert Lease(r, "j", 2, "A", ttl_s=30).acquire()
-    assert r.smembers(keys.jobs()) == {b"j"}
+    assert Lease(r, "j", 2, "A", ttl_s=30, store="s1").acquire()
+    assert r.hgetall(keys.job_stores()) == {b"j": b"s1"}
     assert r.hget(keys.lease_started(), "j/2") == r.hget(keys.lease_beat(), "j/2") is not None
     # while an assist lease registers nothing
     r.flushall()
-    assert Lease(r, "j", 2, "A", ttl_s=30, assist=True).acquire()
-    assert r.smembers(keys.jobs()) == set()
+    assert Lease(r, "j", 2, "A", ttl_s=30, assist=True, store="s1").acquire()
+    assert r.hgetall(keys.job_stores()) == {}
+    # and a lease never moves a job of one store to another
+    assert Lease(r, "k", 0, "A", ttl_s=30, store="s1").acquire()
+    assert Lease(r, "k", 1, "B", ttl_s=30, store="s2").acquire()
+    assert r.hgetall(keys.job_stores()) == {b"k": b"s1"}
 
 
 # -- the beat: every lease of a process in one round trip ----------------------------------

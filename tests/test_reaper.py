@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from fleet.coord import keys
-from fleet.coord.broker import make_celery
+from fleet.coord.broker import make_celery, store_of
 from fleet.coord.leases import Lease
 from fleet.coord.localredis import free_port
 from fleet.coord.recovery import Reaper
@@ -48,28 +48,32 @@ def store(settings) -> LocalStore:
     return LocalStore(settings.store_url or "")
 
 
-def lose_worker(r: redis.Redis, job: str, index: int) -> None:
-    """A worker took the chunk's lease and died: the lease runs out, the chunk stays in the running set."""
-    assert Lease(r, job, index, "gpu0@dead:1", ttl_s=0.05).acquire()
+def lose_worker(r: redis.Redis, job: str, index: int, store: str) -> None:
+    """A worker of `store` took the chunk's lease and died: the lease runs out, the chunk stays in the running set."""
+    assert Lease(r, job, index, "gpu0@dead:1", ttl_s=0.05, store=store).acquire()
     deadline = time.monotonic() + 2
     while r.exists(keys.lease(job, index)) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
 def test_enqueue_runs_the_whole_recovery_round(r, store, app, settings, tmp_path):
-    # Given a job of three chunks, a chunk of an old job whose worker died, and a job the
-    # broker knows whose manifest is in no store of ours
+    # Given a job of three chunks, a chunk of an old job of this store whose worker died, a job of
+    # this store whose manifest is gone, and another store's job, whose worker died too
     manifest, _ = prepare_job(settings, store, str(write_prompts(tmp_path / "p.jsonl", 12)), "j")
-    lose_worker(r, "old", 1)
-    r.sadd(keys.jobs(), "elsewhere")
+    mine = store_of(settings)
+    lose_worker(r, "old", 1, mine)
+    r.hset(keys.job_stores(), "gone", mine)
+    lose_worker(r, "elsewhere", 0, "0123456789ab")
     # When `fleet enqueue` enqueues the job
     report = enqueue_missing(r, app, store, settings, manifest)
-    # Then the lost chunk is requeued (recovery priority comes first), the jobs without a
-    # manifest leave the job set, and the job's chunks are sent
+    # Then the lost chunk is requeued (recovery priority comes first), the store's idle job without
+    # a manifest leaves its job set, and the job's chunks are sent; the other store's job and its
+    # lost chunk are left to that store's reaper
     assert queued_messages(r) == [{"job": "old", "index": 1, "attempt": 1}]
     assert report.enqueued == [0, 1, 2]
-    assert {m.decode() for m in r.smembers(keys.jobs())} == {"j"}
-    assert not r.smembers(keys.running())
+    owners = {k.decode(): v.decode() for k, v in r.hgetall(keys.job_stores()).items()}
+    assert owners == {"j": mine, "old": mine, "elsewhere": "0123456789ab"}
+    assert r.smembers(keys.running()) == {b"elsewhere/0"}
 
 
 def test_a_round_survives_a_dead_broker(store, app, settings, caplog):

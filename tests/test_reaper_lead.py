@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from fleet.coord import keys, leases
-from fleet.coord.broker import make_celery
+from fleet.coord.broker import make_celery, store_of
 from fleet.coord.leases import Figures, Lease, run_owner
 from fleet.coord.recovery import Reaper, lead_ttl_s
 from fleet.settings import Settings
@@ -63,7 +63,7 @@ def fleet(settings, tmp_path, redis_server):
         reaper = Reaper(r, store, app, settings, chunks_of=lambda job: WORKERS * K)
         worker = SimWorker(owner, reaper)
         for i in range(K):
-            lease = Lease(r, JOB, w * K + i, run_owner(owner, i), LIVE_TTL_S)
+            lease = Lease(r, JOB, w * K + i, run_owner(owner, i), LIVE_TTL_S, store=store_of(settings))
             assert lease.acquire()
             worker.leases.append(lease)
         workers.append(worker)
@@ -100,7 +100,7 @@ def test_one_reaper_scans_for_the_fleet_and_requeues_an_expired_lease_at_the_nex
     # Then one of them leads
     assert len(leaders) == 1
     leader = leaders[0]
-    assert r.get(keys.reaper_leader()) == leader.owner.encode()
+    assert r.get(keys.reaper_leader(store_of(settings))) == leader.owner.encode()
     # When a worker that does not lead dies, and its leases run out
     dead = next(w for w in fleet if w is not leader)
     dies(dead, settings, r)
@@ -127,7 +127,7 @@ def test_when_the_leader_dies_another_leads_by_the_time_its_own_leases_run_out(f
     dies(leader, settings, r)
     # Then its lead ran out with its leases, and at the next round one other worker leads and
     # requeues its chunks
-    assert r.get(keys.reaper_leader()) is None
+    assert r.get(keys.reaper_leader(store_of(settings))) is None
     leaders = one_round([w for w in fleet if w is not leader])
     assert len(leaders) == 1 and leaders[0] is not leader
     assert sorted(m["index"] for m in queued_messages(r)) == sorted(x.index for x in leader.leases)
@@ -139,7 +139,7 @@ def test_a_lost_lead_is_no_loss_of_rounds(fleet, settings, redis_server):
     # Given a leader whose lead another process took while it was cut off (its key expired)
     r = redis.Redis.from_url(redis_server.url)
     [leader] = one_round(fleet)
-    r.delete(keys.reaper_leader())
+    r.delete(keys.reaper_leader(store_of(settings)))
     other = next(w for w in fleet if w is not leader)
     assert other.reaper.turn(other.owner)
     # When the old leader takes its turn, Then it does not run the round, and the new one keeps leading

@@ -17,9 +17,9 @@ import pytest
 import redis
 
 from fleet.coord import keys, suspects
-from fleet.coord.broker import TASK_NAME, make_celery, redis_client
+from fleet.coord.broker import TASK_NAME, chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkstate import Quarantine, read_failures
-from fleet.coord.leases import Lease, run_owner
+from fleet.coord.leases import Lease, add_job, run_owner
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.outages import Outages, Window, outages_of
 from fleet.coord.pause import Expiry, PauseJudge
@@ -33,9 +33,23 @@ from tests.fleetproc import wait_for
 QUEUE = "fleet-test-q"
 
 
+#: the jobs these tests lease chunks of: the store's own on the broker, as its `fleet enqueue` left them
+JOBS = ("j", "a", "b", "other", "team/run-1")
+
+
 @pytest.fixture
-def settings(redis_server, clean_env) -> Settings:
-    return Settings(broker_url=redis_server.url, queue=QUEUE, lease_ttl_s=0.2, max_attempts=3)
+def settings(redis_server, tmp_path, clean_env) -> Settings:
+    return Settings(broker_url=redis_server.url, store_url=str(tmp_path / "store"), queue=QUEUE, lease_ttl_s=0.2,
+                    max_attempts=3)
+
+
+@pytest.fixture(autouse=True)
+def own_jobs(redis_server, settings) -> None:
+    """The jobs are the settings' store's on the broker (a reaper recovers only its own store's)."""
+    client = redis.Redis.from_url(redis_server.url)
+    for job in JOBS:
+        add_job(client, job, store_of(settings))
+    client.close()
 
 
 @pytest.fixture
@@ -57,10 +71,15 @@ def store(tmp_path) -> LocalStore:
     return LocalStore(tmp_path / "store")
 
 
+def recovery_lists(r: redis.Redis) -> list[str]:
+    """The recovery-priority list of each store's chunk queue (`<QUEUE>.<store id>`, kombu's list of priority 0)."""
+    return sorted(name.decode() for name in r.scan_iter(match=f"{QUEUE}.*") if keys.PRIORITY_SEP.encode() not in name)
+
+
 def queued_messages(r: redis.Redis) -> list[dict]:
-    """The chunk messages in the Celery queue: kombu keeps base64 JSON bodies in a Redis list."""
+    """The chunk messages in the Celery queue at recovery priority: kombu keeps base64 JSON bodies in a Redis list."""
     out = []
-    for raw in r.lrange(QUEUE, 0, -1):
+    for raw in (raw for name in recovery_lists(r) for raw in r.lrange(name, 0, -1)):
         envelope = json.loads(raw)
         assert envelope["headers"]["task"] == TASK_NAME
         assert envelope["content-type"] == "application/json"
@@ -354,7 +373,7 @@ def test_stallwatch_counter_restarts_after_a_reenqueue(r, store, app, settings):
     watch = StallWatch()
     watch.check(r, store, app, settings, "j", 4)
     assert watch.check(r, store, app, settings, "j", 4) == [2, 3]
-    r.delete(QUEUE)  # the messages were taken by workers that died before their lease
+    r.delete(chunk_queue(settings))  # the messages were taken by workers that died before their lease
     # And a second process checking at once does not send the chunks again
     assert StallWatch().check(r, store, app, settings, "j", 4) == []
     assert StallWatch().check(r, store, app, settings, "j", 4) == []
@@ -370,9 +389,9 @@ def test_stallwatch_resets_when_work_is_queued_or_running(r, store, app, setting
     watch = StallWatch()
     assert watch.check(r, store, app, settings, "j", 4) == []
     # When a message is waiting in the queue, the check is not idle and resets the count
-    r.lpush(QUEUE, "placeholder")
+    r.lpush(chunk_queue(settings), "placeholder")
     assert watch.check(r, store, app, settings, "j", 4) == []
-    r.delete(QUEUE)
+    r.delete(chunk_queue(settings))
     assert watch.check(r, store, app, settings, "j", 4) == []
     # When a live lease runs a chunk of the job, that resets the count too
     lease = Lease(r, "j", 2, "gpu0@alive:1", ttl_s=30)
@@ -406,22 +425,33 @@ def test_stallwatch_counts_jobs_separately(r, store, app, settings):
 
 
 def test_a_job_without_manifest_is_pruned_and_does_not_stop_the_others(r, store, app, settings):
-    # Given three jobs in the broker's job set: one with no manifest in this store, one whose
-    # check raises, and one stalled with chunks missing
-    r.sadd(keys.jobs(), "gone", "broken", "j")
+    # Given the store's jobs on the broker: one with no manifest in this store and nothing queued or
+    # running, one without manifest with a chunk queued, one whose check raises, one stalled with
+    # chunks missing; another store's job; and two jobs of the old shared job set, one this store's
+    mine = store_of(settings)
+    for job in ("gone", "busy", "broken"):
+        add_job(r, job, mine)
+    r.sadd(keys.queued("busy"), 0)
+    add_job(r, "theirs", "0123456789ab")
+    r.sadd(keys.legacy_jobs(), "old-mine", "old-theirs")
     put_result(store, "j", 0)
+    put_result(store, "old-mine", 0)
 
     def chunks_of(job: str) -> int | None:
         if job == "broken":
             raise RuntimeError("store hiccup")
-        return {"gone": None, "j": 3}[job]
+        return {"gone": None, "busy": None, "theirs": None, "old-theirs": None, "j": 3, "old-mine": 1}[job]
 
     stall = StallWatch()
     # When two recovery rounds run
     for _ in range(2):
         watch_jobs(r, store, app, settings, stall, chunks_of)
-    # Then the job without manifest left the set, the broken one stays, and j was re-enqueued
-    assert {m.decode() for m in r.smembers(keys.jobs())} == {"broken", "j"}
+    # Then only the idle job without manifest left the store's set; the broken and the busy ones stay,
+    # another store's job is left alone, the old set's job of this store joined it, and j was re-enqueued
+    owners = {k.decode(): v.decode() for k, v in r.hgetall(keys.job_stores()).items()}
+    assert owners == {**{job: mine for job in (*JOBS, "busy", "broken", "old-mine")},
+                      "theirs": "0123456789ab"}
+    assert r.smembers(keys.legacy_jobs()) == {b"old-theirs"}
     assert sorted(m["index"] for m in queued_messages(r)) == [1, 2]
 
 

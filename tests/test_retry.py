@@ -9,13 +9,13 @@ import redis as redis_lib
 
 from fleet.coord.retry import Action, History, RetryPolicy, Spend, fault_of
 from fleet.coord.suspects import Suspicion
-from fleet.errors import ChunkCorrupt, EngineError, ManifestMissing, ObjectMissing, StoreError, WorkerLost
+from fleet.errors import ChunkCorrupt, EngineError, ObjectMissing, StoreError, WorkerLost
 
 POLICY = RetryPolicy(max_attempts=3, max_crashes=3, crash_window_s=10, backoff_s=1, backoff_max_s=30,
                      crash_window_fraction=0.5)
 
 
-@pytest.mark.parametrize("cause", [StoreError("s3 down"), ManifestMissing("other store"),
+@pytest.mark.parametrize("cause", [StoreError("s3 down"),
                                    redis_lib.ConnectionError("broker gone"), ConnectionResetError("reset")])
 def test_infra_errors_never_spend_or_quarantine(cause):
     # Given a chunk far past every budget, When an infra error ends its run

@@ -493,3 +493,18 @@ def test_download_and_upload_stream_files(store, tmp_path):
     assert out.read_bytes() == src.read_bytes()
     with pytest.raises(ObjectMissing):
         store.download("j/export/none", tmp_path / "none")
+
+
+def test_a_store_has_one_id_however_its_url_is_spelled(tmp_path, monkeypatch):
+    from fleet.store.identity import store_id
+
+    # Given one local store reached by a relative path, a file:// URL, a trailing slash and a link
+    (tmp_path / "store").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "store")
+    monkeypatch.chdir(tmp_path)
+    spellings = ["store", f"file://{tmp_path}/store", f"{tmp_path}/store/", str(tmp_path / "link")]
+    # Then every spelling has the one id, and another store another id
+    assert len({store_id(u) for u in spellings}) == 1
+    assert store_id("store") != store_id(str(tmp_path / "other"))
+    # And a bucket's prefix is the same with or without empty and trailing parts, but not another prefix
+    assert store_id("s3://b/p/q/") == store_id("s3://b//p/q") != store_id("s3://b/p") != store_id("gs://b/p")

@@ -178,7 +178,8 @@ class SimWorker:
             index = next(self.ids)
             chunkqueue.taken(r, spec.job, index)
             self.serial += 1
-            lease = Lease(r, spec.job, index, run_owner(self.owner, self.serial), spec.lease_ttl_s)
+            lease = Lease(r, spec.job, index, run_owner(self.owner, self.serial), spec.lease_ttl_s,
+                          store=self.reaper.store_id)
             if lease.acquire():
                 break
         self.heartbeat.add(lease)

@@ -140,7 +140,7 @@ def run_counted(workdir: Path) -> tuple[CountingStore, int, int]:
         r, identity = redis_client(settings), engine_identity(settings)
         heartbeat = Heartbeat.of(settings)
         ctx = WorkerContext(settings=settings, store=store, redis=r, heartbeat=heartbeat, name="cpu0@storecost",
-                            owner="cpu0@storecost:1", queue=ChunkQueue(make_celery(settings), settings.queue, r),
+                            owner="cpu0@storecost:1", queue=ChunkQueue.of(make_celery(settings), settings, r),
                             policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store),
                             identity=identity, identity_hash=identity_hash(identity))
         host = EngineHost(build_engine(settings))

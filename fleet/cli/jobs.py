@@ -267,7 +267,10 @@ def status_table(st) -> Table:
                   "since it last committed): chunks handed back, restarted")
     for m in st.mismatched_workers:
         differs = escape("; ".join(m["differences"]))  # rich markup would eat "[...]" in values
-        t.add_row(escape(f"mismatched {m['worker']}"), f"other engine settings, runs nothing: {differs}")
+        if m.get("kind") == "store":
+            t.add_row(escape(f"misconfigured {m['worker']}"), f"another store, runs nothing: {differs}")
+        else:
+            t.add_row(escape(f"mismatched {m['worker']}"), f"other engine settings, runs nothing: {differs}")
     return t
 
 

@@ -1,6 +1,8 @@
 """The Celery app, built from the one settings object, and the chunk message.
 
-A message names a chunk (job, index, attempt); prompts never travel through Redis.
+A message names a chunk (job, index, attempt); prompts never travel through Redis. Each store's
+chunks go through a queue of their own (`chunk_queue`), so a worker only ever receives chunks of
+the store it reads (docs/architecture.md, "Stores on one broker").
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from fleet.coord.outages import Outages, WatchedRedis
 from fleet.coord.reconnect import FleetAMQP, client_retry
 from fleet.errors import ConfigError
 from fleet.settings import Settings
+from fleet.store.identity import store_id
 
 TASK_NAME = "fleet.run_chunk"
 #: kombu's Redis transport serves priority 0 first. Chunks handed back after a lost or
@@ -27,6 +30,17 @@ CLIENT_NAME = "fleet"
 #: broker connections a process keeps for sending messages: more than its senders at once (K chunk
 #: threads, the reaper, the assister)
 BROKER_POOL = 64
+
+
+def store_of(settings: Settings) -> str:
+    """The id of the settings' store on the broker (fleet.store.identity)."""
+    return store_id(settings.resolved_store_url)
+
+
+def chunk_queue(settings: Settings) -> str:
+    """The Celery queue of the settings' store: `<queue>.<store id>`. The workers of a store
+    consume it alone (`--queues`), so another store's chunk never reaches them."""
+    return f"{settings.queue}.{store_of(settings)}"
 
 
 def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
@@ -58,8 +72,8 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
         task_acks_on_failure_or_timeout=True,
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
-        task_default_queue=settings.queue,
-        task_queues=[Queue(settings.queue)],
+        task_default_queue=chunk_queue(settings),
+        task_queues=[Queue(chunk_queue(settings))],
         task_send_sent_event=True,
         worker_send_task_events=True,
         worker_pool="threads",

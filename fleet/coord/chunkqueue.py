@@ -14,7 +14,9 @@ from celery import Celery
 
 from fleet import metrics
 from fleet.coord import counters, keys, leases
-from fleet.coord.broker import PRIORITY_NORMAL, PRIORITY_RECOVERY, send_chunk
+from fleet.coord.broker import PRIORITY_NORMAL, PRIORITY_RECOVERY, chunk_queue, send_chunk, store_of
+from fleet.errors import JobConflict
+from fleet.settings import Settings
 
 
 def queued_indexes(r: redis.Redis, job: str) -> set[int]:
@@ -43,18 +45,30 @@ class ChunkQueue:
     app: Celery
     queue: str
     redis: redis.Redis
+    #: the id of the store whose chunks this queue carries (fleet.store.identity)
+    store: str
 
-    def requeue(self, job: str, index: int) -> None:
-        """Recovery priority: a chunk coming back jumps the queue instead of waiting behind the job."""
+    @classmethod
+    def of(cls, app: Celery, settings: Settings, r: redis.Redis) -> ChunkQueue:
+        """The queue of the settings' store."""
+        return cls(app, chunk_queue(settings), r, store_of(settings))
+
+    def requeue(self, job: str, index: int, recovery: bool = True) -> None:
+        """Recovery priority: a chunk coming back jumps the queue instead of waiting behind the job.
+        Without it (`recovery=False`) it goes behind every chunk waiting: a worker that could not
+        run it leaves it to the others first."""
         self.redis.sadd(keys.queued(job), index)
         attempt = counters.next_attempt(self.redis, job, index)
-        send_chunk(self.app, self.queue, job, index, attempt, PRIORITY_RECOVERY)
+        send_chunk(self.app, self.queue, job, index, attempt, PRIORITY_RECOVERY if recovery else PRIORITY_NORMAL)
         metrics.CHUNKS_REQUEUED.inc()
 
     def enqueue(self, job: str, indexes: list[int]) -> list[int]:
         """First sends of a job's chunks; returns those sent. The marker is the ticket: of two
-        enqueues running at once, only the one that sets it sends the chunk."""
-        leases.add_job(self.redis, job)
+        enqueues running at once, only the one that sets it sends the chunk. A job name another
+        store's job holds on this broker is refused: the per-job keys would be shared."""
+        owner = leases.add_job(self.redis, job, self.store)
+        if owner != self.store:
+            raise JobConflict(other_store(job, owner, self.store))
         spent = counters.spent_attempts(self.redis, job)
         sent = []
         for index in indexes:
@@ -64,3 +78,8 @@ class ChunkQueue:
                 sent.append(index)
         return sent
 
+
+def other_store(job: str, owner: str, store: str) -> str:
+    """Why a job name is refused: another store's job on the broker has it."""
+    return (f"job {job!r} is another store's on this broker (store id {owner}; this store's id is {store}): "
+            "use another --job name, or the FLEET_STORE_URL that job was enqueued with")

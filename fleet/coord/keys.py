@@ -164,10 +164,12 @@ def assist(job: str, index: int) -> str:
     return f"{PREFIX}:{job}:assist:{index}"
 
 
-def reaper_leader() -> str:
+def reaper_leader(store: str) -> str:
     """String key, PX TTL: the process (`name:pid`) whose reaper runs the recovery round for the
-    whole fleet; every other worker's round only tries to take it (fleet.coord.recovery)."""
-    return f"{PREFIX}:reaper-leader"
+    store's whole fleet (`store`: fleet.store.identity.store_id); every other worker of the store
+    only tries to take it (fleet.coord.recovery). One lead a store: each store's jobs need their
+    own reaper, which reads that store."""
+    return f"{PREFIX}:{store}:reaper-leader"
 
 
 def stall_guard(job: str) -> str:
@@ -180,8 +182,18 @@ def chunk_stats(job: str) -> str:
     return f"{PREFIX}:{job}:stats"
 
 
-def jobs() -> str:
-    """Set of job names known to this broker (the reaper and Flower views walk it)."""
+def job_stores() -> str:
+    """Hash job name -> id of the store it was enqueued into (fleet.store.identity.store_id): the
+    job sets of every store on this broker. A store's reaper, assister and job metrics walk only
+    its own jobs, and a job name belongs to one store on a broker (the per-job keys below are
+    named by job alone)."""
+    return f"{PREFIX}:job-stores"
+
+
+def legacy_jobs() -> str:
+    """Set of job names, one for every store on the broker (before issue 44): a store's reaper
+    moves its own jobs from it into job_stores (those whose manifest it holds) and leaves the
+    others' alone."""
     return f"{PREFIX}:jobs"
 
 

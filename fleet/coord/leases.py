@@ -10,8 +10,9 @@ without losing work: the store decides done and quarantined (docs/architecture.m
 - lease clock (keys.lease_started, keys.lease_beat): when the lease was taken and last
   renewed. How long a run held its lease is the one crash evidence fleet.coord.retry
   reads, for a failure the worker saw (taken -> now) and for a lost worker (taken -> beat).
-- job set (keys.jobs): a lease taken relearns its job, so a broker that lost everything
-  finds the jobs still running.
+- job sets (keys.job_stores): each job under the store it was enqueued into; a lease taken
+  relearns its job, so a broker that lost everything finds the jobs still running. A store
+  reads and drops only its own jobs (docs/architecture.md, "Stores on one broker").
 - the beat (`beat`): one script per heartbeat renews the leases of a process it is given and
   carries its runs' figures, in one round trip whatever the number of chunks it runs
   (docs/architecture.md, "Scaling"; the heartbeat chooses which leases a beat renews). The
@@ -34,14 +35,21 @@ from fleet.coord.figures import figure_keys
 
 log = logging.getLogger(__name__)
 
-# A watched lease also (re)registers its job: a broker that lost everything relearns the
-# job from the chunks still running, and the reapers' stall watch finds the rest again.
-# ARGV[4] starts the lease clock, ARGV[6] beats it (a retaken lease keeps its start).
+# A watched lease also (re)registers its job in its store's job set (ARGV[7], the store id; none
+# when empty): a broker that lost everything relearns the job from the chunks still running, and
+# the store's stall watch finds the rest again. ARGV[4] starts the lease clock, ARGV[6] beats it
+# (a retaken lease keeps its start).
 _ACQUIRE = (
     "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
-    "if ARGV[3] ~= '' then redis.call('sadd', KEYS[2], ARGV[3]); redis.call('sadd', KEYS[5], ARGV[5]); "
+    "if ARGV[3] ~= '' then redis.call('sadd', KEYS[2], ARGV[3]); "
+    "if ARGV[7] ~= '' then redis.call('hsetnx', KEYS[5], ARGV[5], ARGV[7]) end "
     "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[6]) end "
     "return 1"
+)
+# Only the store that owns a job drops it from the job sets.
+_DROP_JOB = (
+    "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('hdel', KEYS[1], ARGV[1]) end "
+    "return 0"
 )
 # Renewal also stamps the chunk's beat: after the holder dies, the reaper reads how long
 # it held the lease (beat - started).
@@ -211,9 +219,11 @@ class Lease:
     Only the chunk lease is watched (running set, lease clock); an assist lease is not.
     """
 
-    def __init__(self, r: redis.Redis, job: str, index: int, owner: str, ttl_s: float, assist: bool = False):
-        """`owner` names the run (`run_owner`), or the process where one run per process is meant."""
-        self.r, self.job, self.index, self.owner = r, job, index, owner
+    def __init__(self, r: redis.Redis, job: str, index: int, owner: str, ttl_s: float, assist: bool = False,
+                 store: str = ""):
+        """`owner` names the run (`run_owner`), or the process where one run per process is meant;
+        `store` the id of the job's store, whose job set a watched lease relearns the job into."""
+        self.r, self.job, self.index, self.owner, self.store = r, job, index, owner, store
         self.key = keys.assist(job, index) if assist else keys.lease(job, index)
         #: only the chunk lease puts the chunk in the running set the reaper watches
         self.watched = not assist
@@ -241,7 +251,8 @@ class Lease:
     def _take(self, started: int) -> bool:
         now = now_ms()
         ok = bool(self.r.eval(_ACQUIRE, 5, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
-                              keys.jobs(), self.owner, self.ttl_ms, self._member, started, self.job, now))
+                              keys.job_stores(), self.owner, self.ttl_ms, self._member, started, self.job, now,
+                              self.store))
         if ok:
             self.lost, self.taken_ms, self.beat_ms = False, started, now
         return ok
@@ -462,18 +473,37 @@ def claim_recovery(r: redis.Redis, job: str, index: int, ttl_s: int) -> bool:
     return bool(r.set(keys.requeue_guard(job, index), "1", nx=True, ex=ttl_s))
 
 
-# --- the job set ------------------------------------------------------------------------
+# --- the job sets -----------------------------------------------------------------------
 
 
-def add_job(r: redis.Redis, job: str) -> None:
-    """A job's chunks are about to be sent (fleet.coord.chunkqueue): the broker knows it from now."""
-    r.sadd(keys.jobs(), job)
+def add_job(r: redis.Redis, job: str, store: str) -> str:
+    """A job's chunks are about to be sent (fleet.coord.chunkqueue): the broker knows it as the
+    store's from now, unless another store's job has the name. The store that owns it."""
+    r.hsetnx(keys.job_stores(), job, store)
+    return job_store(r, job) or store
 
 
-def known_jobs(r: redis.Redis) -> list[str]:
-    """The jobs this broker knows (enqueued, or relearned from a running chunk's lease)."""
-    return sorted(_text(m) or "" for m in r.smembers(keys.jobs()))
+def job_store(r: redis.Redis, job: str) -> str | None:
+    """The id of the store whose job `job` is on this broker, if any."""
+    return _text(r.hget(keys.job_stores(), job))
 
 
-def drop_job(r: redis.Redis, job: str) -> None:
-    r.srem(keys.jobs(), job)
+def known_jobs(r: redis.Redis, store: str) -> list[str]:
+    """The store's jobs this broker knows (enqueued, or relearned from a running chunk's lease)."""
+    return sorted(_text(job) or "" for job, owner in r.hgetall(keys.job_stores()).items() if _text(owner) == store)
+
+
+def drop_job(r: redis.Redis, job: str, store: str) -> bool:
+    """The job leaves the store's job set; never another store's job. Whether it did."""
+    return bool(r.eval(_DROP_JOB, 1, keys.job_stores(), job, store))
+
+
+def legacy_jobs(r: redis.Redis) -> list[str]:
+    """Jobs of the one job set every store shared before issue 44, not yet adopted."""
+    return sorted(_text(m) or "" for m in r.smembers(keys.legacy_jobs()))
+
+
+def adopt_job(r: redis.Redis, job: str, store: str) -> None:
+    """A job of the old shared set whose manifest the store holds joins the store's job set."""
+    r.hsetnx(keys.job_stores(), job, store)
+    r.srem(keys.legacy_jobs(), job)

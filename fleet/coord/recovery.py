@@ -5,9 +5,11 @@ One round (`Reaper.round`) serves every worker's periodic check, `fleet enqueue`
 interval, whatever Celery's visibility timeout is. What a lost worker means for the chunk
 is fleet.coord.retry's decision (a worker loss is the chunk's fault only on evidence).
 
-Of the workers, one runs the round for the whole fleet: the one that holds the reaper lead
-(`Reaper.turn`, keys.reaper_leader); the others' turns only try to take it. The broker then
-serves one scan per round whatever the fleet's size (docs/architecture.md, "Scaling").
+Of a store's workers, one runs the round for the store's whole fleet: the one that holds the
+store's reaper lead (`Reaper.turn`, keys.reaper_leader); the others' turns only try to take it.
+The broker then serves one scan per store and round whatever the fleet's size (docs/architecture.md,
+"Scaling"). A round reads and decides only its own store's jobs: another store's are not its to
+requeue or drop ("Stores on one broker").
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from collections.abc import Callable
 import redis
 from celery import Celery
 
-from fleet.coord import keys, leases, suspects
+from fleet.coord import chunkqueue, keys, leases, suspects
+from fleet.coord.broker import chunk_queue, store_of
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes
 from fleet.coord.outages import Outages, outages_of
@@ -53,12 +56,15 @@ def lead_ttl_s(settings: Settings) -> float:
 
 def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
                     outages: Outages | None = None) -> list[str]:
-    """Requeue (or, on evidence, quarantine) every chunk in the running set whose lease is gone.
-    A lease that ran out in a broker pause (`outages`: when this process could not reach the
-    broker) is left to its holder to take back, then requeued without judgement."""
-    queue, policy = ChunkQueue(app, settings.queue, r), RetryPolicy.from_settings(settings)
+    """Requeue (or, on evidence, quarantine) every chunk of the store's jobs in the running set
+    whose lease is gone. A lease that ran out in a broker pause (`outages`: when this process
+    could not reach the broker) is left to its holder to take back, then requeued without judgement."""
+    queue, policy = ChunkQueue.of(app, settings, r), RetryPolicy.from_settings(settings)
     judge = PauseJudge(outages or outages_of(r), settings)
     expired, live = leases.scan_leases(r)
+    if expired:  # another store's chunk is that store's reaper's: its result is not in this store
+        mine = set(leases.known_jobs(r, queue.store))
+        expired = [(job, index) for job, index in expired if job in mine]
     lost = [(job, index) for job, index in expired if not store.exists(result_key(job, index))]
     for job, index in set(expired) - set(lost):
         if leases.forget_unleased(r, job, index) is not None:
@@ -148,25 +154,46 @@ def count_process_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None
 
 def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, stall: StallWatch,
                chunks_of: Callable[[str], int | None], outages: Outages | None = None) -> None:
-    """One recovery round over every job of the broker. A job fails alone: its error is
-    logged and the others are still checked; a job with no manifest in this store leaves
-    the job set (an old job whose prefix was deleted, or another store's)."""
+    """One recovery round over every job of the store on this broker. A job fails alone: its
+    error is logged and the others are still checked. A job of the store with no manifest in it
+    (its prefix was deleted) leaves the store's job set once nothing of it is queued or running:
+    while something is, a worker of the store runs it, and this process may be the one whose
+    store is not the one its URL names (a local path on another host)."""
     try:
         requeue_expired(r, store, app, settings, outages)
     except redis.RedisError as e:  # the broker may be restarting; the jobs below get their turn
         log.warning("expired-lease scan failed: %s", e)
-    for job in leases.known_jobs(r):
+    mine = store_of(settings)
+    try:
+        adopt_legacy(r, mine, chunks_of)
+    except Exception as e:  # the old set is only read; the next round tries again
+        log.warning("adopting jobs of the old shared job set failed: %s", e)
+    for job in leases.known_jobs(r, mine):
         if job in stall.finished:
             continue
         try:
             count = chunks_of(job)
             if count is None:
-                leases.drop_job(r, job)
-                log.warning("job %s has no manifest in %s: dropped from the job set", job, store.url)
+                if not (chunkqueue.queued_indexes(r, job) or leases.watched_indexes(r, job)) \
+                        and leases.drop_job(r, job, mine):
+                    log.warning("job %s has no manifest in %s and nothing queued or running: dropped from the "
+                                "store's job set", job, store.url)
                 continue
             stall.check(r, store, app, settings, job, count)
         except Exception as e:  # one broken job must not stop recovery of the others
             log.warning("recovery check of job %s failed: %s", job, e)
+
+
+def adopt_legacy(r: redis.Redis, mine: str, chunks_of: Callable[[str], int | None]) -> list[str]:
+    """Jobs of the job set every store shared before issue 44 whose manifest this store holds
+    join its own job set; the others stay for their own store. Returns those adopted."""
+    adopted = []
+    for job in leases.legacy_jobs(r):
+        if chunks_of(job) is not None:
+            leases.adopt_job(r, job, mine)
+            adopted.append(job)
+            log.info("job %s (enqueued before stores had a queue each) joins this store's job set", job)
+    return adopted
 
 
 class Reaper:
@@ -176,6 +203,8 @@ class Reaper:
     def __init__(self, r: redis.Redis, store: Store, app: Celery, settings: Settings,
                  chunks_of: Callable[[str], int | None] | None = None):
         self.r, self.store, self.app, self.settings = r, store, app, settings
+        #: the id of the store this reaper recovers (fleet.store.identity): its lead and job set
+        self.store_id = store_of(settings)
         self.chunks_of = chunks_of or self._manifest_chunks
         self.stall = StallWatch()
         #: when this process could not reach the broker (its client's record, kept between rounds)
@@ -202,12 +231,14 @@ class Reaper:
         """A worker's periodic turn: the round if this process (`owner`, `name:pid`) holds the reaper
         lead or takes it now, else nothing. Whether it ran the round; never raises."""
         try:
-            lead = bool(self.r.eval(_LEAD, 1, keys.reaper_leader(), owner, int(lead_ttl_s(self.settings) * 1000)))
+            ttl_ms = int(lead_ttl_s(self.settings) * 1000)
+            lead = bool(self.r.eval(_LEAD, 1, keys.reaper_leader(self.store_id), owner, ttl_ms))
         except redis.RedisError as e:
             log.warning("reaper lead check failed: %s", e)
             return False
         if lead != self.leading:
-            log.info("%s %s the fleet's recovery rounds", owner, "leads" if lead else "no longer leads")
+            log.info("%s %s the recovery rounds of store %s", owner, "leads" if lead else "no longer leads",
+                     self.store_id)
             self.leading = lead
         if lead:
             self.round()
@@ -237,7 +268,7 @@ class StallWatch:
     def check(self, r: redis.Redis, store: Store, app: Celery, settings: Settings, job: str, total: int) -> list[int]:
         if job in self.finished:
             return []
-        if any(r.llen(q) for q in keys.queue_lists(settings.queue)) or leases.watched_indexes(r, job):
+        if any(r.llen(q) for q in keys.queue_lists(chunk_queue(settings))) or leases.watched_indexes(r, job):
             self.idle_checks[job] = 0
             return []
         done = done_indexes(store, job)
@@ -254,7 +285,7 @@ class StallWatch:
         self.idle_checks[job] = 0
         if not r.set(keys.stall_guard(job), "1", nx=True, ex=max(5, int(settings.reaper_interval_s * 3))):
             return []
-        queue = ChunkQueue(app, settings.queue, r)
+        queue = ChunkQueue.of(app, settings, r)
         for index in sorted(missing):
             queue.requeue(job, index)
         log.warning("job %s stalled with %d chunks missing and none queued: re-enqueued", job, len(missing))

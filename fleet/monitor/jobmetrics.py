@@ -14,6 +14,7 @@ import redis
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fleet.coord.broker import store_of
 from fleet.coord.leases import known_jobs
 from fleet.monitor.status import JobStatus, job_status
 from fleet.settings import Settings
@@ -50,7 +51,7 @@ class JobCollector(Collector):
             return cached
         out = []
         try:
-            jobs = known_jobs(self.r)
+            jobs = known_jobs(self.r, store_of(self.settings))
         except redis.RedisError as e:  # the broker is down: say so in the log, serve the last figures
             log.warning("no job list from the broker: %s: %s", type(e).__name__, e)
             return cached

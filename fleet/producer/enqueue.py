@@ -16,7 +16,7 @@ import redis
 from celery import Celery
 
 from fleet.coord import chunkqueue, counters, leases
-from fleet.coord.broker import make_celery, redis_client
+from fleet.coord.broker import chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import done_indexes, failed_indexes
 from fleet.coord.queuescan import stale_markers
@@ -216,7 +216,7 @@ def enqueue_missing(
     queued -= set(report.repaired)
     skip = done | failed | running | queued
     wanted = [i for i in range(manifest.chunks) if i not in skip]
-    report.enqueued = ChunkQueue(app, settings.queue, r).enqueue(job, wanted)
+    report.enqueued = ChunkQueue.of(app, settings, r).enqueue(job, wanted)
     report.done = len(done)
     report.failed = len(failed - done)
     report.running = len(running - done)
@@ -226,12 +226,20 @@ def enqueue_missing(
 
 def repair_markers(r: redis.Redis, settings: Settings, job: str, markers: set[int]) -> list[int]:
     """Clear the "queued" markers no message backs any more, so those chunks are sent again."""
-    stale = stale_markers(r, settings.queue, job, markers, LOST_AFTER_LEASES * settings.lease_ttl_s)
+    stale = stale_markers(r, chunk_queue(settings), job, markers, LOST_AFTER_LEASES * settings.lease_ttl_s)
     if stale:
         chunkqueue.clear_markers(r, job, stale)
         log.warning("job %s: %d queued marker(s) had no message (worker lost after taking it): "
                     "re-enqueued %s", job, len(stale), sorted(stale))
     return sorted(stale)
+
+
+def check_job_name(r: redis.Redis, settings: Settings, job: str) -> None:
+    """Refuse a job name another store's job holds on this broker (the per-job keys are named by
+    job alone, so two stores' jobs of one name would share leases and markers)."""
+    owner, mine = leases.job_store(r, job), store_of(settings)
+    if owner is not None and owner != mine:
+        raise JobConflict(chunkqueue.other_store(job, owner, mine))
 
 
 def enqueue(
@@ -240,10 +248,11 @@ def enqueue(
 ) -> EnqueueReport:
     """Enqueue `job` from `input_url`, or as a redo of `redo_of`."""
     store = store_for(settings)
-    manifest, created = prepare(settings, store, input_url, job, progress, redo_of)
-    app = make_celery(settings)
     r = redis_client(settings)
     try:
+        check_job_name(r, settings, job)  # before anything is written to the store
+        manifest, created = prepare(settings, store, input_url, job, progress, redo_of)
+        app = make_celery(settings)
         report = enqueue_missing(r, app, store, settings, manifest, retry_failed)
     finally:
         r.close()

@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from_env()
     engine_processes_die_with_their_parent()
+    from fleet.coord.broker import chunk_queue
     from fleet.worker.celeryapp import app, settings
 
     app.worker_main(
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
             "--pool=threads",
             f"--concurrency={args.concurrency}",
             f"--hostname={args.name}",
-            f"--queues={settings.queue}",
+            f"--queues={chunk_queue(settings)}",
             f"--loglevel={args.loglevel}",
             "--task-events",
             # Mingle asks every worker for its state at each start and gossip subscribes each

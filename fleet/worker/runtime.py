@@ -7,6 +7,7 @@ Built once when the Celery worker starts (before it consumes), torn down at shut
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+import redis
 from celery import Celery
 
 from fleet import metrics
@@ -21,6 +23,7 @@ from fleet.coord import suspects
 from fleet.coord.broker import redis_client
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.heartbeat import Heartbeat
+from fleet.coord.mismatch import clear_mismatch
 from fleet.coord.recovery import Reaper
 from fleet.coord.retry import RetryPolicy
 from fleet.engines.identity import engine_identity, identity_hash
@@ -63,7 +66,7 @@ class Runtime:
         writer = StoreWriter(store, spool, outage_reporter(r, name))
         self.ctx = WorkerContext(
             settings=settings, store=store, redis=r, heartbeat=Heartbeat.of(settings), name=name,
-            owner=f"{name}:{os.getpid()}", queue=ChunkQueue(app, settings.queue, r),
+            owner=f"{name}:{os.getpid()}", queue=ChunkQueue.of(app, settings, r),
             policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store), restart=self.restart,
             identity=identity, identity_hash=identity_hash(identity), writer=writer,
         )
@@ -85,6 +88,10 @@ class Runtime:
         self.host.start()
         log.info("worker %s: %s engine ready in %.1fs", self.name, self.engine.name, time.monotonic() - began)
         self.ctx.heartbeat.start()
+        # What an earlier process of this name could not run (another store, other engine settings)
+        # is this one's to find again: `fleet status` names only what is still so.
+        with contextlib.suppress(redis.RedisError):  # the broker may be restarting: the gates record again
+            clear_mismatch(self.ctx.redis, self.name)
         self.watchdog.start()  # only now: loading weights or capturing graphs is never a stall
         threading.Thread(target=self._reaper, name="fleet-reaper", daemon=True).start()
         self.ctx.writer.start_drain(self.name, self._stop)

@@ -95,7 +95,7 @@ def make_worker(settings: Settings, store: LocalStore, r: redis.Redis, host: Eng
     hb = Heartbeat.of(settings)
     hb.start()
     ctx = WorkerContext(settings=settings, store=store, redis=r, heartbeat=hb, name=name, owner=f"{name}:1",
-                        queue=ChunkQueue(make_celery(settings), settings.queue, r),
+                        queue=ChunkQueue.of(make_celery(settings), settings, r),
                         policy=RetryPolicy.from_settings(settings), manifests=ManifestCache(store),
                         restart=restarts.append, identity=identity, identity_hash=identity_hash(identity))
     return Worker(ctx, ChunkTask(store, host, ctx.writer, ctx.bell), restarts)
@@ -117,10 +117,10 @@ def other(settings, store, r, host, job) -> Iterator[Worker]:
 
 def queued_messages(r: redis.Redis) -> list[dict]:
     """Chunk messages waiting in the Celery queue, over every priority list kombu keeps."""
-    from fleet.coord import keys
 
     out = []
-    for q in keys.queue_lists(QUEUE):
+    # every store's queue of this test's name (`<QUEUE>.<store id>`), over every priority list
+    for q in sorted(name.decode() for name in r.scan_iter(match=f"{QUEUE}.*")):
         for raw in r.lrange(q, 0, -1):
             _args, kwargs, _embed = json.loads(base64.b64decode(json.loads(raw)["body"]))
             out.append(kwargs)

@@ -9,9 +9,7 @@ import time
 from fleet.coord import keys
 from fleet.coord.retry import RetryPolicy
 from fleet.coord.suspects import suspicion
-from fleet.errors import EngineError
-from fleet.store.layout import manifest_key
-from fleet.worker.process.context import ManifestCache
+from fleet.errors import EngineError, StoreError
 from fleet.worker.run.chunk import ChunkRun
 from fleet.worker.run.outcome import Failed
 from tests.middleware.conftest import JOB
@@ -48,9 +46,12 @@ def test_a_death_long_after_the_lease_is_not_suspected(worker, r):
 
 
 def test_a_failure_before_the_lease_has_no_lease_clock(worker, r, store):
-    # Given a store without the job's manifest: the manifest gate fails the run before the lease
-    store.delete(manifest_key(JOB))
-    object.__setattr__(worker.ctx, "manifests", ManifestCache(store))
+    # Given a store that refuses to read the job's manifest: the manifest gate fails the run before the lease
+    class RefusingManifests:
+        def get(self, job: str) -> None:
+            raise StoreError("the store answered 503")
+
+    object.__setattr__(worker.ctx, "manifests", RefusingManifests())
     # When a delivery arrives
     _, outcome = worker.run(2)
     # Then it failed without a lease clock, and nothing was charged to the chunk

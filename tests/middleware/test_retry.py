@@ -3,10 +3,13 @@ spends nothing; nothing is quarantined before its lease was taken."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from fleet.coord import keys
+from fleet.coord.broker import PRIORITY_NORMAL, chunk_queue
 from fleet.coord.chunkstate import read_failures
+from fleet.coord.mismatch import mismatched_workers
 from fleet.coord.suspects import suspicion, worker_health
 from fleet.errors import EngineError, StoreError
 from fleet.store.layout import manifest_key, result_key
@@ -47,19 +50,30 @@ def test_store_errors_spend_nothing_and_back_off(worker, r, store):
     assert time.monotonic() - began >= 0.01 + 0.02 + 0.04 + 3 * 0.05
 
 
-def test_a_store_without_the_manifest_hands_back_and_says_so(worker, r, store, caplog):
-    # Given a worker whose store lacks the job's manifest (another store shares the broker)
+def test_a_store_without_the_manifest_hands_back_behind_the_queue_and_says_so_once(worker, r, store, settings,
+                                                                                   caplog, monkeypatch):
+    import fleet.worker.run.middleware.gates as gates
+
+    monkeypatch.setattr(gates, "MISPLACED_HOLD_S", 0.01)
+    # Given a worker whose store lacks the job's manifest (not the store the job's queue is for)
     store.delete(manifest_key(JOB))
     object.__setattr__(worker.ctx, "manifests", ManifestCache(store))
-    for _ in range(5):
-        # When deliveries of the job reach it
-        _, outcome = worker.run(0)
-        # Then each is handed back, never leased, never quarantined, no attempt spent
-        assert isinstance(outcome, Failed) and "no manifest" in str(outcome.cause)
+    # When three deliveries of the job reach it
+    with caplog.at_level(logging.CRITICAL):
+        outcomes = [worker.run(0)[1] for _ in range(3)]
+    # Then each is handed back behind every waiting chunk (normal priority, never recovery priority),
+    # never leased, never quarantined, no attempt or retry spent
+    assert all(isinstance(o, HandedBack) and o.tail for o in outcomes)
+    waiting = {p: r.llen(name) for p, name in zip(keys.PRIORITY_STEPS, keys.queue_lists(chunk_queue(settings)),
+                                                  strict=True)}
+    assert waiting == {0: 0, 3: 0, PRIORITY_NORMAL: 3, 9: 0}
     assert r.get(keys.lease(JOB, 0)) is None and not r.hgetall(keys.lease_started())
-    assert read_failures(store, JOB) == [] and attempts(r, 0) == 0
-    assert len(queued_messages(r)) == 5
-    assert "FLEET_STORE_URL" in caplog.text
+    assert read_failures(store, JOB) == [] and attempts(r, 0) == 0 and not r.hgetall(keys.retries(JOB))
+    # And it said so once, as CRITICAL, naming the setting to check, and `fleet status` names it
+    critical = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.CRITICAL]
+    assert len(critical) == 1 and "misconfigured" in critical[0] and "FLEET_STORE_URL" in critical[0]
+    [entry] = mismatched_workers(r, JOB)
+    assert entry["worker"] == worker.ctx.name and entry["kind"] == "store" and entry["store"] == store.url
 
 
 def test_engine_death_right_after_start_is_a_suspicion_and_restarts_the_worker(worker, r, store):

@@ -41,7 +41,7 @@ class Assister:
                     continue
                 if self.inflight() >= self.max_running:
                     continue
-                if any(self.ctx.redis.llen(q) for q in keys.queue_lists(self.ctx.settings.queue)):
+                if any(self.ctx.redis.llen(q) for q in keys.queue_lists(self.ctx.queue.queue)):
                     continue
                 target = self.straggler()
                 if target is not None:
@@ -55,7 +55,7 @@ class Assister:
         (figures.stragglers), not every running chunk: the fleet's idle workers ask this every
         assist poll at a job's end."""
         r, best = self.ctx.redis, None
-        for job in leases.known_jobs(r):
+        for job in leases.known_jobs(r, self.ctx.queue.store):
             suspected = suspects.suspected_indexes(r, job)
             for index, unstarted in figures.stragglers(r, job, STRAGGLERS_READ):
                 if (best and unstarted <= best[0]) or (job, index) in self._assisted:

@@ -27,11 +27,15 @@ class HandedBack:
     """This run stops without blame: the owner requeues the chunk (no attempt spent); a
     helper just stops, the owner goes on. `delay_s` keeps a worker that cannot run the
     chunk from taking it straight back; `hold_s` requeues it at once and keeps the slot
-    idle after (a worker that must not take chunks now leaves them to the others)."""
+    idle after (a worker that must not take chunks now leaves them to the others). `tail`
+    requeues it behind every waiting chunk instead of at recovery priority: a worker that
+    cannot run it at all (another engine configuration, a store without its manifest) must
+    not be the next to take it."""
 
     reason: str
     delay_s: float = 0.0
     hold_s: float = 0.0
+    tail: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from fleet.worker.run.outcome import HandedBack, Outcome
 
 log = logging.getLogger(__name__)
 
-#: how long a mismatched worker holds a chunk before handing it back, so it does not take
-#: it straight back from the queue while matching workers are there to run it
+#: how long a mismatched worker keeps the slot idle after handing a chunk back behind every
+#: waiting chunk, so it does not take it straight back while matching workers are there to run it
 MISMATCH_HOLD_S = 5.0
 
 
@@ -51,4 +51,4 @@ class ConfigGate(Middleware[None]):
             log.critical("worker %s cannot run job %r: its engine configuration differs from the job's "
                          "(job's -> this worker's): %s; handing its chunks back, restart it with the job's settings",
                          ctx.name, run.job, "; ".join(differences))
-        return HandedBack("engine configuration differs from the job's", delay_s=MISMATCH_HOLD_S)
+        return HandedBack("engine configuration differs from the job's", hold_s=MISMATCH_HOLD_S, tail=True)

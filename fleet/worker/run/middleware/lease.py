@@ -44,7 +44,7 @@ class LeaseMiddleware(Middleware[LeaseState]):
                 return Skipped(f"chunk {run.name} runs in this process already")
             state.owned = True
         lease = Lease(ctx.redis, run.job, run.index, run_owner(ctx.owner, run.serial), ctx.settings.lease_ttl_s,
-                      assist=self.assist)
+                      assist=self.assist, store=ctx.queue.store)
         if not lease.acquire():
             return Skipped(f"lease {lease.key} held by {lease.holder()!r}")
         state.lease = lease

@@ -21,7 +21,8 @@ class RetryMiddleware(Middleware[None]):
 
     def after(self, run: ChunkRun, state: None, outcome: Outcome) -> None:
         if isinstance(outcome, HandedBack):
-            self._requeue(run, outcome.delay_s, outcome.hold_s)  # the runtime logs the hand-back (log_outcome)
+            # the runtime logs the hand-back (log_outcome)
+            self._requeue(run, outcome.delay_s, outcome.hold_s, recovery=not outcome.tail)
         elif isinstance(outcome, Failed):
             self._failed(run, outcome)
 
@@ -40,9 +41,9 @@ class RetryMiddleware(Middleware[None]):
                     run.name, type(cause).__name__, cause, decision.delay_s, decision.why)
         self._requeue(run, decision.delay_s)
 
-    def _requeue(self, run: ChunkRun, delay_s: float, hold_s: float = 0.0) -> None:
+    def _requeue(self, run: ChunkRun, delay_s: float, hold_s: float = 0.0, recovery: bool = True) -> None:
         # Backoff holds this slot, not the lease (released already): a worker whose store or
         # broker fails takes fewer chunks, and a stopping worker requeues at once.
         self.ctx.stopping.wait(delay_s)
-        self.ctx.queue.requeue(run.job, run.index)
+        self.ctx.queue.requeue(run.job, run.index, recovery=recovery)
         self.ctx.stopping.wait(hold_s)
