@@ -130,8 +130,10 @@ CHUNK_STATE = {
 CRASH_EVIDENCE_KEYS = ("lease_holder", "solo_runs", "solo_waits", "suspects", "chunk_seconds", "worker_deaths",
                        "worker_streak", "worker_last_death", "worker_last_commit", "worker_stalls", "process_dead",
                        "process_committed")
+#: who saw a process die, and the deaths no one saw (docs/architecture.md, "Failures")
+WITNESS_KEYS = ("process_witnessed", "process_lost", "host_losses")
 KEY_FAMILIES = [*((names, FLEET / "coord" / f"{owner}.py") for owner, names in CHUNK_STATE.items()),
-                (CRASH_EVIDENCE_KEYS, FLEET / "coord" / "suspects.py")]
+                (CRASH_EVIDENCE_KEYS, FLEET / "coord" / "suspects.py"), (WITNESS_KEYS, FLEET / "coord" / "witness.py")]
 
 
 def key_users(path: Path, names: tuple[str, ...]) -> set[str]:
@@ -146,7 +148,7 @@ def key_users(path: Path, names: tuple[str, ...]) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize(("names", "owner"), KEY_FAMILIES, ids=[*CHUNK_STATE, "suspects"])
+@pytest.mark.parametrize(("names", "owner"), KEY_FAMILIES, ids=[*CHUNK_STATE, "suspects", "witness"])
 def test_one_module_owns_each_part_of_a_chunks_state_in_redis(names, owner):
     from fleet.coord import keys
 

@@ -3,7 +3,8 @@ quarantines nothing; a chunk that kills every process that runs it is quarantine
 
 Workers are real `fleet worker` launchers (one per --host-name) and, for the crash-looping
 host, a bare worker process the test SIGKILLs soon after each start and restarts at once
-(the harshest restart loop: no launcher backoff)."""
+(the harshest restart loop: no launcher backoff); the test plays its launcher, recording each
+death it saw as a launcher does (fleet.coord.witness)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from fleet.coord import keys
+from fleet.coord import keys, witness
 from fleet.coord.leases import process_of
 from fleet.store import open_store
 from fleet.store.layout import failed_prefix, results_prefix
@@ -84,6 +85,7 @@ class CrashLoop:
                 os.killpg(self._proc.pid, signal.SIGKILL)
                 self.kills += held is not None
             self._proc.wait()
+            witness.note_witnessed(self.r, f"cpu0@bad-host:{self._proc.pid}", "its launcher saw it killed by SIGKILL")
 
     def stop(self) -> None:
         self._stop.set()

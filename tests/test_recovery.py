@@ -16,7 +16,7 @@ import time
 import pytest
 import redis
 
-from fleet.coord import keys, suspects
+from fleet.coord import keys, suspects, witness
 from fleet.coord.broker import TASK_NAME, chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkstate import Quarantine, read_failures
 from fleet.coord.leases import Lease, add_job, run_owner
@@ -190,7 +190,8 @@ def test_worker_loss_after_a_long_run_spends_nothing(r, store, app, settings):
 
 
 def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = False, committed: bool = True) -> None:
-    """A process took the chunk (beside others, or alone) and died at once: its lease runs out."""
+    """A process took the chunk (beside others, or alone) and died at once, its launcher seeing it die:
+    its lease runs out."""
     lease = Lease(r, job, index, owner, ttl_s=0.2)
     assert lease.acquire()
     suspects.note_holder(r, job, index, owner)
@@ -199,6 +200,7 @@ def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = Fals
         suspects.start_solo(r, job, index, owner)
     if committed:  # it had finished other chunks before: a healthy process
         suspects.note_commit(r, owner)
+    witness.note_witnessed(r, owner, "its launcher saw it killed by SIGKILL")
     wait_for(lambda: not r.exists(keys.lease(job, index)), 30, "lease expiry")
     r.delete(keys.requeue_guard(job, index))
 
@@ -218,6 +220,7 @@ def test_a_death_while_a_suspect_waits_to_run_alone_is_no_evidence(r, store, app
     assert lease.acquire()
     suspects.wait_solo(r, "j", 7, "gpu0@a:1")
     suspects.note_holder(r, "j", 7, "gpu0@a:1")
+    witness.note_witnessed(r, "gpu0@a:1", "its launcher saw it killed by SIGKILL")
     # When the process dies during the wait (killed by one of its other chunks)
     wait_for(lambda: not r.exists(keys.lease("j", 7)), 30, "lease expiry")
     r.delete(keys.requeue_guard("j", 7))
@@ -283,6 +286,57 @@ def test_deaths_beside_other_chunks_never_quarantine_solo_deaths_on_two_hosts_do
     [failure] = read_failures(store, "j")
     assert failure["error_type"] == "WorkerLost" and failure["attempts"] == 2 and "2 host(s)" in failure["error"]
     assert len(queued_messages(r)) == 7 and not r.hget(keys.attempts("j"), 7)
+
+
+def vanished_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = False) -> None:
+    """A process took the chunk (beside others, or alone) and vanished at once with its host: its lease
+    runs out, and nothing that outlived it saw it die."""
+    lease = Lease(r, job, index, owner, ttl_s=0.2)
+    assert lease.acquire()
+    suspects.note_holder(r, job, index, owner)
+    if solo:
+        lease.restart_clock()
+        suspects.start_solo(r, job, index, owner)
+    suspects.note_commit(r, owner)
+    wait_for(lambda: not r.exists(keys.lease(job, index)), 30, "lease expiry")
+    r.delete(keys.requeue_guard(job, index))
+
+
+def test_a_process_lost_with_its_host_is_no_evidence_against_its_chunks(r, store, app, settings, monkeypatch):
+    # Given a chunk that vanished twice beside others and twice alone, on two hosts, within seconds of each
+    # start, every time with its whole host: no launcher outlived a process to see it die
+    monkeypatch.setattr(witness, "WITNESS_WAIT_S", 0.5)
+    runs = [("gpu0@a:1", False), ("gpu0@b:1", False), ("gpu0@a:2", True), ("gpu0@b:2", True)]
+    for n, (owner, solo) in enumerate(runs, 1):
+        vanished_run(r, "j", 7, owner, solo=solo)
+        # When the reaper's rounds run, Then the first leaves it for a witness that may still come
+        assert requeue_expired(r, store, app, settings) == [] and running(r) == {"j/7"}
+        time.sleep(witness.WITNESS_WAIT_S)
+        assert requeue_expired(r, store, app, settings) == ["j/7"]
+        # and then it is requeued with nothing against it: never suspected, no crash, no attempt
+        assert suspects.suspicion(r, "j", 7).deaths == 0 and r.hget(keys.crashes("j"), 7) is None
+        assert len(queued_messages(r)) == n
+    assert read_failures(store, "j") == [] and not r.hget(keys.attempts("j"), 7)
+    # and the losses count against the hosts alone, once per process, not their workers
+    assert witness.host_losses(r) == {"a": 2, "b": 2}
+    assert r.hgetall(keys.worker_deaths()) == {} and suspects.dying_workers(r) == []
+    assert r.hget(keys.lease_holder(), "j/7") is None and r.hget(keys.solo_runs(), "j/7") is None
+
+
+def test_a_witness_that_comes_while_the_reaper_waits_makes_the_death_evidence(r, store, app, settings):
+    # Given a chunk with a solo death on host b, whose next solo run on host a dies at once
+    lost_run(r, "j", 7, "gpu0@b:1", solo=True)
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    vanished_run(r, "j", 7, "gpu0@a:1", solo=True)
+    # When the reaper's first round finds no witness yet, and its launcher then says how it died
+    assert requeue_expired(r, store, app, settings) == [] and read_failures(store, "j") == []
+    witness.note_witnessed(r, "gpu0@a:1", "its launcher saw it killed by SIGSEGV")
+    r.delete(keys.requeue_guard("j", 7))
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    # Then the death counts against the chunk as before: quarantined on two solo deaths on two hosts
+    [failure] = read_failures(store, "j")
+    assert failure["attempts"] == 2 and "2 host(s)" in failure["error"] and "SIGSEGV" in failure["error"]
+    assert witness.host_losses(r) == {} and suspects.worker_health(r, "gpu0@a").deaths == 1
 
 
 def test_a_worker_whose_processes_keep_dying_is_blamed_and_benched(r, store, app, settings, caplog):
@@ -533,8 +587,9 @@ def test_every_holder_losing_its_leases_at_once_is_a_pause_and_no_death(r, store
 
 
 def test_a_lease_lost_outside_any_pause_is_still_a_death(r, store, app, settings):
-    # Given one process's lease running out while the broker answers everyone
+    # Given one process's lease running out while the broker answers everyone, its launcher seeing it die
     leased_by(r, "j", 3, "gpu0@a:1")
+    witness.note_witnessed(r, "gpu0@a:1", "its launcher saw it killed by SIGKILL")
     wait_for(lambda: not r.exists(keys.lease("j", 3)), 30, "lease expiry")
     # When the reaper runs its round
     assert requeue_expired(r, store, app, settings) == ["j/3"]
@@ -565,6 +620,8 @@ def test_two_processes_losing_their_leases_one_after_another_are_two_deaths(r, s
     wait_for(lambda: not r.exists(keys.lease("j", 1)), 30, "first lease expiry")
     time.sleep(PauseJudge(Outages(), settings).at_once_s + 0.5)
     leased_by(r, "j", 2, "gpu0@b:1")
+    for process in ("gpu0@a:1", "gpu0@b:1"):  # their launchers saw them die
+        witness.note_witnessed(r, process, "its launcher saw it killed by SIGKILL")
     wait_for(lambda: not r.exists(keys.lease("j", 2)), 30, "second lease expiry")
     # When a reaper that saw no pause finds both gone
     assert sorted(requeue_expired(r, store, app, settings)) == ["j/1", "j/2"]

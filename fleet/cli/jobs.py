@@ -258,6 +258,9 @@ def status_table(st) -> Table:
         t.add_row(escape(f"dying {d['worker']}"),
                   f"{d['deaths']} deaths, {d['deaths_in_a_row']} in a row before finishing a batch"
                   + (": benched, backing off" if d["benched"] else ""))
+    for host, n in st.lost_hosts.items():
+        t.add_row(escape(f"lost host {host}"), f"{n} worker process(es) vanished with it, no one seeing them die: "
+                                               "counted against the host, never their chunks")
     for o in st.store_outages:
         t.add_row(escape(f"store refuses {o['worker']}"),
                   f"for {o['unreachable_s']:.0f}s; {o['results_waiting']} result(s) wait in its spool")

@@ -135,6 +135,28 @@ def process_committed(owner: str) -> str:
     return f"{PREFIX}:committed:{owner}"
 
 
+# -- who saw a process die (fleet.coord.witness) -----------------------------------------
+
+
+def process_witnessed(owner: str) -> str:
+    """Short-lived string: how this process (`name:pid`) died, as something that outlived it saw it (its
+    launcher reaping it with its exit status). Only a witnessed death is evidence against its chunks; a
+    lease run out with none is a lost host (fleet.coord.retry)."""
+    return f"{PREFIX}:witnessed:{owner}"
+
+
+def process_lost(owner: str) -> str:
+    """Short-lived: this process's death, which no one saw, is counted against its host (once, whichever
+    reaper judges one of its chunks first)."""
+    return f"{PREFIX}:lost:{owner}"
+
+
+def host_losses() -> str:
+    """Hash host -> processes lost with no witness of their death (the whole host gone: a preemption, a
+    power cut, a kill of the launcher with its workers): counted against the host, never a chunk."""
+    return f"{PREFIX}:host-losses"
+
+
 def requeue_guard(job: str, index: int) -> str:
     """Short-lived key so that only one reaper re-enqueues an expired chunk."""
     return f"{PREFIX}:{job}:requeued:{index}"

@@ -3,7 +3,8 @@
 One round (`Reaper.round`) serves every worker's periodic check, `fleet enqueue` and
 `fleet run`, so a SIGKILLed worker's chunk runs elsewhere within about TTL + the check
 interval, whatever Celery's visibility timeout is. What a lost worker means for the chunk
-is fleet.coord.retry's decision (a worker loss is the chunk's fault only on evidence).
+is fleet.coord.retry's decision (a worker loss is the chunk's fault only on evidence, and only
+a death something saw is evidence: fleet.coord.witness).
 
 Of a store's workers, one runs the round for the store's whole fleet: the one that holds the
 store's reaper lead (`Reaper.turn`, keys.reaper_leader); the others' turns only try to take it.
@@ -23,12 +24,12 @@ from collections.abc import Callable
 import redis
 from celery import Celery
 
-from fleet.coord import chunkqueue, keys, leases, suspects
+from fleet.coord import chunkqueue, keys, leases, suspects, witness
 from fleet.coord.broker import chunk_queue, store_of
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes
 from fleet.coord.outages import Outages, outages_of
-from fleet.coord.pause import PauseJudge
+from fleet.coord.pause import Expiry, PauseJudge
 from fleet.coord.retry import Action, History, RetryPolicy, settle
 from fleet.coord.suspects import Run
 from fleet.errors import WorkerLost
@@ -79,6 +80,8 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
         pause = judge.pause(expiries[job, index])
         if pause is not None and judge.holding(pause):
             continue  # its holder, cut off like us, takes the lease back when it reaches the broker
+        if pause is None and awaits_witness(r, expiries[job, index]):
+            continue  # its launcher, if it outlived the process, is about to say how it died
         if not leases.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
             continue
         ran_s = leases.forget_unleased(r, job, index)
@@ -97,23 +100,37 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
     return touched
 
 
+def awaits_witness(r: redis.Redis, expiry: Expiry | None, now: float | None = None) -> bool:
+    """Whether a lost chunk's death is left for a round more, for a witness: its process is known, none
+    saw it die yet, and its lease ran out less than `witness.WITNESS_WAIT_S` ago."""
+    if expiry is None or expiry.holder is None:
+        return False
+    if (time.time() if now is None else now) >= expiry.ran_out + witness.WITNESS_WAIT_S:
+        return False
+    return witness.witnessed(r, expiry.holder) is None
+
+
 def requeue_lost(r: redis.Redis, store: Store, queue: ChunkQueue, policy: RetryPolicy, job: str, index: int,
                  ran_s: float) -> None:
     """What a lost worker's chunk comes to: the retry policy requeues or quarantines it.
     `ran_s` is the lease clock: how long the lost worker held the lease (since it started
-    alone, for a solo run). The death is recorded against its process's worker first. The
+    alone, for a solo run). The death is recorded first: against its process's worker when
+    something saw the process die (fleet.coord.witness), else against its host alone. The
     evidence (the lease clock, who held the chunk and how) is dropped only once the decision
     is carried out: if this raises, the next round judges the same death again."""
     member = keys.member(job, index)
     lost = suspects.lost_marks(r, job, index)
     owner = lost.owner
-    if owner is not None:
+    seen = witness.witnessed(r, owner) if owner is not None else None
+    if seen is not None:
         count_process_death(r, policy, owner)
+    elif owner is not None:
+        count_host_loss(r, owner)
     history = History.load(r, job, index, ran_s=ran_s, solo=lost.run is Run.ALONE, owner=owner,
-                           waiting=lost.run is Run.WAITING)
+                           waiting=lost.run is Run.WAITING, witnessed=seen is not None)
     how = {Run.ALONE: ", alone", Run.WAITING: ", waiting to run alone", Run.SHARED: ""}[lost.run]
     error = WorkerLost(f"worker lost: lease of {member} expired with no result"
-                       + (f" (held by {owner}{how})" if owner else ""))
+                       + (f" (held by {owner}{how}; {seen or 'no one saw it die'})" if owner else ""))
     decision = settle(r, store, policy, job, index, error, history, history.worker or None)
     if decision.action is Action.QUARANTINE:
         log.error("chunk %s quarantined: %s", member, decision.why)
@@ -133,6 +150,15 @@ def requeue_paused(r: redis.Redis, queue: ChunkQueue, job: str, index: int) -> N
                 "no death recorded", keys.member(job, index), lost.owner or "its holder")
     leases.drop_clock(r, job, index)
     suspects.drop_lost(r, job, index, lost)
+
+
+def count_host_loss(r: redis.Redis, owner: str) -> None:
+    """Count a process no one saw die against its host alone: it vanished with it (a preemption, a
+    power cut, its launcher killed with it), which says nothing of its worker or its chunks."""
+    host = suspects.host_of(suspects.worker_of(owner))
+    if n := witness.note_host_loss(r, owner, host):
+        log.warning("process %s vanished with no witness of its death: host %s lost whole (%d process(es) so "
+                    "far); counted against the host, not its worker or chunks", owner, host, n)
 
 
 def count_process_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None:

@@ -10,7 +10,9 @@ It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
   `crash_window_s`) makes it a suspect, which runs alone after `solo_after` such deaths;
   only deaths in solo runs count, and two on two hosts (or `max_crashes` on one) quarantine it;
   a death while it waits to run alone (its worker's other chunks still running) counts for
-  nothing and clears nothing.
+  nothing and clears nothing; nor does a death within the window that no survivor saw
+  (fleet.coord.witness: the whole host gone, as a spot preemption takes it), which counts
+  against the host alone.
   A worker whose processes keep dying before finishing a batch is the suspect instead: its
   chunks are not suspected, and it is benched (`bench_after`);
 - nothing is quarantined before its lease was taken.
@@ -77,18 +79,23 @@ class History:
     median_s: float | None = None
     #: another worker committed lately: a dying worker can be told apart from its chunks
     others_healthy: bool = False
+    #: something that outlived the process saw it die on its own (its launcher reaped it, or the process
+    #: itself saw its engine die); False: it vanished with its host, evidence against the host only
+    witnessed: bool = True
 
     @classmethod
     def load(cls, r: redis.Redis, job: str, index: int, ran_s: float = math.inf, lease_taken: bool = True,
-             solo: bool = False, owner: str | None = None, waiting: bool = False) -> History:
+             solo: bool = False, owner: str | None = None, waiting: bool = False,
+             witnessed: bool = True) -> History:
         """`ran_s` is the lease clock (fleet.coord.leases.held_s): how long the failed run held the lease
-        (since it started alone, for a solo run); `owner` the process that ran it."""
+        (since it started alone, for a solo run); `owner` the process that ran it; `witnessed` whether its
+        death was seen (fleet.coord.witness)."""
         spent = counters.spent(r, job, index)
         streak = suspects.streak_before_death(r, owner) if owner else None
         worker = worker_of(owner) if owner else ""
         return cls(spent.attempts, spent.crashes, spent.retries, ran_s, lease_taken, solo, waiting, worker,
                    streak or 0, suspects.suspicion(r, job, index), suspects.median_duration(r, job),
-                   bool(worker) and suspects.healthy_others(r, worker))
+                   bool(worker) and suspects.healthy_others(r, worker), witnessed)
 
 
 @dataclass(frozen=True)
@@ -167,6 +174,10 @@ class RetryPolicy:
             return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
                             f"ran {history.ran_s:.1f}s before the loss (window {window:.1f}s): not suspected, "
                             "no attempt spent", clears=True)
+        if not history.witnessed:
+            return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,
+                            f"no one saw its process {history.worker or '?'} die: lost with its host, which is "
+                            "evidence against the host only, never the chunk")
         if not history.solo:
             if history.worker_streak > 0 and history.others_healthy:
                 return Decision(Action.REQUEUE, Spend.NOTHING, 0, 0.0,

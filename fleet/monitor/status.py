@@ -21,6 +21,7 @@ from fleet.coord.leases import running_indexes
 from fleet.coord.mismatch import mismatched_workers
 from fleet.coord.storeoutages import store_outages
 from fleet.coord.suspects import dying_workers, healthy_others, stalled_workers
+from fleet.coord.witness import host_losses
 from fleet.errors import StoreError
 from fleet.monitor.redostatus import redo_progress
 from fleet.settings import Settings
@@ -102,6 +103,9 @@ class JobStatus:
     stalled_workers: list[dict[str, Any]] = field(default_factory=list)
     #: workers the store refuses now: {worker, unreachable_s, results_waiting (in their spool)}
     store_outages: list[dict[str, Any]] = field(default_factory=list)
+    #: host -> worker processes lost with it, no one seeing them die (broker-wide): counted against
+    #: the host, never the chunks they ran (fleet.coord.witness)
+    lost_hosts: dict[str, int] = field(default_factory=dict)
     broker: bool = True
     done: bool = False
 
@@ -190,6 +194,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
                                 for h in dying_workers(r)]
             st.stalled_workers = stalled_workers(r)
             st.store_outages = store_outages(r)
+            st.lost_hosts = host_losses(r)
         except redis.RedisError:
             st.broker, r = False, None
     stats = done_stats(store, r, job, done)

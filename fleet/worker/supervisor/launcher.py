@@ -7,6 +7,10 @@ successor it ends every process the dead worker left that the parent-death signa
 (fleet.worker.supervisor.proctree). SIGTERM to the launcher stops every worker gracefully and
 leaves none of their processes; a launcher killed outright takes its workers with it
 (fleet.worker.supervisor.parent).
+
+A worker that dies while its launcher lives died on its own (a crash, an OOM kill, a kill of it
+alone): the launcher records how, at once, as its witness (fleet.coord.witness). Only such a death
+counts against the chunks the worker ran; one no launcher saw is a lost host.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
+from fleet.coord import witness
 from fleet.engines.specs import spec_for
 from fleet.model.gpus import gpu_groups, pin_env
 from fleet.settings import Settings
@@ -30,6 +37,8 @@ from fleet.worker.supervisor.parent import LAUNCHER_PID_ENV
 log = logging.getLogger(__name__)
 BACKOFF_MAX_S = 60.0
 HEALTHY_AFTER_S = 60.0
+#: the most a witness's write holds the launcher's poll when the broker does not answer
+WITNESS_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -96,6 +105,7 @@ class Supervisor:
         self.spawned = 0
         #: the fleet whose orphans this launcher ends: its data directory's
         self.scope = proctree.scope_of(settings.data_dir)
+        self._broker: redis.Redis | None = None
 
     def _spawn(self, child: _Child) -> None:
         self.spawned += 1
@@ -131,6 +141,7 @@ class Supervisor:
         now = time.monotonic()
         # Orphans that exit by themselves (SGLang's, on their PR_SET_PDEATHSIG) come back to us as zombies.
         proctree.reap_orphans(keep=self._pids())
+        dead: list[tuple[_Child, int]] = []
         for child in self.children:
             if child.proc is None:
                 if now >= child.next_start and not self.stopping:
@@ -139,6 +150,10 @@ class Supervisor:
             code = child.proc.poll()
             if code is None or self.stopping:
                 continue
+            dead.append((child, code))
+        for child, code in dead:  # every one before any tree is ended: the reaper waits only seconds for it
+            self._witness(f"{child.spec.name}:{child.proc.pid if child.proc else 0}", code)
+        for child, code in dead:
             ran = now - child.started
             self._end_tree(child)  # before its successor can start: it would meet them on the GPU
             if ran > HEALTHY_AFTER_S:
@@ -149,6 +164,21 @@ class Supervisor:
             child.restarts += 1
             child.proc = None
             child.next_start = now + delay if self.restart else float("inf")
+
+    def _witness(self, owner: str, code: int) -> None:
+        """Record that the worker process `owner` (`name:pid`, its name in its leases' evidence) died on
+        its own, and how: the launcher outlived it and did not stop it. Never raises: a broker that does
+        not answer costs the evidence, not the launcher."""
+        if not self.settings.broker_url:
+            return
+        try:
+            if self._broker is None:
+                self._broker = redis.Redis.from_url(self.settings.broker_url, socket_timeout=WITNESS_TIMEOUT_S,
+                                                    socket_connect_timeout=WITNESS_TIMEOUT_S)
+            witness.note_witnessed(self._broker, owner, f"its launcher saw it {describe_exit(code)}")
+        except redis.RedisError as e:
+            log.warning("could not record how worker %s died (%s): its chunks will count it as a lost host",
+                        owner, e)
 
     def _pids(self) -> list[int]:
         return [c.proc.pid for c in self.children if c.proc is not None]
@@ -171,6 +201,9 @@ class Supervisor:
                 proc.wait()
         for child in self.children:
             self._end_tree(child)
+        if self._broker is not None:
+            self._broker.close()
+            self._broker = None
 
     def _end_tree(self, child: _Child) -> None:
         """End every process the child's worker left: what carries its tag or stayed in its
