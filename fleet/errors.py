@@ -74,6 +74,14 @@ class ChunkCorrupt(FleetError):
     fault = Fault.HOPELESS
 
 
+class AccessRefused(ConfigError):
+    """A service refuses fleet itself: its key (401), its permission (403), the model or path it
+    names (404). No retry passes it: a job's start fails with what to fix, and a chunk that meets it
+    mid-run is quarantined at once (`fleet enqueue --retry-failed` once the settings are fixed)."""
+
+    fault = Fault.HOPELESS
+
+
 class RecordError(FleetError):
     """One record fails alone (prompt too long, rejected by the engine); the chunk goes on."""
 

@@ -4,7 +4,10 @@ runs in the vLLM stage, tests/test_engines_vllm.py). Read from vLLM 0.32's OpenA
 
 - `/v1/completions` (vLLM): the prompt as token ids or text; `return_token_ids` gives each streamed
   choice its new `token_ids` (the first chunk also `prompt_token_ids`); text is detokenized
-  incrementally (a delta's text is what the whole output decodes to past the last one's); deltas of
+  incrementally, whatever `detokenize` says (its CompletionRequest has no such field), by the
+  tokenizers' DecodeStream primed with the prompt's ids, as vLLM's FastIncrementalDetokenizer: where
+  the prompt ends inside a UTF-8 character, the first delta's text begins with the prompt's own
+  bytes (its last characters, or a replacement mark), not what the output ids decode to; deltas of
   `stream_interval` tokens (the request's, raised to the server's); the last choice names its
   `finish_reason` ("stop" at a `stop_token_ids` id, which is in the ids but not the text, or
   "length"); `data: [DONE]` ends the stream. A prompt that leaves no room in the context is a 400
@@ -21,6 +24,15 @@ runs in the vLLM stage, tests/test_engines_vllm.py). Read from vLLM 0.32's OpenA
   still begin with.
 - A client that goes away aborts its request: the next write fails and generation stops (both servers
   cancel the request's generator on disconnect); its id is kept in `aborted`.
+- Access: with `api_key` set, vLLM guards every /v1 path (its AuthenticationMiddleware) and SGLang
+  every path but /health and /metrics (its api-key middleware): without the bearer key, 401
+  `{"error": "Unauthorized"}`; `forbidden` paths answer 403 `{"error": "Forbidden"}` (SGLang's
+  admin paths without an admin key).
+- Limits: SGLang's `/server_info` holds `internal_states[0]` with
+  `effective_max_running_requests_per_dp` (`running`) and `memory_usage.token_capacity`
+  (`kv_tokens`), and `dp_size`; vLLM's `/server_info?config_format=json` exists only with
+  `dev_mode` (VLLM_SERVER_DEV_MODE=1: `vllm_config.scheduler_config.max_num_seqs`), and its
+  `/metrics` always carries `vllm:cache_config_info` with `num_gpu_blocks` and `block_size` labels.
 - Faults: `fail_next` answers that many requests 500, `drop_after` closes the connection after that
   many lines of the next request.
 
@@ -37,6 +49,9 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
+
+from tokenizers.decoders import DecodeStream
 
 
 def next_id(ids: list[int], vocab: int, eos: int) -> int:
@@ -60,6 +75,15 @@ class Stub:
     step_s: float = 0.002
     fail_next: int = 0
     drop_after: int | None = None
+    #: the bearer key the server asks for (None: none)
+    api_key: str | None = None
+    #: paths that answer 403 whatever the key
+    forbidden: tuple[str, ...] = ()
+    #: requests the server runs at once, and its KV tokens (what its limits endpoints tell)
+    running: int = 8
+    kv_tokens: int = 4096
+    #: vLLM served with VLLM_SERVER_DEV_MODE=1: /server_info exists
+    dev_mode: bool = False
     requests: list[dict] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
@@ -74,8 +98,30 @@ class Stub:
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def refused(self) -> bool:
+                """Answer 401 or 403 where the server's auth would (True: answered)."""
+                path = urlsplit(self.path).path
+                if path in stub.forbidden:
+                    self.reply(403, {"error": "Forbidden"})
+                    return True
+                guarded = path.startswith("/v1") if stub.api == "vllm" else \
+                    not path.startswith(("/health", "/metrics"))
+                if stub.api_key and guarded and self.headers.get("Authorization") != f"Bearer {stub.api_key}":
+                    self.reply(401, {"error": "Unauthorized"})
+                    return True
+                return False
+
             def do_GET(self) -> None:  # noqa: N802
-                if self.path == "/v1/models":
+                path = urlsplit(self.path).path
+                if self.refused():
+                    return
+                if path == "/server_info" and (stub.api == "sglang" or stub.dev_mode):
+                    self.reply(200, server_info(stub))
+                elif path == "/metrics" and stub.api == "vllm":
+                    self.send_text(200, f'vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks='
+                                        f'"{stub.kv_tokens // 16}",prefix_caching_hash_algo="sha256"}} 1.0\n'
+                                        'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0\n')
+                elif self.path == "/v1/models":
                     self.reply(200, {"object": "list", "data": [
                         {"id": stub.model, "object": "model", "root": stub.root, "max_model_len": stub.context}]})
                 elif self.path == "/version" and stub.api == "vllm":
@@ -90,6 +136,9 @@ class Stub:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with stub.lock:
                     stub.requests.append({"path": self.path, **body})
+                if self.refused():
+                    return
+                with stub.lock:
                     failing = stub.fail_next > 0
                     stub.fail_next -= failing
                     drop, stub.drop_after = stub.drop_after, None
@@ -102,9 +151,12 @@ class Stub:
                 self.reply(404, {"detail": "Not Found"})
 
             def reply(self, status: int, doc: dict) -> None:
-                data = json.dumps(doc).encode()
+                self.send_text(status, json.dumps(doc), "application/json")
+
+            def send_text(self, status: int, text: str, kind: str = "text/plain") -> None:
+                data = text.encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -135,7 +187,7 @@ class Stub:
                     return {"id": "cmpl-1", "object": "text_completion", "model": stub.model, "choices": [choice]}
 
                 self.stream(body.get("request_id", "?"), ids, max_new, stops, body.get("stop") or [], interval, drop,
-                            line)
+                            line, primed=True)
 
             def generate(self, body: dict, drop: int | None) -> None:
                 ids, params = body["input_ids"], body["sampling_params"]
@@ -159,10 +211,13 @@ class Stub:
                             params.get("stop") or [], stub.stream_interval, drop, line)
 
             def stream(self, rid: str, prompt: list[int], max_new: int, stops: set[int], stop_strs: list[str],
-                       interval: int, drop: int | None, line: Any) -> None:
+                       interval: int, drop: int | None, line: Any, primed: bool = False) -> None:
                 """Stop strings end the output at the id that completes one, the text before it (both
                 servers' default); while they are set, a streamed text holds back the last characters a
-                stop string might still begin with (vLLM's detokenizer's stop buffer)."""
+                stop string might still begin with (vLLM's detokenizer's stop buffer). `primed`: the text
+                is a DecodeStream's primed with the prompt's ids (vLLM's), else the output ids' own."""
+                decoder = DecodeStream(ids=prompt, skip_special_tokens=True) if primed else None
+                streamed = ""
                 stop_strs = [stop_strs] if isinstance(stop_strs, str) else list(stop_strs)
                 hold = max((len(x) for x in stop_strs), default=1) - 1
                 self.send_response(200)
@@ -178,7 +233,13 @@ class Stub:
                         time.sleep(stub.step_s)
                         reason = "stop" if token in stops or token == stub.eos else \
                             "length" if len(out) >= max_new else None
-                        text = stub.tokenizer.decode(out[:-1] if reason == "stop" else out, skip_special_tokens=True)
+                        body = out[:-1] if reason == "stop" else out  # the stop id is not detokenized
+                        if decoder is None:
+                            text = stub.tokenizer.decode(body, skip_special_tokens=True)
+                        else:
+                            if reason != "stop":
+                                streamed += decoder.step(stub.tokenizer.backend_tokenizer, token) or ""
+                            text = streamed
                         hits = [(text.find(x), x) for x in stop_strs if x in text] if reason != "stop" else []
                         matched = min(hits)[1] if hits else None
                         if matched is not None:
@@ -214,6 +275,17 @@ class Stub:
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True, name="server-stub").start()
         return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def server_info(stub: Stub) -> dict:
+    """What SGLang's /server_info, or vLLM's in dev mode, says of the stub's limits (the fields fleet reads)."""
+    if stub.api == "sglang":
+        state = {"effective_max_running_requests_per_dp": stub.running,
+                 "memory_usage": {"token_capacity": stub.kv_tokens}}
+        return {"dp_size": 1, "max_running_requests": stub.running, "internal_states": [state]}
+    return {"vllm_config": {"scheduler_config": {"max_num_seqs": stub.running},
+                            "parallel_config": {"data_parallel_size": 1},
+                            "cache_config": {"block_size": 16, "num_gpu_blocks": stub.kv_tokens // 16}}}
 
 
 def error(message: str, code: int) -> dict:

@@ -18,7 +18,9 @@ import pytest
 
 from fleet.audit.checks import Limits, Vocab, output_problems
 from fleet.engines.specs import build_engine
-from fleet.errors import EngineUnavailable, RecordError
+from fleet.errors import AccessRefused, EngineUnavailable, RecordError
+from fleet.model.endings import reported_text
+from fleet.model.reasoning import split_reasoning
 from fleet.records import GenRequest
 from fleet.settings import RepetitionSettings, Settings
 from tests.modelkit import LoopThread, raw, tiny_model_fixture, tiny_sampling  # noqa: F401
@@ -93,7 +95,7 @@ def harness(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: 
             from tests.serverstub import Stub
 
             tok = load_tokenizer(str(tiny_model))
-            stub = Stub(tok, eos=tok.eos_token_id or 2, api=name.removeprefix("server-"))
+            stub = Stub(tok, eos=tok.eos_token_id or 2, api=name.removeprefix("server-"), dev_mode=True)
             server, url = stub.run()
             settings = Settings(engine="server", model=str(tiny_model), server={"base_url": url, "retries": 2})
         elif name == "vllm":
@@ -106,7 +108,7 @@ def harness(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: 
 
             kwargs = engine_kwargs(Settings(engine="vllm", model=str(tiny_model), vllm=REAL_VLLM))
             log = tmp_path_factory.mktemp("serve") / "serve.log"
-            server = vllm_server(kwargs, log, log_requests=True)
+            server = vllm_server(kwargs, log, log_requests=True, dev_mode=True)  # it tells max_num_seqs
             url, _ = server.__enter__()
             settings = Settings(engine="server", model=str(tiny_model), server={"base_url": url})
         engine = build_engine(settings)
@@ -246,6 +248,11 @@ def test_a_request_that_fills_the_context_ends_where_fleet_asked_and_passes_the_
     assert result.prompt_tokens + result.completion_tokens <= budget
     if result.finish_reason == "length":  # cut by the context, at exactly what fleet asked for
         assert result.completion_tokens == 6
+    assert audit(harness, result, Limits(64, None, budget)) == []
+
+
+def audit(harness: Harness, result: Any, limits: Limits) -> list[str]:
+    """What the record audit finds wrong with a result kept as its row."""
     row = {
         "output_ids": result.output_ids,
         "finish_reason": result.finish_reason,
@@ -255,8 +262,46 @@ def test_a_request_that_fills_the_context_ends_where_fleet_asked_and_passes_the_
         "reasoning": result.reasoning,
         "in_thinking": result.in_thinking,
     }
-    vocab = Vocab(harness.engine.decode, harness.engine.end_ids(), RepetitionSettings())
-    assert output_problems(row, Limits(64, None, budget), vocab) == []
+    return output_problems(row, limits, Vocab(harness.engine.decode, harness.engine.end_ids(), RepetitionSettings()))
+
+
+def cut_inside_a_character(tokenizer: Any) -> list[int]:
+    """Prompt ids whose text ends inside a UTF-8 character: a line with multi-byte characters, its ids
+    cut at the last place where they decode to a replacement mark (the tiny tokenizer is a byte-level
+    BPE: a character it never merged is several ids, one byte or two each)."""
+    ids = tokenizer.encode("def main():\n    return 'naïve café, 中文'", add_special_tokens=False)
+    cut = max(k for k in range(1, len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd"))
+    return ids[:cut]
+
+
+def test_a_prompt_cut_inside_a_character_keeps_the_text_its_output_ids_decode_to(harness: Harness) -> None:
+    """vLLM's server detokenizes every request from the prompt's ids on (its completions API has no
+    `detokenize`): after a prompt cut inside a character its streamed text begins with the prompt's own
+    bytes. The record keeps what its ids say, on every engine."""
+    if harness.name == "sim":
+        pytest.skip("the sim has no tokenizer")
+    # Given a pre-tokenized prompt whose ids end inside a UTF-8 character
+    prompt = cut_inside_a_character(harness.engine.tokenizer)
+    cut = GenRequest(record_id="cut", chunk=0, sample=0, sampling=tiny_sampling("cut", temperature=0.0, max_tokens=16),
+                     input_ids=prompt, return_output_ids=True)
+    # When it runs
+    ids, result, _ = harness.collect(cut)
+    # Then the record's text is what its own output ids decode to, and it passes the audit
+    assert result is not None and ids == result.output_ids and len(ids) > 1
+    assert result.prompt_tokens == len(prompt)
+    _, text, _ = reported_text(ids, result.finish_reason, harness.engine.end_ids(), None, harness.engine.decode)
+    assert (result.reasoning, result.text) in (split_reasoning(text, True), split_reasoning(text, False))
+    assert audit(harness, result, Limits(16, None, harness.engine.context_budget)) == []
+
+
+def test_the_server_engine_runs_no_more_at_once_than_its_server_says(harness: Harness) -> None:
+    """vLLM's server tells its max_num_seqs on /server_info (served with VLLM_SERVER_DEV_MODE=1), SGLang's its
+    effective max running requests on /server_info: a worker keeps no more in flight than that."""
+    if not harness.name.startswith("server-"):
+        pytest.skip("the embedded engines' read-back is theirs (their own test modules)")
+    told = REAL_VLLM["max_num_seqs"] if harness.stub is None else harness.stub.running
+    assert harness.engine.asked_running > told
+    assert harness.engine.max_running == told and harness.engine.kv_tokens
 
 
 # -- the server engine's own edges, on the stand-in -----------------------------------------------------
@@ -376,6 +421,99 @@ def test_the_openai_api_restarts_a_stopped_sample_instead_of_continuing_it(tiny_
         continued = request("o", max_tokens=30)
         continued.prefix_ids = ids[:5]
         assert "text" in (engine.restart_reason(continued) or "")
+        lt.run(engine.shutdown())
+    finally:
+        server.shutdown()
+        lt.close()
+
+
+def stub_settings(tiny_model: Path, url: str, **server: Any) -> Settings:
+    return Settings(engine="server", model=str(tiny_model),
+                    server={"base_url": url, "api_key_env": "FLEET_TEST_SERVER_KEY", **server})
+
+
+@pytest.mark.parametrize("api", ["vllm", "sglang"])
+def test_a_key_the_server_refuses_fails_the_start_at_once_with_what_to_fix(
+    tiny_model: Path, api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from fleet.engines.identity import engine_identity
+    from fleet.model.rendering import load_tokenizer
+    from tests.serverstub import Stub
+
+    # Given a server behind an API key (vLLM guards its /v1 paths, SGLang every path but health and metrics)
+    tok = load_tokenizer(str(tiny_model))
+    stub = Stub(tok, eos=tok.eos_token_id or 2, api=api, api_key="right")
+    server, url = stub.run()
+    lt = LoopThread()
+    settings = stub_settings(tiny_model, url, start_timeout_s=5)
+    try:
+        for key, said in ((None, "asks for an API key"), ("wrong", "refuses the API key")):
+            if key is None:
+                monkeypatch.delenv("FLEET_TEST_SERVER_KEY", raising=False)
+            else:
+                monkeypatch.setenv("FLEET_TEST_SERVER_KEY", key)
+            # When a worker's engine starts, and when a job starts (its engine identity is asked of the server)
+            began = time.monotonic()
+            with pytest.raises(AccessRefused) as started:
+                lt.run(build_engine(settings).start())
+            with pytest.raises(AccessRefused) as enqueued:
+                engine_identity(settings)
+            # Then both fail at once, without waiting out start_timeout_s, in one line that says what to set
+            assert time.monotonic() - began < 4
+            for e in (started.value, enqueued.value):
+                assert said in str(e) and "$FLEET_TEST_SERVER_KEY" in str(e) and "401" in str(e)
+                assert "\n" not in str(e)
+        # And with the key it asks for, the engine starts
+        monkeypatch.setenv("FLEET_TEST_SERVER_KEY", "right")
+        engine = build_engine(settings)
+        lt.run(engine.start())
+        lt.run(engine.shutdown())
+    finally:
+        server.shutdown()
+        lt.close()
+
+
+def test_a_request_refused_for_its_permission_or_model_quarantines_its_chunk_at_once(stub_server) -> None:
+    from fleet.coord.retry import Action, History, RetryPolicy
+
+    stub, h = stub_server
+    # Given a server that forbids the completions path to fleet's key (403)
+    stub.forbidden = ("/v1/completions",)
+    # When a request goes out, Then it fails with what to fix, sent once (no retry passes a 403)
+    with pytest.raises(AccessRefused, match=r"forbids /v1/completions .*403 Forbidden") as forbidden:
+        h.collect(request("f", max_tokens=8))
+    assert len([r for r in stub.requests if r.get("request_id") == "f/req"]) == 1
+    # Given the server now serves another model under its name (vLLM's 404 NotFoundError)
+    stub.forbidden, stub.model = (), "other"
+    with pytest.raises(AccessRefused, match=r"model 'tiny'.*404 The model `tiny` does not exist.*FLEET_SERVER__MODEL"
+                       ) as unknown:  # fmt: skip
+        h.collect(request("m", max_tokens=8))
+    # Then the retry policy quarantines the chunk at once, no requeue with backoff
+    for e in (forbidden.value, unknown.value):
+        assert RetryPolicy().decide(e, History()).action is Action.QUARANTINE
+    assert h.engine._dead is None  # the engine itself is whole
+
+
+@pytest.mark.parametrize("dev_mode", [False, True])
+def test_a_vllm_server_tells_its_running_limit_only_in_dev_mode(tiny_model: Path, dev_mode: bool) -> None:
+    from fleet.model.rendering import load_tokenizer
+    from tests.serverstub import Stub
+
+    # Given a vLLM server running 5 requests at once, served with or without VLLM_SERVER_DEV_MODE=1
+    tok = load_tokenizer(str(tiny_model))
+    stub = Stub(tok, eos=tok.eos_token_id or 2, running=5, kv_tokens=2048, dev_mode=dev_mode)
+    server, url = stub.run()
+    lt = LoopThread()
+    engine = build_engine(stub_settings(tiny_model, url))
+    try:
+        # When the engine starts
+        lt.run(engine.start())
+        # Then it runs what /server_info says where the server has it, else what fleet asked; its KV tokens
+        # come from /server_info or /metrics
+        assert engine.max_running == (5 if dev_mode else engine.asked_running)
+        assert engine.kv_tokens == 2048
         lt.run(engine.shutdown())
     finally:
         server.shutdown()

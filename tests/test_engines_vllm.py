@@ -469,6 +469,38 @@ def test_real_vllm_served_fleet_run_equals_bare_vllm(real_vllm, tmp_path, tiny_m
 
 
 @pytest.mark.e2e
+def test_real_vllm_served_prompts_cut_inside_a_character_keep_what_their_ids_say(
+    real_vllm, tmp_path, tiny_model, served, clean_env
+):
+    # Given pre-tokenized records whose prompt ids end inside a UTF-8 character (vllm serve primes its detokenizer
+    # with them: its streamed text begins with the prompt's own bytes), run through a real vllm serve
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    texts = ["def main():\n    return 'naïve café, 中文'", "print('größer als 10 €')", "x = '日本語のテキスト'"]
+    lines = []
+    for i, text in enumerate(texts):
+        ids = tok.encode(text, add_special_tokens=False)
+        cut = max(k for k in range(1, len(ids)) if tok.decode(ids[:k]).endswith("\ufffd"))
+        lines.append({"id": f"u{i}", "input_ids": ids[:cut], "sampling": {"temperature": 0, "max_tokens": 24}})
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    env = {"FLEET_DATA_DIR": str(tmp_path / "data"), "FLEET_RETURN_OUTPUT_IDS": "true", **served_env(served)}
+    run = run_fleet("run", str(prompts), "--job", "u", "--engine", "server", "--model", str(tiny_model),
+                    "--workers", "1", env=env, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    # Then `fleet verify` finds every record's text to be what its ids decode to, and the export holds them all
+    verify = run_fleet("verify", "--job", "u", env=env)
+    assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
+    out = tmp_path / "o.jsonl"
+    assert run_fleet("export", "--job", "u", "--out", str(out), env=env).returncode == 0
+    rows = read_jsonl(out)
+    assert [r["id"] for r in rows] == [x["id"] for x in lines]
+    for r in rows:
+        text = tok.decode(r["output_ids"], skip_special_tokens=True)
+        assert r["output_ids"] and (r["reasoning"], r["output"]) in (split_reasoning(text, True),
+                                                                    split_reasoning(text, False)), r["id"]
+
+
+@pytest.mark.e2e
 def test_real_vllm_served_records_stopped_by_sigterm_are_continued_token_for_token(
     real_vllm, tmp_path, tiny_model, served, redis_server, handover_bare, clean_env
 ):

@@ -40,9 +40,10 @@ def serve_flags(kwargs: dict[str, Any]) -> list[str]:
 
 @contextmanager
 def vllm_server(kwargs: dict[str, Any], log: Path, api_key: str | None = None, log_requests: bool = False,
-                timeout: float = 900) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+                timeout: float = 900, dev_mode: bool = False) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """(base URL, process) of a server that answers /v1/models; the process group is killed after. With
-    log_requests its log names each request it aborts."""
+    log_requests its log names each request it aborts; with dev_mode (VLLM_SERVER_DEV_MODE=1) it serves
+    /server_info, the one place its max_num_seqs is told."""
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *serve_flags(kwargs),
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny"]
@@ -51,7 +52,8 @@ def vllm_server(kwargs: dict[str, Any], log: Path, api_key: str | None = None, l
     if log_requests:
         argv.append("--enable-log-requests")
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
-           "VLLM_LOGGING_LEVEL": "INFO" if log_requests else "WARNING"}
+           "VLLM_LOGGING_LEVEL": "INFO" if log_requests else "WARNING",
+           **({"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {})}
     # A process group of its own (killed as one after), in the test's own session: a session of its own is a
     # scheduler autogroup of its own (Linux's sched_autogroup), and on 2 cores the server's busy EngineCore and
     # Worker then kept the test's client off the CPU for the whole of a 1,900-token request, 3 s (docs/architecture.md,

@@ -191,10 +191,11 @@ class Runtime:
 
 
 def log_outcome(run: ChunkRun, outcome: Outcome) -> None:
-    """One log line per run, at the level its outcome deserves."""
-    if isinstance(outcome, Failed):
-        log.error("chunk %s attempt %d failed: %s: %s", run.name, run.attempt, type(outcome.cause).__name__,
-                  outcome.cause)
+    """One log line per run, at the level its outcome deserves. An owner's failure is logged where the
+    retry policy decides it (fleet.worker.run.middleware.retry), with the decision: what it spent."""
+    if isinstance(outcome, Failed) and run.assist:
+        log.warning("chunk %s assist failed: %s: %s (its owner's run goes on)", run.name,
+                    type(outcome.cause).__name__, outcome.cause)
     elif isinstance(outcome, HandedBack):
         log.info("chunk %s handed back: %s, with %d samples checkpointed", run.name, outcome.reason, len(run.finished))
     elif isinstance(outcome, Superseded | Skipped):

@@ -11,11 +11,12 @@ from fleet.coord.broker import PRIORITY_NORMAL, chunk_queue
 from fleet.coord.chunkstate import read_failures
 from fleet.coord.mismatch import mismatched_workers
 from fleet.coord.suspects import suspicion, worker_health
-from fleet.errors import EngineError, StoreError
+from fleet.errors import EngineError, EngineUnavailable, StoreError
 from fleet.store.layout import manifest_key, result_key
 from fleet.worker.process.context import ManifestCache
 from fleet.worker.run.middleware import Middleware, Order, owner_stack
 from fleet.worker.run.outcome import Committed, Failed, HandedBack, Outcome
+from fleet.worker.runtime import log_outcome
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import raise_
 
@@ -48,6 +49,20 @@ def test_store_errors_spend_nothing_and_back_off(worker, r, store):
     assert len(queued_messages(r)) == 6 and read_failures(store, JOB) == []
     assert attempts(r, 1) == 0 and int(r.hget(keys.retries(JOB), 1)) == 6
     assert time.monotonic() - began >= 0.01 + 0.02 + 0.04 + 3 * 0.05
+
+
+def test_an_outage_requeue_is_logged_once_saying_no_attempt_was_spent(worker, r, caplog):
+    # Given a run that fails because the engine's server is out of reach (an infrastructure fault)
+    caplog.set_level(logging.INFO)
+    run, outcome = worker.run(1, raise_(EngineUnavailable("the server at http://gpu-7:8000 is out of reach")))
+    log_outcome(run, outcome)  # the runtime's line for the run (Runtime.run_chunk)
+    # Then it is requeued with no attempt spent, and its one failure line says so: a warning, no "attempt 1 failed"
+    assert isinstance(outcome, Failed) and attempts(r, 1) == 0 and len(queued_messages(r)) == 1
+    failed = [x for x in caplog.records if "failed" in x.getMessage()]
+    assert [x.levelname for x in failed] == ["WARNING"], [x.getMessage() for x in failed]
+    [line] = [x.getMessage() for x in failed]
+    assert "EngineUnavailable" in line and "requeued in" in line and "no attempt spent" in line
+    assert "attempt 1" not in line and not any(x.levelno >= logging.ERROR for x in caplog.records)
 
 
 def test_a_store_without_the_manifest_hands_back_behind_the_queue_and_says_so_once(worker, r, store, settings,

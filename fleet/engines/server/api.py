@@ -2,6 +2,10 @@
 
 Pure: no network. `vllm`: `/v1/completions` with the prompt as token ids and `return_token_ids`
 (vLLM 0.32's OpenAI server: `CompletionRequest`, each streamed choice carries its new `token_ids`).
+Whatever the API, a record's text is decoded from its ids at its end (ModelEngine.assemble), never
+taken from the server's stream: vLLM's server detokenizes every request (its completions API has no
+`detokenize`), primed with the prompt's ids, so where a pre-tokenized prompt ends inside a UTF-8
+character the streamed text begins with the prompt's own bytes.
 `sglang`: the native `/generate` with `input_ids` (each line carries `output_ids` and `meta_info`;
 whole so far unless the server streams increments). `openai`: `/v1/completions` with the rendered
 prompt as text: no ids either way, so ids are the output text encoded by the model's tokenizer and a
@@ -21,11 +25,12 @@ from fleet.records import Sampling
 
 ApiName = Literal["vllm", "sglang", "openai"]
 FINISHES = ("stop", "length")
-#: statuses under 500 that say the server cannot serve now (a key it refuses, the model not served,
-#: overload), not that the request is bad: the server counts as down for them, as for a 5xx
-BUSY_STATUSES = frozenset({401, 403, 404, 408, 429})
-#: of those, the ones a second try may pass
+#: statuses under 500 that say the server cannot serve now (a timeout, overload), not that the request
+#: is bad: sent again, then the server counts as down for them, as for a 5xx
 RETRIED_STATUSES = frozenset({408, 429})
+#: statuses that say the server refuses fleet itself (its key, its permission, the model or path it
+#: names): no retry passes them, the job's settings must change (fleet.engines.server.refusal)
+REFUSING_STATUSES = frozenset({401, 403, 404})
 
 
 class ServerRefused(Exception):
@@ -52,6 +57,7 @@ def call(api: ApiName, model: str, ids: list[int], text: str | None, sampling: S
         return Call("/generate", {"input_ids": ids, "sampling_params": params, "stream": True,
                                   **({"rid": request_id} if request_id else {})})
     body = {"model": model, "stream": True, **vllm_sampling(sampling, max_new, eos_ids)}
+    body.pop("detokenize")  # not a field of vLLM's completions API: its server detokenizes every request
     if api == "vllm":
         body |= {"prompt": ids, "return_token_ids": True, "skip_special_tokens": True, "stream_interval": interval,
                  **({"request_id": request_id} if request_id else {})}
@@ -88,10 +94,10 @@ class Reader:
         reason = choice.get("finish_reason")
         if reason is not None and reason not in FINISHES:
             raise RecordError(f"the server finished record {record_id!r} with {reason!r}")
-        if self.api == "vllm":
-            return Step(list(choice.get("token_ids") or ()), text, reason)
+        if self.api == "vllm":  # the text is the prompt's and the ids' together at a split character: not kept
+            return Step(list(choice.get("token_ids") or ()), None, reason)
         self.stopped_by_string = isinstance(choice.get("stop_reason"), str)
-        return Step(None, text, reason)  # type: ignore[arg-type]  # ids: the engine encodes the text
+        return Step(None, text, reason)  # type: ignore[arg-type]  # ids: the engine encodes the text, then drops it
 
     def _sglang(self, line: dict[str, Any], record_id: str) -> Step:
         meta = line.get("meta_info") or {}

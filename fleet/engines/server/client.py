@@ -40,16 +40,21 @@ def transient(error: Exception) -> bool:
     return isinstance(error, httpx.TransportError)
 
 
-async def refused(response: httpx.Response) -> ServerRefused:
-    body = (await response.aread()).decode(errors="replace")
+def message_of(body: str) -> str:
+    """The server's own words in an error body: vLLM's `{"error": {"message"}}`, its and SGLang's auth
+    middleware's `{"error": "Unauthorized"}`, FastAPI's `{"detail"}`, else the body."""
     try:
         error = json.loads(body)
-        message = error.get("error", error) if isinstance(error, dict) else error
-        if isinstance(message, dict):
-            message = message.get("message", message)
     except ValueError:
-        message = body
-    return ServerRefused(response.status_code, str(message)[:2000])
+        return body[:2000]
+    message = error.get("error", error.get("detail", error)) if isinstance(error, dict) else error
+    if isinstance(message, dict):
+        message = message.get("message", message)
+    return str(message)[:2000]
+
+
+async def refused(response: httpx.Response) -> ServerRefused:
+    return ServerRefused(response.status_code, message_of((await response.aread()).decode(errors="replace")))
 
 
 async def stream_lines(client: httpx.AsyncClient, s: ServerSettings, path: str, body: dict[str, Any]
@@ -81,9 +86,15 @@ async def stream_lines(client: httpx.AsyncClient, s: ServerSettings, path: str, 
 
 def get_json(s: ServerSettings, path: str) -> Any | None:
     """GET a JSON document (None: the server has no such path); connection errors go up."""
+    text = get_text(s, path)
+    return None if text is None else json.loads(text)
+
+
+def get_text(s: ServerSettings, path: str) -> str | None:
+    """GET a document's text (None: the server has no such path); connection errors go up."""
     assert s.base_url is not None
     response = httpx.get(s.base_url.rstrip("/") + path, headers=headers(s), timeout=timeout(s))
     if response.status_code == 404:
         return None
     response.raise_for_status()
-    return response.json()
+    return response.text

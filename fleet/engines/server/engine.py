@@ -7,19 +7,24 @@ exactly as it does on them. The openai API takes text and gives text: its sample
 0 instead (`restart_reason`), counted in the chunk's `samples_restarted`. A request is aborted by
 closing its connection. Errors are sorted as the embedded engines' are: a request the server refuses
 fails its record alone (RecordError); a server that cannot be reached, or answers 5xx past its
-retries, is down (EngineUnavailable: the chunk is requeued with backoff, nothing counted against it).
+retries, is down (EngineUnavailable: the chunk is requeued with backoff, nothing counted against it);
+a server that refuses fleet itself (401, 403, 404: the key, its permission, the model) fails with
+what to fix (AccessRefused: the job's start, or the chunk at once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
-from fleet.engines.server.api import BUSY_STATUSES, Reader, ServerRefused, call
+from fleet.engines.server.api import REFUSING_STATUSES, RETRIED_STATUSES, Reader, ServerRefused, call
 from fleet.engines.server.client import headers, stream_lines, timeout
+from fleet.engines.server.limits import server_limits
+from fleet.engines.server.refusal import refusal
 from fleet.engines.server.served import ServerFacts, wait_for_server
 from fleet.engines.stream import Step, StreamEngine
 from fleet.engines.wire import SGLANG_SCHEDULER_MARGIN
@@ -28,6 +33,7 @@ from fleet.model.modeldir import context_length_of
 from fleet.records import GenRequest, Sampling
 from fleet.settings import Settings
 
+log = logging.getLogger(__name__)
 #: what each API's engine counts over output ids only (a continued request's prefix is prompt to it)
 OUTPUT_ONLY = {"vllm": ("presence_penalty", "frequency_penalty"),
                "sglang": ("repetition_penalty", "presence_penalty", "frequency_penalty")}
@@ -65,6 +71,19 @@ class ServerEngine(StreamEngine):
         return httpx.AsyncClient(base_url=self.server.base_url.rstrip("/"), headers=headers(self.server),
                                  timeout=timeout(self.server), limits=limits)
 
+    async def read_back(self) -> None:
+        """What the server runs at once, where its API tells it (fleet.engines.server.limits): a worker
+        keeps no more requests in flight there than the server runs for all its clients together."""
+        assert self.facts is not None
+        limits = await asyncio.to_thread(server_limits, self.server, self.facts.api)
+        self.kv_tokens = limits.kv_tokens
+        if limits.running is None and limits.source:
+            log.info("the server at %s told its KV tokens (%s), not what it runs at once", self.server.base_url,
+                     limits.source)
+        self.settle_running(limits.running, f"the server at {self.server.base_url} runs {limits.running} at once for "
+                            f"all its clients ({limits.source}): lower FLEET_SERVER__MAX_RUNNING, or raise the "
+                            "server's own limit")
+
     def restart_reason(self, request: GenRequest) -> str | None:
         if self.facts is not None and self.facts.api == "openai":
             return "the server takes and gives text, not token ids: a continued sample would be text encoded again"
@@ -86,6 +105,7 @@ class ServerEngine(StreamEngine):
                 step = reader.read(line, request.record_id)
                 if step is not None and step.ids is None:
                     step.ids = await self.off_loop(self.encoded, step.text or "", step.reason, reader)
+                    step.text = None  # the record's text is its ids', decoded at its end
                 if step is not None:
                     yield step
         finally:
@@ -105,7 +125,11 @@ class ServerEngine(StreamEngine):
     def sort_error(self, request: GenRequest, error: Exception) -> FleetError:
         where = f"the server at {self.server.base_url}"
         if isinstance(error, ServerRefused):
-            if error.status >= 500 or error.status in BUSY_STATUSES:
+            if error.status in REFUSING_STATUSES:  # the key, its permission, the model: the job's settings
+                assert self.facts is not None
+                path = "/generate" if self.facts.api == "sglang" else "/v1/completions"
+                return refusal(self.server, error.status, path, error.message, self.facts.model)
+            if error.status >= 500 or error.status in RETRIED_STATUSES:
                 return EngineUnavailable(f"{where} answered {error.status} (after {self.server.retries} retries): "
                                          f"{error.message}")
             return RecordError(f"{where} refused record {request.record_id!r} ({error.status}): {error.message}")

@@ -12,8 +12,9 @@ from typing import Any
 
 import httpx
 
-from fleet.engines.server.api import ApiName
-from fleet.engines.server.client import get_json
+from fleet.engines.server.api import REFUSING_STATUSES, ApiName
+from fleet.engines.server.client import get_json, message_of
+from fleet.engines.server.refusal import refusal
 from fleet.errors import ConfigError, EngineUnavailable
 from fleet.settings import ServerSettings
 
@@ -40,12 +41,16 @@ class ServerFacts:
 
 
 def server_facts(s: ServerSettings) -> ServerFacts:
-    """Asked of the server now; a server that cannot be reached raises EngineUnavailable."""
+    """Asked of the server now; a server that cannot be reached raises EngineUnavailable, one that
+    refuses fleet's key or the model AccessRefused (a ConfigError: waiting would not help)."""
     if not s.base_url:
         raise ConfigError("engine server needs the server's URL: set FLEET_SERVER__BASE_URL (http://host:port)")
     try:
         return _ask(s)
     except httpx.HTTPStatusError as e:
+        status = e.response.status_code
+        if status in REFUSING_STATUSES:
+            raise refusal(s, status, e.request.url.path, message_of(e.response.text), s.model) from e
         raise EngineUnavailable(f"the server at {s.base_url} refused {e.request.url.path}: "
                                 f"{e.response.status_code}") from e
     except httpx.TransportError as e:

@@ -34,8 +34,10 @@ class RetryMiddleware(Middleware[None]):
         except redis.RedisError:
             history = History(lease_taken=False)  # the broker is down: the safest reading
         decision = settle(ctx.redis, ctx.store, ctx.policy, run.job, run.index, cause, history, run.worker)
+        # The run's one failure line: it says what the policy decided, what was spent and why
         if decision.action is Action.QUARANTINE:
-            log.error("chunk %s quarantined (%s): %s", run.name, decision.why, cause)
+            log.error("chunk %s failed (%s: %s): quarantined, %s", run.name, type(cause).__name__, cause,
+                      decision.why)
             return
         log.warning("chunk %s failed (%s: %s): requeued in %.1fs, %s",
                     run.name, type(cause).__name__, cause, decision.delay_s, decision.why)
