@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from pydantic import PositiveFloat, TypeAdapter, ValidationError
+from pydantic import ValidationError
 from rich.console import Console
 from typer.core import TyperGroup
 
+from fleet.cli.flags import gpu_indexes, job_name, model_dir
 from fleet.errors import FleetError, ServiceUnreachable, TargetUnwritable
 from fleet.settings import ENGINE_SECTIONS, Settings, load_settings
 
@@ -61,80 +61,6 @@ console = Console(stderr=True)
 EXIT_UNREACHABLE = 3
 #: the settings this command loaded, so an error handler can name the service's URL
 loaded: list[Settings] = []
-
-
-
-def checked(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """A flag's typer callback for one of fleet's own rules, `check(value)` raising a FleetError
-    (the rule stays beside what it guards): each value given, while the flags are parsed."""
-
-    def callback(value: Any) -> Any:
-        for one in value if isinstance(value, list | tuple) else [] if value is None else [value]:
-            try:
-                check(one)
-            except FleetError as e:
-                raise typer.BadParameter(str(e)) from e
-        return value
-
-    return callback
-
-
-def constrained(annotation: Any) -> Callable[[Any], Any]:
-    """A flag's typer callback for a bound typer's min=/max= cannot say (an open one: > 0),
-    validated by pydantic like a setting."""
-    adapter: TypeAdapter[Any] = TypeAdapter(annotation)
-
-    def callback(value: Any) -> Any:
-        try:
-            return None if value is None else adapter.validate_python(value)
-        except ValidationError as e:
-            raise typer.BadParameter(e.errors()[0]["msg"]) from e
-
-    return callback
-
-
-def _job_name(job: str) -> None:
-    from fleet.store.layout import check_job_name
-
-    check_job_name(job)
-
-
-def _model(model: str) -> None:
-    from fleet.model.modeldir import check_model
-
-    check_model(model)
-
-
-def _input(url: str) -> None:
-    from fleet.producer.source import check_input
-
-    check_input(url)
-
-
-def _gpu_kind(kind: str) -> None:
-    from fleet.model.gpus import gpu_spec
-
-    gpu_spec(kind)
-
-
-def _gpus(spec: str) -> None:
-    from fleet.model.gpus import parse_gpu_spec
-
-    parse_gpu_spec(spec)
-
-
-#: a job's name: a folder of the store and a part of the broker's keys (fleet.store.layout.JOB_NAME)
-job_name = checked(_job_name)
-#: a --model that names a directory must be one; an ORG/NAME hub id is looked up where it is used
-model_dir = checked(_model)
-#: a local input must exist; a URL's scheme must be one fleet reads (fleet.store.schemes)
-input_url = checked(_input)
-#: 'all' or GPU indexes (fleet.model.gpus.parse_gpu_spec)
-gpu_indexes = checked(_gpus)
-#: a GPU kind of fleet's table (fleet.model.gpus.gpu_spec: case, '_' and an 'nvidia-' prefix do not matter)
-gpu_kind = checked(_gpu_kind)
-#: a number that must be above 0: a time, a rate, a size
-positive = constrained(PositiveFloat)
 
 JobOpt = Annotated[str, typer.Option("--job", "-j", help="job name", callback=job_name)]
 EngineOpt = Annotated[str | None, typer.Option("--engine", help=", ".join(ENGINE_SECTIONS))]

@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 import typer
 
 from fleet.bench import MEASUREMENTS
-from fleet.cli.app import app, checked, console, fail, positive
+from fleet.cli.app import app, console, fail
+from fleet.cli.flags import checked, positive
 from fleet.errors import ConfigError
 
 bench_app = typer.Typer(

@@ -33,14 +33,12 @@ from fleet.cli.app import (
     console,
     fail,
     input_flags,
-    input_url,
-    job_name,
-    positive,
     preflight,
     run_guarded,
     settings_from,
     setup_logging,
 )
+from fleet.cli.flags import input_url, job_name, positive
 from fleet.cli.liveprogress import live_progress
 from fleet.export.formats import FORMATS
 

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from fleet.cli.app import EngineOpt, ModelOpt, app, fail, gpu_kind, run_guarded, settings_from
+from fleet.cli.app import EngineOpt, ModelOpt, app, fail, run_guarded, settings_from
+from fleet.cli.flags import gpu_kind
 
 
 @app.command("tiny-model")

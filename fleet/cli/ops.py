@@ -17,14 +17,11 @@ from fleet.cli.app import (
     StoreOpt,
     app,
     fail,
-    gpu_kind,
-    job_name,
-    model_dir,
-    positive,
     run_guarded,
     settings_from,
     setup_logging,
 )
+from fleet.cli.flags import gpu_kind, job_name, model_dir, positive
 from fleet.errors import FleetError
 from fleet.model.gpus import GPU_TABLE, gpu_spec
 from fleet.settings import PLANNED_ENGINE
