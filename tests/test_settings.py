@@ -345,6 +345,7 @@ def test_a_flag_is_a_setting_validated_before_anything_starts(tmp_path, args, na
 
 
 def test_a_bad_environment_value_is_named_by_its_variable(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"id": "a", "prompt": "x"}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")} | {"FLEET_SAMPLING__TOP_P": "7"}
     out = subprocess.run([sys.executable, "-m", "fleet", "run", "x.jsonl", "--job", "j"], env=env,
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)

@@ -10,12 +10,47 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from typer.core import TyperGroup
 
+from fleet.cli.flags import gpu_indexes, job_name, model_dir
 from fleet.errors import FleetError, ServiceUnreachable, TargetUnwritable
 from fleet.settings import ENGINE_SECTIONS, Settings, load_settings
 
+#: click's UsageError as typer raises it (its BadParameter's base), whichever click typer uses
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+class OneLineErrors(TyperGroup):
+    """A bad flag (a value out of range, not one of the choices, a missing path, an unknown option)
+    is one line naming the flag and its value, exit 2, like a bad setting (`settings_from`): not
+    typer's usage box. Raised while a command's flags are parsed, so before anything runs."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # a group given no command prints its help
+                raise
+            fail(flag_error(e), code=getattr(e, "exit_code", 2))
+
+
+def flag_error(e: Any) -> str:
+    """`--workers -3: Input should be greater than or equal to 1`: the flag, the value given, why.
+    Click's own line for the rest (a missing option, an unknown one)."""
+    param, cause = getattr(e, "param", None), e.__cause__
+    option = max(param.opts, key=len) if getattr(param, "param_type_name", "") == "option" else None
+    if isinstance(cause, ValidationError) and cause.errors():
+        err = cause.errors()[0]
+        why = err["msg"].removeprefix("Value error, ")
+        return f"{option} {err['input']}: {why}" if option else f"{err['input']!r}: {why}"
+    if isinstance(cause, FleetError):  # fleet's own rule: its message names the value
+        return f"{option}: {cause}" if option and not str(cause).startswith(option) else str(cause)
+    return e.format_message()
+
+
 app = typer.Typer(
     name="fleet",
+    cls=OneLineErrors,
     help="Crash-proof batch LLM generation on a fleet of GPUs.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -27,9 +62,12 @@ EXIT_UNREACHABLE = 3
 #: the settings this command loaded, so an error handler can name the service's URL
 loaded: list[Settings] = []
 
-JobOpt = Annotated[str, typer.Option("--job", "-j", help="job name")]
+JobOpt = Annotated[str, typer.Option("--job", "-j", help="job name", callback=job_name)]
 EngineOpt = Annotated[str | None, typer.Option("--engine", help=", ".join(ENGINE_SECTIONS))]
-ModelOpt = Annotated[str | None, typer.Option("--model", help="model directory")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="model directory (or an ORG/NAME hub id)",
+                                              callback=model_dir)]
+GpusOpt = Annotated[str | None, typer.Option("--gpus", help="'all' or '0,1': one pinned worker per GPU",
+                                             callback=gpu_indexes)]
 BrokerOpt = Annotated[str | None, typer.Option("--broker-url", help="redis:// URL (FLEET_BROKER_URL)")]
 ConfigOpt = Annotated[str | None, typer.Option(
     "--config", help="dataset config (a Hub dataset's or a dataset folder's); default: the default one")]
@@ -56,14 +94,18 @@ def input_flags(config: str | None, split: str | None, revision: str | None,
 StoreOpt = Annotated[str | None, typer.Option("--store-url", help="directory, s3://bucket/prefix or gs://bucket/prefix")]
 ChunkOpt = Annotated[int | None, typer.Option("--chunk-size", help="records per chunk")]
 SlotsOpt = Annotated[int | None, typer.Option("--slots", help="K chunks per worker at once")]
+WorkersOpt = Annotated[int | None, typer.Option("--workers", "-w", min=1, help="CPU worker processes")]
 TurnsOpt = Annotated[str | None, typer.Option(
     "--turns", help="last (default) or all: generate every assistant turn of a conversation (FLEET_TURNS)")]
 DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="local runtime directory")]
 
 
-#: CLI flags that set a nested setting, by the flag's parameter name: its path in the settings
+#: CLI flags that set a setting of another name or a nested one, by the flag's parameter name: its
+#: path in the settings
 NESTED_FLAGS: dict[str, tuple[str, ...]] = {
     "max_tokens": ("sampling", "max_tokens"),
+    "port": ("flower_port",),  # `fleet flower --port`
+    "address": ("flower_address",),
     **{name: ("input", name) for name in ("config", "split", "revision", "columns")},
 }
 
@@ -94,7 +136,7 @@ def setting_error(err: Any, given: dict[str, Any]) -> str:
     flag = next((name for name in given if NESTED_FLAGS.get(name, (name,)) == loc[: len(NESTED_FLAGS.get(
         name, (name,)))]), None)  # fmt: skip
     where = f"--{flag.replace('_', '-')} {given[flag]}" if flag else f"FLEET_{'__'.join(loc).upper()}"
-    return f"{where}: {err['msg']}"
+    return f"{where}: {err['msg'].removeprefix('Value error, ')}"
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

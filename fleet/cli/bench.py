@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
 from fleet.bench import MEASUREMENTS
 from fleet.cli.app import app, console, fail
+from fleet.cli.flags import checked, positive
+from fleet.errors import ConfigError
 
 bench_app = typer.Typer(
     help="Measure occupancy, makespan, scaling, per-chunk overhead, the producer and fleet vs "
@@ -24,6 +26,18 @@ SGLANG_CPU_CHUNK = 64
 QuickOpt = Annotated[bool, typer.Option("--quick", help="reduced sizes (~1 minute; what CI runs)")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="directory for bench.json, table.md and PNGs")]
 KeepOpt = Annotated[bool, typer.Option("--keep", help="keep the temporary work directory (logs, stores)")]
+#: `fleet bench --engine`: what each engine's benchmark is (bench's help)
+BenchEngine = Literal["sim", "hf", "vllm", "sglang"]
+
+
+def _counts(text: str) -> None:
+    bad = [part for part in text.split(",") if part and not (part.strip().isdigit() and int(part) >= 1)]
+    if bad:
+        raise ConfigError(f"{bad[0]!r} is not a whole number of at least 1 (give e.g. 10,100)")
+
+
+#: a comma list of counts (`--workers 10,100,1000`): each a whole number of at least 1
+counts = checked(_counts)
 
 
 def _run(names: list[str], quick: bool, out: Path | None, keep: bool) -> None:
@@ -48,16 +62,17 @@ def bench(
     quick: QuickOpt = False,
     out: OutOpt = None,
     keep: KeepOpt = False,
-    engine: Annotated[str, typer.Option("--engine", help="sim: the whole suite; hf: fleet vs bare "
+    engine: Annotated[BenchEngine, typer.Option("--engine", help="sim: the whole suite; hf: fleet vs bare "
                                         "engine only; vllm: fleet vs a bare AsyncLLM loop (needs vllm); "
                                         "sglang: MTP on vs off on this GPU host, or fleet vs the bare "
                                         "Engine where sglang.engine_kwargs put it on the CPU")] = "sim",
-    requests: Annotated[int | None, typer.Option("--requests", help="sglang: requests per side "
+    requests: Annotated[int | None, typer.Option("--requests", min=1, help="sglang: requests per side "
                                                  "(default 2 x max_running_requests)")] = None,
-    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="sglang, vllm: max tokens per request")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", min=1,
+                                                   help="sglang, vllm: max tokens per request")] = None,
     pairs: Annotated[int, typer.Option("--pairs", min=1, help="vllm, sglang on the CPU: fleet/bare pairs, "
                                        "each at once on a shared CPU where it can (the median is the figure)")] = 3,
-    min_window_s: Annotated[float, typer.Option("--min-window-s", help="vllm, sglang on the CPU: a bare probe "
+    min_window_s: Annotated[float, typer.Option("--min-window-s", min=0, help="vllm, sglang on the CPU: a bare probe "
                                                 "grows the prompts until a window lasts this long (0: none)")] = 0.0,
 ) -> None:
     """Run every measurement (or the one named) and print the table."""
@@ -72,10 +87,8 @@ def bench(
         _run(["hf"], quick, out, keep)
     elif engine == "vllm":
         _vllm(out, quick, pairs, min_window_s, max_tokens)
-    elif engine == "sim":
-        _run(list(MEASUREMENTS), quick, out, keep)
     else:
-        fail(f"unknown engine {engine!r}: sim, hf, vllm or sglang")
+        _run(list(MEASUREMENTS), quick, out, keep)
 
 
 def _vllm(out: Path | None, quick: bool, pairs: int, min_window_s: float, max_tokens: int | None) -> None:
@@ -166,8 +179,8 @@ def _register() -> None:
 
 @bench_app.command("result-size")
 def result_size(
-    output_tokens: Annotated[int, typer.Option("--output-tokens", help="output tokens per record")] = 1818,
-    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="prompt tokens per record")] = 512,
+    output_tokens: Annotated[int, typer.Option("--output-tokens", min=1, help="output tokens per record")] = 1818,
+    prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", min=0, help="prompt tokens per record")] = 512,
 ) -> None:
     """Result bytes per record with and without token ids, and the total at the reference job."""
     from rich.table import Table
@@ -189,10 +202,12 @@ def control_plane(
     quick: QuickOpt = False,
     out: OutOpt = None,
     keep: KeepOpt = False,
-    workers: Annotated[str | None, typer.Option("--workers", help="simulated workers per level, e.g. "
+    workers: Annotated[str | None, typer.Option("--workers", callback=counts, help="simulated workers per level, e.g. "
                                                 "10,100,1000 (the restart and the wipe run at the last)")] = None,
-    window_s: Annotated[float | None, typer.Option("--window-s", help="seconds measured per level")] = None,
-    more_k: Annotated[str | None, typer.Option("--more-k", help="other K to run at the largest level, e.g. "
+    window_s: Annotated[float | None, typer.Option("--window-s", callback=positive,
+                                                   help="seconds measured per level")] = None,
+    more_k: Annotated[str | None, typer.Option("--more-k", callback=counts,
+                                               help="other K to run at the largest level, e.g. "
                                                "4,32 (none: '')")] = None,
 ) -> None:
     """Broker load, lease renewals, recovery rounds and `fleet status` for N simulated workers on one

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.live import Live
@@ -20,6 +20,7 @@ from fleet.cli.app import (
     ConfigOpt,
     DataDirOpt,
     EngineOpt,
+    GpusOpt,
     JobOpt,
     ModelOpt,
     RevisionOpt,
@@ -27,6 +28,7 @@ from fleet.cli.app import (
     SplitOpt,
     StoreOpt,
     TurnsOpt,
+    WorkersOpt,
     app,
     console,
     fail,
@@ -36,18 +38,25 @@ from fleet.cli.app import (
     settings_from,
     setup_logging,
 )
+from fleet.cli.flags import input_url, job_name, positive
 from fleet.cli.liveprogress import live_progress
+from fleet.export.formats import FORMATS
+
+#: `--format`: one of the export formats (fleet.export.formats.FORMATS)
+ExportFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 
 _INPUT = ("prompts: a JSONL or Parquet file or a dataset folder (Parquet shards, save_to_disk), a path, "
           "s3://bucket/key, gs://bucket/key or hf://datasets/ORG/NAME")
-InputArg = Annotated[str, typer.Argument(help=_INPUT)]
+InputArg = Annotated[str, typer.Argument(help=_INPUT, callback=input_url)]
 #: run and enqueue take an input, or --redo JOB (fleet.producer.redo)
-SourceArg = Annotated[str | None, typer.Argument(help=f"{_INPUT} (none with --redo)")]
+SourceArg = Annotated[str | None, typer.Argument(help=f"{_INPUT} (none with --redo)", callback=input_url)]
 RedoOpt = Annotated[str | None, typer.Option(
-    "--redo", help="a second pass: this job's input is JOB's rows that did not finish (cut, ended in thinking, "
-    "errors, loops); JOB must be complete")]
+    "--redo", callback=job_name, help="a second pass: this job's input is JOB's rows that did not finish (cut, "
+    "ended in thinking, errors, loops); JOB must be complete")]
 
 MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="sampling max tokens")]
+#: `fleet run`'s CPU workers where --workers is not given
+LOCAL_WORKERS = 2
 
 
 def check_source(input: str | None, redo: str | None) -> None:
@@ -61,8 +70,8 @@ def run(
     *,
     job: JobOpt,
     redo: RedoOpt = None,
-    workers: Annotated[int | None, typer.Option("--workers", "-w", help="CPU worker processes")] = None,
-    gpus: Annotated[str | None, typer.Option("--gpus", help="'all' or '0,1': one pinned worker per GPU")] = None,
+    workers: WorkersOpt = LOCAL_WORKERS,
+    gpus: GpusOpt = None,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, chunk_size: ChunkOpt = None, slots: SlotsOpt = None,
     data_dir: DataDirOpt = None, max_tokens: MaxTokensOpt = None, turns: TurnsOpt = None,
@@ -76,14 +85,14 @@ def run(
     settings = settings_from(engine=engine, model=model, broker_url=broker_url, store_url=store_url,
                              chunk_size=chunk_size, slots=slots, data_dir=data_dir, turns=turns, max_tokens=max_tokens,
                              **input_flags(config, split, revision, columns))
-    preflight(settings, broker=bool(settings.broker_url), store=True)
-    began = time.monotonic()
     gpu_list = None
     if gpus:
         from fleet.model.gpus import parse_gpu_spec
 
         gpu_list = run_guarded(parse_gpu_spec, gpus)
-    st = run_guarded(run_local, settings, input, job, workers=workers or 2, gpus=gpu_list, redo_of=redo)
+    preflight(settings, broker=bool(settings.broker_url), store=True)
+    began = time.monotonic()
+    st = run_guarded(run_local, settings, input, job, workers=workers, gpus=gpu_list, redo_of=redo)
     console.print(f"{st.records_done} records, {st.chunks_done}/{st.chunks_total} chunks, "
                   f"{st.completion_tokens:,} output tokens in {time.monotonic() - began:.1f}s")
     if not st.done:
@@ -163,7 +172,7 @@ def survey_text(report) -> str:
 def status(
     job: JobOpt,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable")] = False,
-    watch: Annotated[float | None, typer.Option("--watch", help="refresh every N seconds")] = None,
+    watch: Annotated[float | None, typer.Option("--watch", callback=positive, help="refresh every N seconds")] = None,
     broker_url: BrokerOpt = None, store_url: StoreOpt = None,
 ) -> None:
     """Chunks done / running / queued / failed, records, tokens, tok/s, ETA, cost."""
@@ -280,12 +289,12 @@ def status_table(st) -> Table:
 @app.command()
 def export(
     job: Annotated[list[str], typer.Option(
-        "--job", "-j", help="job name; again for its redo jobs (--redo): each row the version that finished, "
-        "the later job's between two")],
+        "--job", "-j", callback=job_name, help="job name; again for its redo jobs (--redo): each row the version "
+        "that finished, the later job's between two")],
     out: Annotated[str, typer.Option(
         "--out", "-o", help="local path (a FIFO or device is written through), - for standard output, "
         "s3://bucket/key, gs://bucket/key; with --format hf a folder or hf://datasets/ORG/NAME")],
-    fmt: Annotated[str | None, typer.Option(
+    fmt: Annotated[ExportFormat | None, typer.Option(
         "--format", help="jsonl, parquet, specforge, tokens, openai or hf (a Hub-ready folder: Parquet shards and a "
         "dataset card); default by target: hf for hf://, parquet for .parquet, else jsonl")] = None,
     allow_incomplete: Annotated[bool, typer.Option(

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from fleet.cli.app import EngineOpt, ModelOpt, app, fail, run_guarded, settings_from
+from fleet.cli.flags import gpu_kind
 
 
 @app.command("tiny-model")
@@ -41,7 +42,8 @@ def engine_args(
     engine: EngineOpt = "sglang",
     model: ModelOpt = None,
     gpu: Annotated[
-        str | None, typer.Option("--gpu", help="GPU kind (h100, h200, b200, ...); default: this host's GPU")
+        str | None, typer.Option("--gpu", callback=gpu_kind,
+                                 help="GPU kind (h100, h200, b200, ...); default: this host's GPU")
     ] = None,
 ) -> None:
     """Print, as JSON, the kwargs the worker would pass to its engine (the engine need not be installed).

@@ -17,7 +17,7 @@ JOB_METRICS_PORT = 9399
 
 @app.command("job-metrics")
 def job_metrics(
-    port: Annotated[int, typer.Option("--port", help="port of /metrics")] = JOB_METRICS_PORT,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="port of /metrics")] = JOB_METRICS_PORT,
     address: Annotated[str, typer.Option("--address", help="bind address")] = "127.0.0.1",
     broker_url: BrokerOpt = None,
     store_url: StoreOpt = None,

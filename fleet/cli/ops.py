@@ -21,9 +21,11 @@ from fleet.cli.app import (
     settings_from,
     setup_logging,
 )
+from fleet.cli.flags import gpu_kind, job_name, model_dir, positive
 from fleet.errors import FleetError
 from fleet.model.gpus import GPU_TABLE, gpu_spec
 from fleet.settings import PLANNED_ENGINE
+from fleet.settings.sglang import RadixCache
 from fleet.tools.jobplan import (
     DEFAULT_BATCH,
     DEFAULT_BYTES_PER_PARAM,
@@ -126,64 +128,70 @@ def render_plan(plan: Plan) -> Table:
 
 @app.command()
 def plan(
-    gpus: Annotated[int, typer.Option("--gpus", help="GPU count")] = 1,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPU count")] = 1,
     gpus_per_worker: Annotated[int, typer.Option(
         "--gpus-per-worker", min=1, help="GPUs each worker spans with tensor parallelism (`fleet worker "
         "--gpus-per-worker`): the capacity and roofline of one engine over that many")] = 1,
-    gpu: Annotated[str, typer.Option("--gpu", help=f"GPU kind: {GPU_KINDS}")] = "b200",
+    gpu: Annotated[str, typer.Option("--gpu", callback=gpu_kind, help=f"GPU kind: {GPU_KINDS}")] = "b200",
     usd_per_gpu_hour: Annotated[
         float | None, typer.Option("--usd-per-gpu-hour", help="price (FLEET_USD_PER_GPU_HOUR)")
     ] = None,
     prompts: Annotated[
-        int | None, typer.Option("--prompts", help="number of prompts (default: the job's, else the reference job's)")
+        int | None,
+        typer.Option("--prompts", min=0, help="number of prompts (default: the job's, else the reference job's)"),
     ] = None,
     prompt_tokens: Annotated[
-        float | None, typer.Option("--prompt-tokens", help="mean prompt tokens (default: as --prompts)")
+        float | None, typer.Option("--prompt-tokens", min=0, help="mean prompt tokens (default: as --prompts)")
     ] = None,
     output_tokens: Annotated[
-        float | None, typer.Option("--output-tokens", help="mean output tokens (default: as --prompts)")
+        float | None,
+        typer.Option("--output-tokens", callback=positive, help="mean output tokens (default: as --prompts)"),
     ] = None,
     job: Annotated[
-        str | None, typer.Option("--job", "-j", help="plan this job: its samples and measured token means")
+        str | None,
+        typer.Option("--job", "-j", callback=job_name, help="plan this job: its samples and measured token means"),
     ] = None,
     store_url: StoreOpt = None,
     tok_s_per_gpu: Annotated[
         float | None,
-        typer.Option("--tok-s-per-gpu", help="measured output tok/s per GPU (fleet bench)"),
+        typer.Option("--tok-s-per-gpu", callback=positive, help="measured output tok/s per GPU (fleet bench)"),
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option("--model", help="model directory: weights and KV size for the roofline"),
+        typer.Option("--model", callback=model_dir, help="model directory: weights and KV size for the roofline"),
     ] = None,
-    params_b: Annotated[float | None, typer.Option("--params-b", help="roofline: parameters, billions")] = None,
+    params_b: Annotated[
+        float | None, typer.Option("--params-b", callback=positive, help="roofline: parameters, billions")
+    ] = None,
     bytes_per_param: Annotated[
-        float, typer.Option("--bytes-per-param", help="roofline: 2 for BF16, 1 for FP8")
+        float, typer.Option("--bytes-per-param", callback=positive, help="roofline: 2 for BF16, 1 for FP8")
     ] = DEFAULT_BYTES_PER_PARAM,
     batch: Annotated[
         int | None,
-        typer.Option("--batch", help="roofline: running requests per GPU (default: the capacity model's, else 256)"),
+        typer.Option("--batch", min=1,
+                     help="roofline: running requests per GPU (default: the capacity model's, else 256)"),
     ] = None,
     kv_bytes_per_token: Annotated[
         float | None,
-        typer.Option("--kv-bytes-per-token", help="roofline: KV cache bytes per token"),
+        typer.Option("--kv-bytes-per-token", min=0, help="roofline: KV cache bytes per token"),
     ] = None,
     context: Annotated[
         float | None,
-        typer.Option("--context", help="roofline: mean KV tokens (default prompt + output/2)"),
+        typer.Option("--context", callback=positive, help="roofline: mean KV tokens (default prompt + output/2)"),
     ] = None,
     state_mb_per_request: Annotated[
         float | None,
-        typer.Option("--state-mb-per-request", help="roofline: recurrent state per request, MB"),
+        typer.Option("--state-mb-per-request", min=0, help="roofline: recurrent state per request, MB"),
     ] = None,
     accept_length: Annotated[
         float,
-        typer.Option("--accept-length", help="roofline: tokens per step with speculative decoding"),
+        typer.Option("--accept-length", min=1, help="roofline: tokens per step with speculative decoding"),
     ] = 1.0,
     mtp: Annotated[
         bool | None, typer.Option("--mtp/--no-mtp", help="capacity: MTP speculative decoding (FLEET_SGLANG__MTP)")
     ] = None,
     radix: Annotated[
-        str | None, typer.Option("--radix", help="capacity: radix cache auto|on|off (FLEET_SGLANG__RADIX_CACHE)")
+        RadixCache | None, typer.Option("--radix", help="capacity: radix cache auto|on|off (FLEET_SGLANG__RADIX_CACHE)")
     ] = None,
     engine: Annotated[
         str, typer.Option("--engine", help="capacity: the engine whose capacity model sizes the batch")
@@ -197,9 +205,8 @@ def plan(
     """
     from fleet.tools.jobplan import fill_shape, job_shape, reference_shape
 
-    settings = settings_from(model=model, store_url=store_url)
-    if usd_per_gpu_hour is None:
-        usd_per_gpu_hour = settings.usd_per_gpu_hour
+    settings = settings_from(model=model, store_url=store_url, engine=engine, usd_per_gpu_hour=usd_per_gpu_hour)
+    usd_per_gpu_hour = settings.usd_per_gpu_hour
     try:
         from fleet.bench.reference import REFERENCE
 
@@ -261,7 +268,7 @@ def flower(
     from fleet.monitor.flower import run_flower
 
     setup_logging()
-    settings = settings_from(broker_url=broker_url, flower_address=address, flower_port=port)
+    settings = settings_from(broker_url=broker_url, address=address, port=port)
     code = run_guarded(run_flower, settings)
     raise typer.Exit(code or 0)
 

@@ -9,11 +9,14 @@ import typer
 from fleet.cli.app import (
     BrokerOpt,
     EngineOpt,
+    GpusOpt,
     ModelOpt,
     SlotsOpt,
     StoreOpt,
+    WorkersOpt,
     app,
     fail,
+    run_guarded,
     settings_from,
     setup_logging,
 )
@@ -21,13 +24,12 @@ from fleet.cli.app import (
 
 @app.command()
 def worker(
-    gpus: Annotated[str | None, typer.Option(
-        "--gpus", help="'all' or '0,1,4': one pinned worker per GPU, or per --gpus-per-worker group")] = None,
+    gpus: GpusOpt = None,
     gpus_per_worker: Annotated[int | None, typer.Option(
         "--gpus-per-worker", min=1, help="with --gpus: GPUs each worker is pinned to, its engine's tensor parallelism "
         "set to match (a divisor of the GPU count); default: the engine's own setting (sglang.tp_size, "
         "vllm.tensor_parallel_size), 1")] = None,
-    workers: Annotated[int | None, typer.Option("--workers", "-w", help="CPU worker processes")] = None,
+    workers: WorkersOpt = None,
     host: Annotated[str | None, typer.Option("--host-name", help="host part of worker names")] = None,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, slots: SlotsOpt = None,
@@ -39,6 +41,9 @@ def worker(
     settings = settings_from(engine=engine, model=model, broker_url=broker_url, store_url=store_url, slots=slots)
     if not settings.broker_url:
         fail("no broker configured: set FLEET_BROKER_URL or pass --broker-url")
+    from fleet.store.schemes import scheme_of
+
+    run_guarded(scheme_of, settings.resolved_store_url)  # a store URL no worker could open, before they start
     gpu_list, per_worker = None, 1
     if gpus:
         from fleet.engines.specs import spec_for

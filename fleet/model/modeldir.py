@@ -32,6 +32,18 @@ def require_model(settings: Settings) -> str:
     return settings.model
 
 
+def check_model(model: str) -> Path | None:
+    """The model's directory where `model` names one; None for a hub id (ORG/NAME or NAME). A
+    path that cannot be a hub id (absolute, ./ or ~/, more than one /) must be a directory."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if model.startswith(("/", ".", "~")) or model.count("/") > 1:
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise ConfigError(f"model {model!r} {what} (a hub id is ORG/NAME)")
+    return None
+
+
 @lru_cache(maxsize=8)
 def resolve_model_dir(model: str) -> Path:
     """A local directory holding the model's config and tokenizer files.
@@ -39,9 +51,9 @@ def resolve_model_dir(model: str) -> Path:
     A hub id resolves to its snapshot directory (config and tokenizer files only), which
     honours HF_HUB_OFFLINE; that directory's name is the hub commit.
     """
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path.resolve()
+    local = check_model(model)
+    if local is not None:
+        return local
     try:
         from huggingface_hub import snapshot_download
 

@@ -51,8 +51,6 @@ def check_flower_settings(settings: Settings) -> None:
             "without authentication: set FLEET_FLOWER_BASIC_AUTH=user:password, or bind to "
             "127.0.0.1 and reach it through an SSH tunnel"
         )
-    if not 0 < settings.flower_port < 65536:
-        raise ConfigError(f"flower_port {settings.flower_port} is not a TCP port")
 
 
 #: Flower's tasks page columns, in order (slugs of flower.views.tasks.TASK_COLUMNS).

@@ -14,7 +14,7 @@ from pathlib import Path
 from fleet.errors import ConfigError
 from fleet.producer.datafiles import select
 from fleet.settings.datasetinput import InputSettings
-from fleet.store.schemes import Fetched, StoreOptions, local_path, scheme_of
+from fleet.store.schemes import Fetched, Scheme, StoreOptions, local_path, scheme_of
 
 
 @contextmanager
@@ -26,13 +26,9 @@ def local_input(
     to a temporary folder in `tmp_dir` (removed on exit). `stored` is the input a job already
     holds: a moving revision of it (a Hub dataset's main) is read at the commit the job pinned."""
     source = source or InputSettings()
-    scheme = scheme_of(url)
+    scheme = check_input(url)
     if scheme is None:
         path = local_path(url)
-        if not path.exists():
-            raise ConfigError(f"input {str(path)!r} does not exist")
-        if not (path.is_file() or path.is_dir()):
-            raise ConfigError(f"input {str(path)!r} is not a file or a dataset folder")
         if source.revision:
             raise ConfigError(f"input {url!r}: --revision is for hf://datasets/... inputs")
         yield Fetched(path, described(url, source) if path.is_dir() else url)
@@ -45,6 +41,19 @@ def local_input(
         fetched = scheme.fetch(url, Path(into), partial(select, config=source.config, split=source.split),
                                StoreOptions(max_attempts=max_attempts))
         yield Fetched(fetched.path, described(fetched.pinned, source) if fetched.path.is_dir() else fetched.pinned)
+
+
+def check_input(url: str) -> Scheme | None:
+    """What an input URL can be told before anything is read: a local file or folder that is
+    there, or a scheme fleet reads (the `fleet run`/`enqueue`/`validate` argument's rule)."""
+    scheme = scheme_of(url)
+    if scheme is None:
+        path = local_path(url)
+        if not path.exists():
+            raise ConfigError(f"input {str(path)!r} does not exist")
+        if not (path.is_file() or path.is_dir()):
+            raise ConfigError(f"input {str(path)!r} is not a file or a dataset folder")
+    return scheme
 
 
 def described(url: str, source: InputSettings) -> str:

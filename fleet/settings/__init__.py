@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, Field, create_model, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -193,10 +193,12 @@ class _Settings(BaseSettings):
     multipart_threshold_mb: int = Field(64, ge=5, description="objects above this use multipart upload")
 
     usd_per_gpu_hour: float = Field(0.0, ge=0, description="price for status and plan")
-    flower_port: int = Field(5555, description="`fleet flower` port")
+    flower_port: int = Field(5555, ge=1, le=65535, description="`fleet flower` port")
     flower_address: str = Field("127.0.0.1", description="`fleet flower` bind address")
     flower_basic_auth: str | None = Field(None, description="user:password; required off loopback")
-    metrics_port: int | None = Field(None, description="Prometheus port per worker (+ worker number)")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Prometheus port per worker (+ worker number)"
+    )
 
     sampling: SamplingSettings = Field(default_factory=SamplingSettings, description="job-wide sampling")
     repetition: RepetitionSettings = Field(
@@ -209,6 +211,17 @@ class _Settings(BaseSettings):
         description="which records of a dataset input to read: config, split, revision, column names",
     )
     # One section per engine is added below, from ENGINE_SECTIONS.
+
+    @field_validator("broker_url")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        """A URL redis-py can open (the workers' Celery transport and fleet's own client both do), told
+        when the settings load rather than as a traceback from the first connection."""
+        if url:
+            from redis.connection import parse_url
+
+            parse_url(url)  # its ValueError names the schemes it takes, or the part that is wrong
+        return url
 
     @classmethod
     def settings_customise_sources(

@@ -14,6 +14,8 @@ from fleet.settings.engine import EngineSettings
 
 #: S for sglang where neither the setting nor a known GPU sizes it.
 DEFAULT_SGLANG_RUNNING = 256
+#: the prefix cache's modes (`radix_cache`, `fleet plan --radix`)
+RadixCache = Literal["auto", "on", "off"]
 
 class SglangSettings(EngineSettings):
     """Kwargs for the embedded `sglang.Engine` (docs/architecture.md, SGLang facts)."""
@@ -35,7 +37,7 @@ class SglangSettings(EngineSettings):
         description="fraction of GPU memory for weights + KV + state; unset: SGLang's own headroom for "
         "this GPU, passed explicitly so SGLang does not cut it for a vision tower fleet never feeds",
     )
-    radix_cache: Literal["auto", "on", "off"] = Field(
+    radix_cache: RadixCache = Field(
         "auto",
         description="prefix cache. auto: off for hybrid (mamba-state) models unless prompts share prefixes "
         "or n > 1, since with it on SGLang keeps 5 state slots per request instead of 1",

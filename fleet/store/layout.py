@@ -10,13 +10,14 @@ checkpoints are zstd-compressed JSON lines.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import zstandard
 from pydantic import ValidationError
 
-from fleet.errors import ChunkCorrupt
+from fleet.errors import ChunkCorrupt, ConfigError
 from fleet.records import InputRecord
 from fleet.store import Store
 
@@ -26,6 +27,18 @@ _ZSTD_LEVEL = 3
 
 def idx(index: int) -> str:
     return f"{index:0{INDEX_WIDTH}d}"
+
+
+#: A job's name is its folder in the store and a part of its broker keys: letters, digits and
+#: `._-`, not starting with a dot or a dash (no `..`, no `/`, no hidden or option-like folder).
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_job_name(job: str) -> str:
+    if not JOB_NAME.fullmatch(job):
+        raise ConfigError(f"job name {job!r}: use letters, digits and ._- (up to 128, the first a letter or "
+                          "digit)")
+    return job
 
 
 def manifest_key(job: str) -> str:

@@ -57,7 +57,7 @@ def plan_workers(
         specs = [WorkerSpec(f"gpu{'+'.join(map(str, group))}@{host}", pin_env(group))
                  for group in gpu_groups(gpus, per_worker)]
     else:
-        specs = cpu_workers(settings, workers or 1, host)
+        specs = cpu_workers(settings, 1 if workers is None else workers, host)
     if settings.metrics_port:  # one Prometheus port per worker process
         for n, spec in enumerate(specs):
             spec.env["FLEET_METRICS_PORT"] = str(settings.metrics_port + n)
