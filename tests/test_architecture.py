@@ -64,6 +64,7 @@ def part_graph() -> dict[str, set[str]]:
     return graph
 
 
+@pytest.mark.slow
 def test_no_circle_between_parts():
     try:
         tuple(TopologicalSorter(part_graph()).static_order())
@@ -77,6 +78,7 @@ LAYERS = [{"records", "errors", "settings", "metrics", "progress", "redact"}, {"
           {"__main__"}]
 
 
+@pytest.mark.slow
 def test_parts_import_in_the_documented_direction():
     row = {part: n for n, parts in enumerate(LAYERS) for part in parts}
     graph = part_graph()
@@ -148,6 +150,7 @@ def key_users(path: Path, names: tuple[str, ...]) -> set[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("names", "owner"), KEY_FAMILIES, ids=[*CHUNK_STATE, "suspects", "witness"])
 def test_one_module_owns_each_part_of_a_chunks_state_in_redis(names, owner):
     from fleet.coord import keys

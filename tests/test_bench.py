@@ -95,6 +95,7 @@ def test_quick_bench_computes_every_figure(tmp_path):
     assert len(hf["ratios"]) == len(hf["fleet"]) == len(hf["bare"]) >= 1 and hf["ratio"] == hf["ratios"][0]
 
 
+@pytest.mark.slow
 def test_sglang_bench_refuses_clearly_without_sglang(tmp_path):
     # Given no sglang package here (CPU CI)
     if importlib.util.find_spec("sglang") is not None:
@@ -105,6 +106,7 @@ def test_sglang_bench_refuses_clearly_without_sglang(tmp_path):
     assert "needs the sglang package" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_sglang_cpu_bench_refuses_clearly_without_sglang(tmp_path):
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("sglang is installed: this checks the refusal where it is not")
@@ -321,6 +323,7 @@ out.write_text(json.dumps(info))
 """
 
 
+@pytest.mark.slow
 def test_pairs_run_both_sides_at_once_each_in_its_own_pen(tmp_path):
     # Given control groups can be made here (root, a cpu controller)
     try:
@@ -418,6 +421,7 @@ def test_front_end_figures_take_the_bare_loops_cpu_off_fleets_per_token():
     assert front_end_figures([{**fleet[0], "cpu_s": None}], bare[:1], 64) == []
 
 
+@pytest.mark.slow
 def test_worker_cpu_reads_a_process_own_time_and_children():
     # Given a child that spins for a CPU-second of its own, then waits
     spin = "import sys, time\nend = time.process_time() + 1\nwhile time.process_time() < end: pass\nprint(flush=True)\n"
@@ -435,6 +439,7 @@ def test_worker_cpu_reads_a_process_own_time_and_children():
         child.wait()
 
 
+@pytest.mark.slow
 def test_sampler_charges_busy_threads_and_profiles_the_engine_loop(tmp_path):
     # Given a sampler counting while its gate file exists, and a busy engine loop in its thread
     gate = tmp_path / "prof.on"
@@ -524,6 +529,7 @@ def test_control_plane_bench_runs_fleets_coordination_for_simulated_workers(tmp_
     assert all("/partial/" in prefix for prefix in store["measured"]["listed"])
 
 
+@pytest.mark.slow
 def test_proctreecost_prints_each_read_both_ways_and_leaves_no_process_behind():
     # Given the process-tree bench, run with a mark every process it starts inherits
     mark = f"proctreecost-{os.getpid()}-{time.monotonic_ns()}"

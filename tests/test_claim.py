@@ -128,6 +128,7 @@ def enqueue_env(redis_server, store: Path) -> dict[str, str]:
             "FLEET_CHUNK_SIZE": "4"}
 
 
+@pytest.mark.slow
 def test_fleet_enqueue_refuses_a_changed_input(tmp_path: Path, prompts: Path, redis_server, clean_env):
     env = enqueue_env(redis_server, tmp_path / "store")
     first = run_fleet("enqueue", str(prompts), "--job", JOB, env=env)
@@ -144,6 +145,7 @@ def test_fleet_enqueue_refuses_a_changed_input(tmp_path: Path, prompts: Path, re
     assert objects(store) == before
 
 
+@pytest.mark.slow
 def test_fleet_enqueue_refuses_a_surrogate_with_its_line(tmp_path: Path, redis_server, clean_env):
     path = tmp_path / "in.jsonl"
     lines = [json.dumps({"id": f"r{i}", "prompt": f"p{i}"}) for i in range(6)]

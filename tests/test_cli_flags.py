@@ -136,6 +136,7 @@ def test_a_bad_environment_value_is_the_same_refusal(tmp_path, redis_server, pla
     refused(tmp_path, redis_server, args, place | env, says)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", ["-3", "0"])
 def test_fleet_run_refuses_workers_below_one_as_a_process(tmp_path, redis_server, place, workers):
     """The console script itself: `fleet run IN --workers -3` once wrote the job, enqueued it,

@@ -85,6 +85,7 @@ def test_checkpoints_hold_rows_and_segments_and_old_readers_skip_them():
     assert "identity_hash" not in header
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("temperature", "every"), [(0.0, 1), (1.0, 3)], ids=["greedy", "sampled"])
 def test_hf_continued_equals_one_run_token_for_token(tiny_model: Path, temperature: float, every: int):
@@ -119,6 +120,7 @@ def test_hf_continued_equals_one_run_token_for_token(tiny_model: Path, temperatu
     asyncio.run(go())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_hf_a_row_that_ends_early_gets_its_result_while_its_batch_runs_on(tiny_model: Path):
     """A row's record reaches its stream the step the row ends, with its last ids: a hand-over while its

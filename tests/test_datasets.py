@@ -100,6 +100,7 @@ def test_hub_and_gs_inputs_run_and_export_a_hub_ready_folder(tmp_path, hub, gs_b
     assert "## Sampling as run" in card and "thinking mode" in card
 
 
+@pytest.mark.slow
 def test_hf_folder_shards_and_row_groups_are_bounded(tmp_path, monkeypatch):
 
     from fleet.export import writer
@@ -197,6 +198,7 @@ def test_a_hub_job_whose_enqueue_died_before_its_manifest_reads_its_claims_commi
         prepare_job(moved, LocalStore(tmp_path / "store"), "hf://datasets/org/prompts", "pin")
 
 
+@pytest.mark.slow
 def test_dataset_folders_read_as_their_rows(tmp_path, clean_env):
     import datasets
 

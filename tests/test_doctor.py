@@ -130,6 +130,7 @@ def test_sglang_host_gpus_and_model_files(tmp_path: Path, monkeypatch: pytest.Mo
     assert not missing.ok and "not in the local HF cache" in missing.detail
 
 
+@pytest.mark.slow
 def test_store_check_on_s3(s3_bucket: str) -> None:
     # Given an S3 store (moto over HTTP), Then the round trip and the conditional put pass
     check = by_name(run_checks(Settings(store_url=f"s3://{s3_bucket}/fleet")))["store"]

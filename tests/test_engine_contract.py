@@ -129,6 +129,7 @@ def harness(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: 
         patch.undo()
 
 
+@pytest.mark.slow
 def test_deltas_carry_only_new_ids_and_the_result_covers_them_all(harness: Harness) -> None:
     ids, result, n = harness.collect(request("a"))
     assert result is not None and n >= 2, "the stream came in one piece"
@@ -337,6 +338,7 @@ def test_the_server_engine_sends_token_ids_and_what_fleet_samples_with(stub_serv
     assert h.engine.facts.api == "vllm" and h.engine.context == stub.context
 
 
+@pytest.mark.slow
 def test_a_5xx_is_sent_again_and_a_storm_of_them_is_the_server_down(stub_server) -> None:
     stub, h = stub_server
     stub.fail_next = 2  # within the 2 retries: the record is made
@@ -377,6 +379,7 @@ def test_a_bad_request_fails_its_record_alone(stub_server) -> None:
         h.collect(long)
 
 
+@pytest.mark.slow
 def test_the_identity_names_the_served_model_and_a_server_that_lists_several_must_be_told(tiny_model) -> None:
     from fleet.engines.identity import engine_identity
     from fleet.errors import ConfigError

@@ -162,6 +162,7 @@ def test_cli_prints_the_kwargs_as_json(tiny_model: Path) -> None:
     assert json.loads(result.stdout) == engine_kwargs(sg_settings(tiny_model))
 
 
+@pytest.mark.slow
 def test_cli_engine_args_never_imports_sglang(tiny_model: Path) -> None:
     code = (
         "import sys; from fleet.cli import main; sys.argv=['fleet','engine-args','--model',sys.argv[1]];"

@@ -105,6 +105,7 @@ def test_the_cpu_build_never_splits_a_prefill_whatever_the_step_budget_asked(tin
     assert whole_prefills({"max_num_batched_tokens": 8192}, config)["max_num_batched_tokens"] == 8192
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_an_mtp_head_speculates_by_default_and_hybrids_drop_the_prefix_cache(
     hybrid_model: Path,
 ) -> None:
@@ -171,6 +172,7 @@ def test_cli_engine_args_and_doctor_know_vllm(tiny_model: Path) -> None:
         assert not refused.ok and "no_such_arg" in refused.detail
 
 
+@pytest.mark.slow
 def test_transformers_loads_the_hybrid_model_and_its_mtp_weights_are_extra(hybrid_model: Path) -> None:
     import torch
     from safetensors import safe_open

@@ -77,6 +77,7 @@ def test_an_incomplete_export_checks_the_records_of_its_chunks(store, tmp_path):
         export_job(store, JOB, tmp_path / "p2.jsonl", allow_incomplete=True)
 
 
+@pytest.mark.slow
 def test_concurrent_exports_to_one_path(store, tmp_path):
     # Given a finished job with many results
     expected = build_job(store, 600, {5: 2}, done=list(range(200)))

@@ -91,6 +91,7 @@ def assert_one_error_line(res: subprocess.CompletedProcess[bytes], names: str) -
     return errors[0]
 
 
+@pytest.mark.slow
 def test_dash_pipes_exactly_the_export(store, spool, tmp_path):
     # Given a finished job, and its export as a file
     expected = reference(store, spool, tmp_path)
@@ -103,6 +104,7 @@ def test_dash_pipes_exactly_the_export(store, spool, tmp_path):
     assert list(spool.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_an_export_that_fails_its_check_puts_nothing_on_the_pipe(store, spool):
     # Given results that hold one sample fewer than the manifest says (found only at the end)
     manifest = load_manifest(store, JOB)
@@ -114,6 +116,7 @@ def test_an_export_that_fails_its_check_puts_nothing_on_the_pipe(store, spool):
     assert res.stdout == b"" and list(spool.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_dev_stdout_pipes_the_export_too(store, spool, tmp_path):
     # /dev/stdout is a symlink to a pipe here: written through, never renamed over
     expected = reference(store, spool, tmp_path)
@@ -122,6 +125,7 @@ def test_dev_stdout_pipes_the_export_too(store, spool, tmp_path):
     assert res.stdout == expected
 
 
+@pytest.mark.slow
 def test_a_fifo_is_written_through_to_its_reader(store, spool, tmp_path):
     # Given a FIFO at --out, read by a thread as the export runs
     expected = reference(store, spool, tmp_path)
@@ -141,6 +145,7 @@ def test_a_fifo_is_written_through_to_its_reader(store, spool, tmp_path):
     assert identity(fifo) == before and stat.S_ISFIFO(fifo.stat().st_mode)
 
 
+@pytest.mark.slow
 def test_a_character_device_is_written_through(store, spool, tmp_path):
     # Given a null device at --out
     null = char_device(tmp_path, "null", 3)
@@ -153,6 +158,7 @@ def test_a_character_device_is_written_through(store, spool, tmp_path):
     assert list(spool.iterdir()) == [] and sorted(p.name for p in null.parent.glob(".null*")) == []
 
 
+@pytest.mark.slow
 def test_a_symlink_stays_a_link_and_the_file_it_names_gets_the_export(store, spool, tmp_path):
     # Given --out a symlink to an old file in another directory, and a dangling one
     expected = reference(store, spool, tmp_path)
@@ -173,6 +179,7 @@ def test_a_symlink_stays_a_link_and_the_file_it_names_gets_the_export(store, spo
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["new.jsonl", "real.jsonl"]
 
 
+@pytest.mark.slow
 def test_a_directory_is_refused(store, spool, tmp_path):
     target = tmp_path / "exports"
     target.mkdir()
@@ -185,6 +192,7 @@ def test_a_directory_is_refused(store, spool, tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.slow
 def test_a_file_as_parent_is_refused(store, spool, tmp_path):
     parent = tmp_path / "notes.txt"
     parent.write_text("a file, not a directory\n")
@@ -195,6 +203,7 @@ def test_a_file_as_parent_is_refused(store, spool, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "spool", "store"]
 
 
+@pytest.mark.slow
 def test_a_read_only_directory_is_refused_and_left_empty(store, spool, tmp_path):
     # Given a directory the export process may not write (root drops its override first)
     ro = tmp_path / "ro"
@@ -212,6 +221,7 @@ def test_a_read_only_directory_is_refused_and_left_empty(store, spool, tmp_path)
         ro.chmod(0o755)
 
 
+@pytest.mark.slow
 def test_a_full_device_fails_with_one_line_and_no_spool_left(store, spool, tmp_path):
     # Given a device that is always full (ENOSPC), at --out
     full = char_device(tmp_path, "full", 7)
@@ -224,6 +234,7 @@ def test_a_full_device_fails_with_one_line_and_no_spool_left(store, spool, tmp_p
     assert identity(full) == before and list(spool.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_file_too_large_for_the_disk_leaves_the_old_file_and_no_temp(store, spool, tmp_path):
     # Given an old export, and an export process that may write files of 4 kB at most
     # (RLIMIT_FSIZE: Python ignores SIGXFSZ, so writing past it fails as a full disk does)
@@ -242,6 +253,7 @@ def test_a_file_too_large_for_the_disk_leaves_the_old_file_and_no_temp(store, sp
     assert old.read_text() == "old\n" and [p.name for p in old.parent.iterdir()] == ["result.jsonl"]
 
 
+@pytest.mark.slow
 def test_a_missing_bucket_is_refused_before_the_export(store, spool, s3_env):
     out = "s3://no-such-bucket-fleet-export/out/result.jsonl"
     line = assert_one_error_line(export(store, spool, out, env=s3_env), out)

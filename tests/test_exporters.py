@@ -167,6 +167,7 @@ def test_only_finished_and_status_agree_on_truncation(store, tmp_path):
     assert [r["id"] for r in lines(tmp_path / "f.jsonl")] == ["r0", "r5"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl", "openai", "parquet"])
 def test_export_to_s3_equals_the_local_file(store, tmp_path, s3_bucket, fmt):
     # Given a finished job

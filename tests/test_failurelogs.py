@@ -19,6 +19,7 @@ def test_passes_quietly(tmp_path: Path) -> None:
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_a_failed_tests_logs_come_after_its_traceback(pytester: pytest.Pytester, workers: list[str]) -> None:
     # Given a test that writes its worker logs under tmp_path and then fails

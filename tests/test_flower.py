@@ -60,6 +60,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_flower_process_health_and_auth(tmp_path: Path) -> None:
     # Given a password-protected Redis and fleet flower started with basic auth
     with RedisProc(password=REDIS_PASSWORD) as redis:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from fleet.coord.localredis import free_port
 from fleet.monitor.flower import TASKS_COLUMNS
 from tests.browser import render
@@ -27,6 +29,7 @@ def flower_tasks(base: str) -> list[dict]:
     return json.loads(body)["data"] if status == 200 else []
 
 
+@pytest.mark.slow
 def test_tasks_page_shows_job_chunk_and_gpu(tmp_path: Path, redis_server) -> None:
     # Given fleet flower, then two workers pinned to (fake) GPUs 0 and 1
     smi = fake_smi(tmp_path / "smi", "".join(f"{i}, NVIDIA B200, 183359 MiB\n" for i in range(2)))

@@ -69,6 +69,7 @@ def test_derive_seed_is_pinned():
     assert derive_seed(42, "rec-7", 3) == 1156825637
 
 
+@pytest.mark.slow
 def test_derive_seed_is_stable_across_processes():
     # Given another interpreter with another hash randomisation
     code = "from fleet.records import derive_seed as d; print(d(0,'a',0), d(42,'rec-7',3))"

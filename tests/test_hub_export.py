@@ -141,6 +141,7 @@ def test_a_re_export_of_a_grown_job_leaves_no_stale_shard(tmp_path, hub, clean_e
     assert [s.split(":")[0] for _, s in hub.repos["org/out"].log] == ["initial commit"] + ["fleet export"] * 3
 
 
+@pytest.mark.slow
 def test_an_upload_planned_on_a_head_that_moved_is_refused_whole(tmp_path, hub):
     from fleet.store.hub import SCHEME
     from fleet.store.schemes import StoreOptions

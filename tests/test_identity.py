@@ -67,6 +67,7 @@ def test_an_old_manifest_without_identity_is_not_judged(clean_env):
     assert config_mismatch(Settings(engine="sim", sim={"sigma": 0.1}), manifest_with(None)) is None
 
 
+@pytest.mark.slow
 def test_another_engine_is_a_mismatch(clean_env, tiny_model: Path):
     job = manifest_with(engine_identity(Settings(engine="sim")))
     diff = config_mismatch(Settings(engine="hf", model=str(tiny_model)), job)
@@ -149,6 +150,7 @@ def test_mismatches_are_listed_per_job_and_cleared(r):
     assert mismatched_workers(r, "j") == []
 
 
+@pytest.mark.slow
 def test_status_lists_mismatched_workers(r, tmp_path: Path, redis_server, clean_env):
     store = LocalStore(tmp_path / "store")
     store.put(manifest_key("j"), manifest_with(engine_identity(Settings(engine="sim"))).to_bytes())

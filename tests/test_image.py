@@ -258,6 +258,7 @@ def dispatchable(argv: list[str]) -> bool:
 # -- the entrypoint -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_entrypoints_fleet_commands_are_commands_of_fleet() -> None:
     names = entrypoint_fleet_commands()
     assert "worker" in names and "flower" in names

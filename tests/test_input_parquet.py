@@ -158,6 +158,7 @@ def test_a_broken_parquet_file_says_so(tmp_path):
 # -- s3:// and gs:// input through real endpoints --------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["s3", "gs"])
 def test_remote_parquet_input_reads_as_the_local_file(tmp_path, scheme, request):
     bucket = request.getfixturevalue(f"{scheme}_bucket")
@@ -177,6 +178,7 @@ def test_remote_parquet_input_reads_as_the_local_file(tmp_path, scheme, request)
 NOTHING_RUNNING = {"FLEET_BROKER_URL": "redis://127.0.0.1:1/0", "FLEET_STORE_URL": "s3://no-such-bucket/x"}
 
 
+@pytest.mark.slow
 def test_fleet_validate_takes_parquet(tmp_path, clean_env):
     good = run_fleet("validate", str(write_parquet(tmp_path / "in.parquet", ROWS)), "--json", env=NOTHING_RUNNING)
     assert good.returncode == 0, good.stderr
@@ -193,6 +195,7 @@ def test_fleet_validate_takes_parquet(tmp_path, clean_env):
     assert "5 records (6 samples), no bad rows" in good_text.stdout
 
 
+@pytest.mark.slow
 def test_fleet_enqueue_refuses_bad_rows_and_is_idempotent(tmp_path, redis_server, clean_env):
     env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "store"),
            "FLEET_CHUNK_SIZE": "2"}
@@ -268,6 +271,7 @@ print(json.dumps({"records": records, "growth": growth, "arrow": arrow}))
 """
 
 
+@pytest.mark.slow
 def test_a_large_parquet_file_validates_in_flat_memory(tmp_path):
     # Given 200,000 rows of ~300 characters in 100 row groups (~60 MB of text once decoded)
     n, group = 200_000, 2_000

@@ -161,6 +161,7 @@ def test_lease_expires_after_its_ttl(r):
 # -- heartbeat ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_heartbeat_keeps_a_lease_past_its_ttl(r):
     # Given 2 s leases on a heartbeat renewing every 0.1 s (a TTL no busy machine's scheduling
     # delay reaches, twenty beats long)

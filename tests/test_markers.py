@@ -71,6 +71,7 @@ def take_and_die(settings: Settings) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_messages_are_found_in_lists_and_in_unacked(settings, r, job):
     before = time.time()
     take_and_die(settings)
@@ -89,6 +90,7 @@ def test_markers_backed_by_a_queued_message_are_left_alone(settings, r, job):
     assert len(waiting_messages(r, chunk_queue(settings), JOB).listed) == 3
 
 
+@pytest.mark.slow
 def test_a_marker_whose_message_was_just_taken_is_left_alone(settings, r, job):
     app, store, manifest, _ = job
     take_and_die(settings)
@@ -109,6 +111,7 @@ def test_a_marker_with_no_message_is_repaired(settings, r, job):
     assert {int(i) for i in r.smembers(keys.queued(JOB))} == {0, 1, 2}
 
 
+@pytest.mark.slow
 def test_a_message_taken_long_ago_without_a_lease_is_repaired(settings, r, job):
     app, store, manifest, _ = job
     take_and_die(settings)
@@ -122,6 +125,7 @@ def test_a_message_taken_long_ago_without_a_lease_is_repaired(settings, r, job):
     assert sorted(waiting_messages(r, chunk_queue(settings), JOB).listed) == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_a_message_taken_long_ago_whose_chunk_runs_is_left_alone(settings, r, job):
     app, store, manifest, _ = job
     take_and_die(settings)
@@ -134,6 +138,7 @@ def test_a_message_taken_long_ago_whose_chunk_runs_is_left_alone(settings, r, jo
     assert report.repaired == [] and report.enqueued == []
 
 
+@pytest.mark.slow
 def test_fleet_enqueue_reports_the_repair(settings, r, job, redis_server):
     _app, _store, _manifest, prompts = job
     for name in keys.queue_lists(chunk_queue(settings)):

@@ -118,6 +118,7 @@ def prom_query(port: int, expr: str) -> list[dict]:
     return body["data"]["result"]
 
 
+@pytest.mark.slow
 def test_head_prometheus_scrapes_a_real_worker(tmp_path: Path) -> None:
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus not installed (apt-get install prometheus; .ci/run does)")

@@ -58,6 +58,7 @@ def settings_file(tmp_path: Path, **values: str) -> Path:
 # -- static checks ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_scripts_pass_shellcheck() -> None:
     assert SCRIPTS, "no shell scripts found"
     if shutil.which("shellcheck") is None:
@@ -163,6 +164,7 @@ def fleet_shim(bin_dir: Path) -> Path:
     )
 
 
+@pytest.mark.slow
 def test_start_head_native_runs_redis_and_flower(tmp_path: Path) -> None:
     # Given a settings file for a pod: Redis and Flower on free loopback ports
     redis_port, flower_port = free_port(), free_port()
@@ -244,6 +246,7 @@ esac
 """
 
 
+@pytest.mark.slow
 def test_gpu_host_runs_doctor_first_then_workers(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -293,6 +296,7 @@ def test_entrypoint_dispatch(tmp_path: Path) -> None:
     assert res.stdout == "as given\n"
 
 
+@pytest.mark.slow
 def test_entrypoint_pod_stays_up(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [str(ROOT / "docker" / "entrypoint.sh"), "pod"], env=base_env(tmp_path),
@@ -307,6 +311,7 @@ def test_entrypoint_pod_stays_up(tmp_path: Path) -> None:
 # -- prompts upload -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", ["boto3", "aws"])
 def test_upload_prompts(client: str, tmp_path: Path, s3_bucket: str, s3_env: dict[str, str]) -> None:
     prompts = tmp_path / "prompts.jsonl"
@@ -466,6 +471,7 @@ done
         return self.log.read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_setup_on_debian12_installs_the_venv_package(tmp_path: Path) -> None:
     # Given Debian 12's python3 (3.11) without python3.11-venv, as a user with sudo
     deb = FakeDebian(tmp_path, uid=1000, apt_offers=("python3.11", "python3.11-venv"))
@@ -478,6 +484,7 @@ def test_setup_on_debian12_installs_the_venv_package(tmp_path: Path) -> None:
     assert f"uses {deb.bin}/python3 (Python 3.11)" in res.stderr
 
 
+@pytest.mark.slow
 def test_setup_on_ubuntu2204_brings_python311(tmp_path: Path) -> None:
     # Given Ubuntu 22.04: python3 is 3.10, apt (universe) offers python3.11
     deb = FakeDebian(tmp_path, apt_offers=("python3.11", "python3.11-venv"))

@@ -27,6 +27,7 @@ def test_prompt_answers_record_nothing(redis_server):
     assert client.outages.windows() == []
 
 
+@pytest.mark.slow
 def test_a_broker_out_of_reach_opens_a_window_that_its_next_answer_closes(tmp_path):
     # Given a client whose broker is not there
     port = free_port()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from fleet.cli.liveprogress import live_progress
@@ -53,6 +54,7 @@ def in_a_terminal(args: list[str], env: dict[str, str]) -> str:
     return res.stdout
 
 
+@pytest.mark.slow
 def test_enqueue_and_export_progress_on_a_pipe_and_a_terminal(tmp_path: Path, redis_server, clean_env) -> None:
     env = {
         **FAST_SIM,

@@ -430,6 +430,7 @@ def s3(moto_endpoint, monkeypatch, tmp_path):
     return client, bucket
 
 
+@pytest.mark.slow
 def test_s3_input_is_downloaded_read_and_removed(s3, tmp_path):
     client, bucket = s3
     lines = [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(1000)]
@@ -445,6 +446,7 @@ def test_s3_input_is_downloaded_read_and_removed(s3, tmp_path):
     assert not path.exists() and list(spool.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_s3_input_temp_file_removed_when_the_caller_fails(s3, tmp_path):
     client, bucket = s3
     client.put_object(Bucket=bucket, Key="in.jsonl", Body=b"not json\n")
@@ -456,6 +458,7 @@ def test_s3_input_temp_file_removed_when_the_caller_fails(s3, tmp_path):
     assert not fetched.path.exists()
 
 
+@pytest.mark.slow
 def test_s3_input_missing(s3, tmp_path):
     _, bucket = s3
     for url in (f"s3://{bucket}/nothing.jsonl", "s3://no-such-bucket-fleet/in.jsonl"):
@@ -469,6 +472,7 @@ def test_s3_input_missing(s3, tmp_path):
 # -- memory stays flat in the input size ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_large_input_validates_in_bounded_memory(tmp_path):
     n = 100_000  # tracemalloc slows allocation ~5x; this size keeps the test to seconds
     path = tmp_path / "big.jsonl"

@@ -76,6 +76,7 @@ def test_enqueue_runs_the_whole_recovery_round(r, store, app, settings, tmp_path
     assert r.smembers(keys.running()) == {b"elsewhere/0"}
 
 
+@pytest.mark.slow
 def test_a_round_survives_a_dead_broker(store, app, settings, caplog):
     # Given a broker that is gone
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2)

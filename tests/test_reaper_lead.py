@@ -92,6 +92,7 @@ def dies(worker: SimWorker, settings: Settings, r: redis.Redis) -> None:
              interval=0.05)
 
 
+@pytest.mark.slow
 def test_one_reaper_scans_for_the_fleet_and_requeues_an_expired_lease_at_the_next_round(fleet, settings,
                                                                                            redis_server):
     r = redis.Redis.from_url(redis_server.url)
@@ -117,6 +118,7 @@ def test_one_reaper_scans_for_the_fleet_and_requeues_an_expired_lease_at_the_nex
     r.close()
 
 
+@pytest.mark.slow
 def test_when_the_leader_dies_another_leads_by_the_time_its_own_leases_run_out(fleet, settings, redis_server):
     r = redis.Redis.from_url(redis_server.url)
     assert lead_ttl_s(settings) <= settings.lease_ttl_s - settings.renew_s
@@ -135,6 +137,7 @@ def test_when_the_leader_dies_another_leads_by_the_time_its_own_leases_run_out(f
     r.close()
 
 
+@pytest.mark.slow
 def test_a_lost_lead_is_no_loss_of_rounds(fleet, settings, redis_server):
     # Given a leader whose lead another process took while it was cut off (its key expired)
     r = redis.Redis.from_url(redis_server.url)

@@ -32,6 +32,7 @@ def test_each_wait_is_drawn_between_half_and_all_of_kombus_step():
         assert len({round(w, 3) for w in nth}) > 300
 
 
+@pytest.mark.slow
 def test_the_consumer_waits_jittered_times_and_connects_once_the_broker_is_back(tmp_path: Path):
     # Given a worker's Celery connection to a broker that is down
     port = free_port()

@@ -268,6 +268,7 @@ def test_a_failed_recovery_round_keeps_the_crash_evidence_for_the_next(r, tmp_pa
     assert r.hget(keys.lease_started(), "j/7") is None and r.hget(keys.lease_holder(), "j/7") is None
 
 
+@pytest.mark.slow
 def test_deaths_beside_other_chunks_never_quarantine_solo_deaths_on_two_hosts_do(r, store, app, settings):
     # Given a chunk in six quick deaths of processes running it beside other chunks
     for n in range(1, 7):
@@ -339,6 +340,7 @@ def test_a_witness_that_comes_while_the_reaper_waits_makes_the_death_evidence(r,
     assert witness.host_losses(r) == {} and suspects.worker_health(r, "gpu0@a").deaths == 1
 
 
+@pytest.mark.slow
 def test_a_worker_whose_processes_keep_dying_is_blamed_and_benched(r, store, app, settings, caplog):
     # Given a healthy worker, and one whose processes each die soon after taking chunks, before finishing a batch
     suspects.note_commit(r, "gpu0@good:1")
@@ -547,6 +549,7 @@ def nothing_recorded(r: redis.Redis) -> bool:
             and list(r.scan_iter(f"{keys.PREFIX}:dead:*")) == [])
 
 
+@pytest.mark.slow
 def test_a_lease_that_ran_out_while_the_reaper_could_not_reach_the_broker_is_left_to_its_holder(
         r, store, app, settings, redis_server):
     # Given a chunk leased by a live process, and a reaper whose own command waited through a broker
@@ -568,6 +571,7 @@ def test_a_lease_that_ran_out_while_the_reaper_could_not_reach_the_broker_is_lef
     assert running(r) == {"j/7"} and queued_messages(r) == [] and nothing_recorded(r)
 
 
+@pytest.mark.slow
 def test_every_holder_losing_its_leases_at_once_is_a_pause_and_no_death(r, store, app, settings, caplog):
     # Given chunks of two processes on two hosts whose leases all run out at once, seen by a reaper that
     # saw no pause itself (`fleet enqueue` started afterwards)
@@ -614,6 +618,7 @@ def test_leases_running_out_a_renewal_interval_apart_ran_out_at_once(clean_env):
     assert later.outages.windows() == []
 
 
+@pytest.mark.slow
 def test_two_processes_losing_their_leases_one_after_another_are_two_deaths(r, store, app, settings):
     # Given two processes whose leases run out seconds apart, the first after the second took its lease
     leased_by(r, "j", 1, "gpu0@a:1")

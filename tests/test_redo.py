@@ -101,6 +101,7 @@ def test_redo_finishes_cut_rows_and_the_merged_export_keeps_each_row_once(tmp_pa
     assert export(env, tmp_path / "three.jsonl", *args[:-2], "--allow-incomplete") == merged
 
 
+@pytest.mark.slow
 def test_a_merge_names_only_redo_jobs_and_needs_one_source(tmp_path, clean_env):
     # Given two ordinary jobs in one store
     prompts = write_prompts(tmp_path / "p.jsonl", 6)

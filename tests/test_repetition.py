@@ -163,6 +163,7 @@ def generated(model: Path, requests: list[GenRequest]) -> list[list[int]]:
     return [r.output_ids for r in results]  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_the_loop_model_loops_greedily_and_the_watch_stops_it(loop_model: Path):
     # Given the loop model's greedy rows, long enough to pass the threshold
     prompts = ["Explain prime numbers.", "What is 6 times 7?", "Write a poem.", "Hi"]
@@ -178,6 +179,7 @@ def test_the_loop_model_loops_greedily_and_the_watch_stops_it(loop_model: Path):
         assert fed(RepetitionWatch(), row, rng) == Cycle(period=3, start=loop.start, tokens=MIN_TOKENS)
 
 
+@pytest.mark.slow
 def test_the_loop_model_sampled_does_not_loop(loop_model: Path):
     # Given the loop model's rows under its own sampling defaults
     rows = generated(loop_model, [chat(f"s{i}", f"Question {i}?", max_tokens=MIN_TOKENS) for i in range(8)])
@@ -200,6 +202,7 @@ def demo_requests(max_tokens: int = 256) -> list[GenRequest]:
     ]
 
 
+@pytest.mark.slow
 def test_the_stop_never_fires_on_the_tiny_models_sampled_rows(tiny_model: Path):
     # Given the demo job's sampled rows from the tiny model
     rows = generated(tiny_model, demo_requests())
@@ -232,6 +235,7 @@ def healthy_texts() -> Iterator[tuple[str, str]]:
             yield f"{path.parent.name}/{path.name}", path.read_text(encoding="utf-8", errors="replace")
 
 
+@pytest.mark.slow
 def test_the_stop_never_fires_on_real_code_and_prose(tiny_model: Path):
     from fleet.model.rendering import load_tokenizer
 

@@ -210,6 +210,7 @@ def child_settings(env_vars: dict[str, str], cwd: Path) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_to_env_rebuilds_the_same_settings_in_a_child(tmp_path):
     # Given settings far from the defaults, lists, dicts, bools, paths and floats included
     s = Settings(
@@ -331,6 +332,7 @@ def test_the_sim_fault_chunks_are_still_read_under_their_old_name(monkeypatch):
     (["--chunk-size", "0"], "--chunk-size 0: Input should be greater than or equal to 1"),
     (["--engine", "nope"], "--engine nope: Input should be"),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_a_flag_is_a_setting_validated_before_anything_starts(tmp_path, args, named):
     """`fleet run --max-tokens -5` once started a local Redis and workers that exited 1 and were
     restarted forever: a flag gets its environment variable's validation, one line naming the flag."""
@@ -344,6 +346,7 @@ def test_a_flag_is_a_setting_validated_before_anything_starts(tmp_path, args, na
     assert not (tmp_path / "d").exists()  # no Redis, no store, no worker
 
 
+@pytest.mark.slow
 def test_a_bad_environment_value_is_named_by_its_variable(tmp_path):
     (tmp_path / "x.jsonl").write_text('{"id": "a", "prompt": "x"}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEET_")} | {"FLEET_SAMPLING__TOP_P": "7"}

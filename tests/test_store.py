@@ -70,6 +70,7 @@ def test_empty_object(store):
     assert store.exists("j/empty") and store.get("j/empty") == b""
 
 
+@pytest.mark.slow
 def test_get_missing_raises_object_missing(store):
     with pytest.raises(ObjectMissing) as info:
         store.get("j/results/000007")
@@ -123,6 +124,7 @@ def test_list_of_an_absent_prefix_is_empty(store):
     assert list(store.list("nothing/here/")) == []
 
 
+@pytest.mark.slow
 def test_delete_prefix(store):
     for i in range(3):
         store.put(f"j/partial/000001/00000{i}-w", b"c")
@@ -131,6 +133,7 @@ def test_delete_prefix(store):
     assert list(store.list("j/partial/")) == ["j/partial/000002/000000-w"]
 
 
+@pytest.mark.slow
 def test_delete_many_removes_exactly_the_keys_given(store):
     # Given 1,001 checkpoints of a chunk (more than one S3 request holds) and objects beside them
     keys = [f"j/partial/000001/{i:06d}-w" for i in range(1001)]
@@ -145,6 +148,7 @@ def test_delete_many_removes_exactly_the_keys_given(store):
     store.delete_many([])
 
 
+@pytest.mark.slow
 def test_s3_deletes_a_thousand_keys_a_request(s3_bucket):
     # Given an S3 store whose requests are counted, with 2,001 objects under a prefix
     store = S3Store(f"s3://{s3_bucket}/batched")
@@ -188,6 +192,7 @@ def test_s3_list_follows_pagination(s3_bucket):
     assert len(calls) == 5
 
 
+@pytest.mark.slow
 def test_s3_list_past_one_thousand_keys(s3_bucket):
     # Given 1,100 objects: more than one S3 listing page at the default page size
     client = boto3.client("s3")
@@ -224,6 +229,7 @@ def test_s3_prefix_isolates_stores_in_one_bucket(s3_bucket):
     assert sorted(raw) == ["team-a/j/manifest.json", "team-b/j/manifest.json"]
 
 
+@pytest.mark.slow
 def test_s3_bucket_root_store(s3_bucket):
     store = open_store(f"s3://{s3_bucket}")
     store.put("j/x", b"1")
@@ -244,6 +250,7 @@ def test_put_if_absent_once(store):
     assert store.get("j/results/000003") == b"first"
 
 
+@pytest.mark.slow
 def test_put_if_absent_race_has_one_winner(store):
     # Given 8 threads ready to commit the same chunk at the same moment
     n = 8
@@ -438,6 +445,7 @@ def test_gs_resumable_create_is_refused_at_finalize(gs_bucket, gcs_server):
     assert gcs_server.proxy.counts["refused at finalize"] == refused + 2
 
 
+@pytest.mark.slow
 def test_gs_resumable_race_has_one_winner(gs_bucket):
     # Given 4 writers of 9 MB results (resumable) and 4 of small ones (one request) at once
     store = open_store(f"gs://{gs_bucket}/p", s3_max_attempts=2, multipart_threshold_mb=5)

@@ -28,6 +28,7 @@ def one_line_error(res) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_enqueue_with_broker_down_writes_nothing(tmp_path: Path, clean_env) -> None:
     # Given a broker URL on a closed port and a local store
     port = free_port()
@@ -62,6 +63,7 @@ def test_wrong_broker_password_is_one_line(tmp_path: Path, clean_env) -> None:
     assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["enqueue", "export", "status"])
 def test_store_down_is_one_line(command: str, tmp_path: Path, redis_server, clean_env) -> None:
     # Given S3 on a closed port (a live broker)
@@ -87,6 +89,7 @@ def test_store_down_is_one_line(command: str, tmp_path: Path, redis_server, clea
         assert redis.Redis.from_url(redis_server.url).dbsize() == 0
 
 
+@pytest.mark.slow
 def test_missing_bucket_is_named(tmp_path: Path, redis_server, s3_env, clean_env) -> None:
     env = {**FAST_SIM, **s3_env, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": "s3://no-such-bucket-x/p"}
     line = one_line_error(run_fleet("export", "--job", "j", "--out", str(tmp_path / "o.jsonl"), env=env))

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import boto3
+import pytest
 
 from fleet.model.rendering import load_tokenizer
 from tests.conftest import run_fleet
@@ -39,6 +40,7 @@ def nearest_rank(values: list[int], q: float) -> int:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+@pytest.mark.slow
 def test_a_good_input_gives_the_planners_figures_with_the_models_tokenizer(tmp_path: Path, tiny_model: Path,
                                                                            clean_env):
     # Given one record of every form
@@ -101,6 +103,7 @@ def test_an_s3_input_is_read_like_a_local_one(tmp_path: Path, s3_bucket: str, s3
     assert report["problems"][0].startswith("line 3: input_ids[1]: token id 1000000 is outside")
 
 
+@pytest.mark.slow
 def test_prompts_that_fill_the_context_are_counted(tmp_path: Path, tiny_model: Path, clean_env):
     # Given a prompt longer than the tiny model's 2048-token context, beside a short one
     src = write(tmp_path / "in.jsonl", [{"id": "long", "prompt": "word " * 3000}, {"id": "short", "prompt": "hi"}])
@@ -121,6 +124,7 @@ def nested(levels: int) -> dict:
     return value  # type: ignore[return-value]
 
 
+@pytest.mark.slow
 def test_validate_and_enqueue_refuse_the_same_lines(tmp_path: Path, redis_server, clean_env):
     # Given lines no chunk encoder could hold as written: metadata 300 levels deep (pydantic's
     # serializer, which digests the input, stops at 255), a number no float holds, a NUL byte
@@ -155,6 +159,7 @@ def test_validate_and_enqueue_refuse_the_same_lines(tmp_path: Path, redis_server
     assert not store.exists() or list(store.rglob("*")) == []
 
 
+@pytest.mark.slow
 def test_a_record_at_the_limits_passes_both_and_exports_unchanged(tmp_path: Path, clean_env):
     # Given a record nesting exactly 128 levels, with the largest float and integers past 64 bits
     metadata = {"tree": nested(126), "f": 1.5e308, "big": -(2**70), "long": int("9" * 4300)}
@@ -175,6 +180,7 @@ def test_a_record_at_the_limits_passes_both_and_exports_unchanged(tmp_path: Path
     assert rows[0]["metadata"] == metadata and rows[0]["finish_reason"] in ("stop", "length")
 
 
+@pytest.mark.slow
 def test_an_empty_or_compressed_input_says_what_it_is(tmp_path: Path, redis_server, clean_env):
     # Given an empty file, and a good input gzip-compressed
     empty = tmp_path / "empty.jsonl"

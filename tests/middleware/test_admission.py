@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from fleet.coord import keys, suspects
 from fleet.errors import EngineError
 from fleet.worker.process.runslots import RunSlots
@@ -28,6 +30,7 @@ def ran_alone(caplog, index: int, worker: str) -> bool:
     return f"chunk {JOB}/{index} runs alone on {worker}" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worker, r, store, caplog):
     # Given a worker running chunk 0, and chunk 1 suspected after a death on another worker
     release, outcomes = threading.Event(), {}
@@ -65,6 +68,7 @@ def test_a_suspect_waits_for_the_other_runs_then_runs_alone_and_is_cleared(worke
     assert suspects.median_duration(r, JOB) is not None
 
 
+@pytest.mark.slow
 def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, other, r, store, settings, caplog):
     # Given chunk 1 whose last death (its first, beside other chunks) was on worker gpu0@a, just now
     suspect(r, 1, died_on="gpu0@a", deaths=1)
@@ -80,6 +84,7 @@ def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, oth
     assert isinstance(outcome, Committed) and ran_alone(caplog, 0, "gpu0@a")
 
 
+@pytest.mark.slow
 def test_a_benched_worker_backs_off_then_runs_one_chunk_alone_and_a_commit_ends_its_bench(worker, r, store, caplog):
     # Given worker gpu0@a benched: its processes died bench_after times in a row before finishing a batch,
     # while worker gpu0@b commits
