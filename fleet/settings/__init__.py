@@ -178,6 +178,13 @@ class _Settings(BaseSettings):
         "running sample; each costs one store write per running chunk (K per worker), so halving it doubles "
         "the PUTs (30 s, K=16, 6 GPUs: ~3 PUTs/s, ~$1.3/day at S3's $0.005 per 1,000)",
     )
+    resume: Literal["token", "row", "chunk"] = Field(
+        "token",
+        description="what a stopped chunk's next run keeps: token, every sample's ids (a running sample continues "
+        "from its own tokens); row, finished records only (a running sample starts again from token 0, as Ray "
+        "Data LLM, Curator and datatrove resume); chunk, nothing (no checkpoints: the chunk runs again whole, "
+        "as NeMo-Skills resumes). row and chunk are the peers' ways, for `fleet bench preemption`",
+    )
 
     spool_max_mb: int = Field(
         DEFAULT_SPOOL_MB, ge=0,
