@@ -259,6 +259,9 @@ def preemption(
     notices: Annotated[str | None, typer.Option("--notices", help="notice N between SIGTERM and SIGKILL, e.g. "
                                                 "0,30s,120s (the default; 0 is a plain kill -9)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="the schedule's seed")] = 0,
+    modes: Annotated[str | None, typer.Option("--modes", help="resume modes to run, of token, notice (fleet told "
+                                              "the notice: it generates through it), row, chunk; default "
+                                              "token,row,chunk")] = None,
     time_scale: Annotated[float | None, typer.Option("--time-scale", min=1, help="job seconds per wall second "
                                                      "(default 200; lower runs slower and closer to fleet's "
                                                      "default checkpoint and lease cadence)")] = None,
@@ -280,6 +283,14 @@ def preemption(
     if notices is not None:
         profile = dataclasses.replace(profile, notices_s=_seconds(notices))
     profile = dataclasses.replace(profile, seed=seed)
+    if modes:
+        from fleet.bench.preemption import MODE_NAMES
+
+        chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+        unknown = [m for m in chosen if m not in MODE_NAMES]
+        if unknown or not chosen:
+            fail(f"--modes: {', '.join(unknown) or 'none given'}: choose of {', '.join(MODE_NAMES)}")
+        profile = dataclasses.replace(profile, modes=chosen)
     if time_scale:
         profile = dataclasses.replace(profile, shape=dataclasses.replace(profile.shape, time_scale=time_scale))
     workdir = Path(tempfile.mkdtemp(prefix="fleet-bench-preempt-"))
@@ -297,7 +308,8 @@ def preemption(
 
     (console if console.is_terminal else Console(width=240)).print(table(section.data))
     flags = [(quick, "--quick"), (lifetimes, f"--lifetimes {lifetimes}"), (notices is not None, f"--notices {notices}"),
-             (True, f"--seed {seed}"), (time_scale, f"--time-scale {time_scale:g}" if time_scale else "")]
+             (modes, f"--modes {modes}"), (True, f"--seed {seed}"),
+             (time_scale, f"--time-scale {time_scale:g}" if time_scale else "")]
     command = " ".join(["fleet bench preemption", *(flag for given, flag in flags if given)])
     target = out or DEFAULT_OUT
     path = write_json(target / "preemption.json", [section], {"command": command})

@@ -165,6 +165,14 @@ class _Settings(BaseSettings):
         DEFAULT_GRACE_S, ge=0, description="on SIGTERM, seconds in which samples about to finish may finish; "
         "then running chunks are handed back with every sample's ids checkpointed (nothing made is lost)"
     )
+    notice_s: float | None = Field(
+        None, ge=0,
+        description="seconds a preemption's SIGTERM leaves before its SIGKILL, where the cloud says: GCP's and "
+        "Azure's spot VMs 30, AWS's spot instances 120 (RunPod and Vast.ai: a few, grace_s's default). The worker "
+        "flushes at once, then generates on until the last moment that leaves room for a hand-over as long as "
+        "that flush measured (fleet/worker/process/notice.py). Unset: not known; the hand-over begins after "
+        "grace_s",
+    )
     stall_s: float = Field(
         DEFAULT_STALL_S, gt=0,
         description="seconds an engine may make no token while requests run before the worker declares it hung: "

@@ -125,6 +125,8 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         if draining or age >= settings.checkpoint_interval_s or (state.assisted and age >= assist_flush_s):
             state.drained = state.drained or draining
             self.flush(run, state)
+            if draining:
+                self.ctx.drain_clock.flushed()
         return None
 
     def after(self, run: ChunkRun, state: CheckpointState, outcome: Outcome) -> None:
