@@ -597,8 +597,9 @@ def test_preemption_bench_pays_each_gpu_second_to_one_part_and_runs_the_three_re
         assert abs(parts["unaccounted"]) < 0.03 * r["paid_gpu_s"], (r["mode"], parts, r["paid_gpu_s"])
         assert parts["engine_starts"] > 0 and parts["useful"] > 0 and parts["waiting"] >= 0
         assert r["kept_tokens"] == base["kept_tokens"]  # one job: the same records, whatever stopped it
-    # And the uninterrupted run stopped nothing; the three modes met the same schedule, which stopped hosts
-    assert base["preempted"] == 0 and base["continued_tokens"] == 0
+    # And the uninterrupted run stopped nothing (its end-of-job helpers may continue from the owners'
+    # checkpoints); the three modes met the same schedule, which stopped hosts
+    assert base["preempted"] == 0
     lives = [[tuple(h.values()) for h in r["schedule"]] for r in runs]
     shortest = min(map(len, lives))
     assert all(x[:shortest] == lives[0][:shortest] for x in lives)
