@@ -187,11 +187,12 @@ class Supervisor:
         return [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """SIGTERM every worker (warm shutdown), SIGKILL what outlives grace + timeout."""
+        """SIGTERM every worker (warm shutdown), SIGKILL what outlives grace (or a known notice) + timeout."""
         self.stopping = True
         for proc in self.alive():
             proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.settings.grace_s + 30)
+        waits = max(self.settings.grace_s, self.settings.notice_s or 0.0)
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else waits + 30)
         for proc in self.alive():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
