@@ -21,6 +21,7 @@ from typing import Any
 
 from celery.app.amqp import AMQP
 from kombu import Connection
+from kombu.transport import redis as kombu_redis
 from redis.backoff import EqualJitterBackoff
 from redis.retry import Retry
 
@@ -69,6 +70,13 @@ class JitteredConnection(Connection):
 
         # kombu's own waits are zero: the errback above, called before each retry, does the waiting.
         return super().ensure_connection(wait, max_retries, 0, 0, 0, callback, reraise_as_library_errors, timeout)
+
+    def get_transport_cls(self) -> type:
+        """kombu's Redis transport on the process's one pool of connections (fleet.coord.transport)."""
+        from fleet.coord.transport import SharedPoolTransport  # imports kombu's Redis transport, and redis
+
+        found = super().get_transport_cls()
+        return SharedPoolTransport if found is kombu_redis.Transport else found
 
 
 class FleetAMQP(AMQP):
