@@ -582,7 +582,8 @@ def test_preemption_schedule_is_a_seeded_poisson_process_per_host_shared_by_ever
 
 
 def test_preemption_bench_pays_each_gpu_second_to_one_part_and_runs_the_three_resume_modes(tmp_path):
-    # Given the reduced sweep: 2 hosts preempted by kill -9 (N = 0) on a seeded schedule, mean life 30 min
+    # Given the reduced sweep: 2 hosts preempted with a 30 s notice (SIGTERM, SIGKILL after it) on a seeded
+    # schedule, mean life 30 min
     out = tmp_path / "results"
     # When `fleet bench preemption --quick` runs it, with the uninterrupted run and the three resume modes
     done = fleet("bench", "preemption", "--quick", "--out", str(out), cwd=tmp_path, timeout=570)

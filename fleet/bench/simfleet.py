@@ -246,6 +246,10 @@ class SimWorker:
                 self.next_run()
 
 
+#: threads that carry the stand-ins' event PUBLISHes (each blocks only while the broker is away)
+PUBLISH_THREADS = 32
+
+
 class CeleryStandIn:
     """Celery's consumer for every worker of the process: its measured steady commands at their
     rates, its per-chunk commands, its pattern subscriptions, its jittered reconnection."""
@@ -256,6 +260,11 @@ class CeleryStandIn:
         self.subs: dict[int, Any] = {}
         #: worker -> the jittered waits left before its next reconnection attempt (down while present)
         self.down: dict[int, Iterator[float]] = {}
+        #: a worker's event PUBLISH goes through its pool, whose client retries through an outage and
+        #: waits its turn for the pool's connection (fleet.coord.pool): it holds up that worker's hub, not
+        #: every worker's, so publishes run on threads of their own
+        self.publisher = ThreadPoolExecutor(max_workers=PUBLISH_THREADS, thread_name_prefix="publish")
+        self.lock = threading.Lock()
 
     def subscribe(self, n: int) -> None:
         if not self.spec.patterns:
@@ -299,16 +308,28 @@ class CeleryStandIn:
                     self._send(n, cmd)
 
     def _send(self, n: int, cmd: str) -> None:
-        worker = self.workers[n]
+        if cmd == "PUBLISH":  # kombu's events go through the worker's pool (fleet.coord.transport)
+            self.publisher.submit(self._publish, n)
+            return
         try:
-            if cmd == "PUBLISH":  # kombu's events go through the worker's pool (fleet.coord.transport)
-                worker.events.publish("/0.celeryev/worker.heartbeat", self.payload)
-            else:
-                worker.celery.ping()
-            self.stats.celery_sent += 1
+            self.workers[n].celery.ping()
         except redis.ConnectionError:
-            self.down[n] = jittered_waits(*CELERY_RECONNECT)
-            self._reconnect(n)
+            self._lost(n)
+            return
+        with self.lock:
+            self.stats.celery_sent += 1
+
+    def _publish(self, n: int) -> None:
+        try:
+            self.workers[n].events.publish("/0.celeryev/worker.heartbeat", self.payload)
+        except redis.ConnectionError:
+            return  # the consumer's own connection (the PINGs above) finds the broker gone and reconnects
+        with self.lock:
+            self.stats.celery_sent += 1
+
+    def _lost(self, n: int) -> None:
+        self.down[n] = jittered_waits(*CELERY_RECONNECT)
+        self._reconnect(n)
 
     def _reconnect(self, n: int) -> None:
         """Celery's consumer reconnects at once, then after each jittered wait."""
