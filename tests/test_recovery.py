@@ -27,6 +27,7 @@ from fleet.coord.recovery import StallWatch, requeue_expired, watch_jobs
 from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
 from fleet.store.local import LocalStore
+from fleet.store.options import JobOptions, write_options
 from fleet.store.results import ChunkStats, encode_result
 from tests.fleetproc import wait_for
 
@@ -287,6 +288,18 @@ def test_deaths_beside_other_chunks_never_quarantine_solo_deaths_on_two_hosts_do
     [failure] = read_failures(store, "j")
     assert failure["error_type"] == "WorkerLost" and failure["attempts"] == 2 and "2 host(s)" in failure["error"]
     assert len(queued_messages(r)) == 7 and not r.hget(keys.attempts("j"), 7)
+
+
+def test_the_reaper_reads_the_jobs_own_crash_policy(r, store, app, settings):
+    # Given job j whose options quarantine a chunk at its first solo death (the fleet's max_crashes is 3)
+    write_options(store, "j", JobOptions(max_crashes=1))
+    # When a process running chunk 7 alone dies at once
+    lost_run(r, "j", 7, "gpu0@b:1", solo=True)
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    # Then the reaper quarantines it under the job's policy, where the fleet's would requeue it
+    [failure] = read_failures(store, "j")
+    assert failure["error_type"] == "WorkerLost" and failure["attempts"] == 1 and "1 host(s)" in failure["error"]
+    assert queued_messages(r) == []
 
 
 def vanished_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = False) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fleet.cli.app import app, fail_unreachable
 
 # Importing the command modules registers their commands on `app`.
-from fleet.cli import bench, jobs, models, monitoring, ops, workers  # noqa: E402,F401  isort: skip
+from fleet.cli import bench, joboptions, jobs, models, monitoring, ops, workers  # noqa: E402,F401  isort: skip
 
 
 def main() -> None:

@@ -24,7 +24,14 @@ TASK_NAME = "fleet.run_chunk"
 #: kombu's Redis transport serves priority 0 first. Chunks handed back after a lost or
 #: stopping worker jump the queue, so recovery does not wait behind the whole job.
 PRIORITY_RECOVERY = 0
+#: a job of priority 0 (every job's unless set): its chunks' messages, as before job options
 PRIORITY_NORMAL = 6
+
+
+def message_priority(job_priority: int) -> int:
+    """The kombu priority of a job's fresh chunks: a job of higher priority (fleet.store.options) gets a
+    lower number, a list of its own that workers empty first (keys.PRIORITY_STEPS), never recovery's."""
+    return max(PRIORITY_RECOVERY + 1, min(keys.PRIORITY_STEPS[-1], PRIORITY_NORMAL - job_priority))
 #: the name fleet's own connections give themselves (CLIENT SETNAME)
 CLIENT_NAME = "fleet"
 #: broker connections a process keeps for sending messages: more than its senders at once (K chunk

@@ -37,6 +37,7 @@ from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.layout import checkpoints_prefix, result_key
 from fleet.store.manifest import load_manifest
+from fleet.store.options import OptionsCache
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,14 @@ def lead_ttl_s(settings: Settings) -> float:
 
 
 def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
-                    outages: Outages | None = None) -> list[str]:
+                    outages: Outages | None = None, options: OptionsCache | None = None) -> list[str]:
     """Requeue (or, on evidence, quarantine) every chunk of the store's jobs in the running set
-    whose lease is gone. A lease that ran out in a broker pause (`outages`: when this process
-    could not reach the broker) is left to its holder to take back, then requeued without judgement."""
+    whose lease is gone, each under its job's retry policy (`options`, the reaper's reader of the
+    jobs' options, fleet.store.options). A lease that ran out in a broker pause (`outages`: when
+    this process could not reach the broker) is left to its holder to take back, then requeued
+    without judgement."""
     queue, policy = ChunkQueue.of(app, settings, r), RetryPolicy.from_settings(settings)
+    options = options or OptionsCache(store)
     judge = PauseJudge(outages or outages_of(r), settings)
     expired, live = leases.scan_leases(r)
     if expired:  # another store's chunk is that store's reaper's: its result is not in this store
@@ -91,7 +95,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
             if pause is not None:
                 requeue_paused(r, queue, job, index)
             else:
-                requeue_lost(r, store, queue, policy, job, index, ran_s)
+                requeue_lost(r, store, queue, policy.for_job(options.get(job)), job, index, ran_s)
         except Exception as e:  # the chunk left the running set: put it back, with its evidence, for the next round
             leases.rewatch(r, job, index)
             log.warning("chunk %s: recovery failed, retried next round: %s", member, e)
@@ -179,14 +183,15 @@ def count_process_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None
 
 
 def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, stall: StallWatch,
-               chunks_of: Callable[[str], int | None], outages: Outages | None = None) -> None:
+               chunks_of: Callable[[str], int | None], outages: Outages | None = None,
+               options: OptionsCache | None = None) -> None:
     """One recovery round over every job of the store on this broker. A job fails alone: its
     error is logged and the others are still checked. A job of the store with no manifest in it
     (its prefix was deleted) leaves the store's job set once nothing of it is queued or running:
     while something is, a worker of the store runs it, and this process may be the one whose
     store is not the one its URL names (a local path on another host)."""
     try:
-        requeue_expired(r, store, app, settings, outages)
+        requeue_expired(r, store, app, settings, outages, options)
     except redis.RedisError as e:  # the broker may be restarting; the jobs below get their turn
         log.warning("expired-lease scan failed: %s", e)
     mine = store_of(settings)
@@ -239,6 +244,8 @@ class Reaper:
         self.leading = False
         #: (epoch seconds, seconds it took) of this reaper's recent rounds (the control-plane bench reads them)
         self.rounds: deque[tuple[float, float]] = deque(maxlen=64)
+        #: the jobs' options (fleet.store.options), kept between rounds: each lost chunk's retry policy
+        self.options = OptionsCache(store)
 
     def _manifest_chunks(self, job: str) -> int | None:
         manifest = load_manifest(self.store, job)
@@ -248,7 +255,8 @@ class Reaper:
         """Never raises: the broker may be restarting, the next round tries again."""
         began = time.monotonic()
         try:
-            watch_jobs(self.r, self.store, self.app, self.settings, self.stall, self.chunks_of, self.outages)
+            watch_jobs(self.r, self.store, self.app, self.settings, self.stall, self.chunks_of, self.outages,
+                       self.options)
         except Exception as e:
             log.warning("recovery check failed: %s", e)
         self.rounds.append((time.time(), time.monotonic() - began))

@@ -27,6 +27,7 @@ from fleet.monitor.redostatus import redo_progress
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, require_manifest
+from fleet.store.options import load_options
 from fleet.store.results import ChunkStats, read_result
 
 RATE_WINDOW_S = 300.0
@@ -106,6 +107,8 @@ class JobStatus:
     #: host -> worker processes lost with it, no one seeing them die (broker-wide): counted against
     #: the host, never the chunks they ran (fleet.coord.witness)
     lost_hosts: dict[str, int] = field(default_factory=dict)
+    #: the job's options (fleet.store.options), one line: priority, retry policy
+    options: str = ""
     broker: bool = True
     done: bool = False
 
@@ -255,6 +258,8 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.failed = [{k: f.get(k) for k in ("index", "error_type", "error", "attempts")}
                      for f in read_failures(store, job, failed)]
     st.done = st.chunks_done == manifest.chunks
+    with contextlib.suppress(StoreError):
+        st.options = load_options(store, job).summary()
     progress = redo_progress(store, job) if redo else None
     if progress is not None:
         st.redo_jobs, st.redo_finished = progress.jobs, progress.finished
