@@ -217,8 +217,8 @@ def status(
     manifest = run_guarded(require_manifest, store, job)
 
     def current():
-        return run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour, manifest, settings.bench_after,
-                           redo=True)
+        return run_guarded(job_status, store, r, job, settings.monitor.usd_per_gpu_hour, manifest,
+                           settings.failure.bench_after, redo=True)
 
     if as_json:
         while True:

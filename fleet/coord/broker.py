@@ -14,6 +14,7 @@ from celery import Celery
 from kombu import Queue
 
 from fleet.coord import keys
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.outages import Outages, WatchedRedis
 from fleet.coord.reconnect import FleetAMQP, client_retry
 from fleet.errors import ConfigError
@@ -59,7 +60,7 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
     transport: dict[str, Any] = {
         # Redis emulates acks: a message unacked longer than this goes to another worker,
         # so it must exceed any chunk's run time (docs/architecture.md, Celery facts).
-        "visibility_timeout": settings.visibility_timeout_s,
+        "visibility_timeout": settings.lease.visibility_timeout_s,
         "health_check_interval": 10,
         "priority_steps": list(keys.PRIORITY_STEPS),
         "sep": keys.PRIORITY_SEP,
@@ -130,5 +131,5 @@ def redis_client(settings: Settings) -> redis.Redis:
         # CLIENT LIST names fleet's connections apart from kombu's (the control-plane bench counts them so)
         client_name=CLIENT_NAME,
     )
-    client.outages = Outages(slow_s=settings.heartbeat_s)
+    client.outages = Outages(slow_s=LeaseClock.of(settings).beat_s)
     return client

@@ -28,6 +28,7 @@ from fleet.coord import chunkqueue, keys, leases, suspects, witness
 from fleet.coord.broker import chunk_queue, store_of
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.outages import Outages, outages_of
 from fleet.coord.pause import Expiry, PauseJudge
 from fleet.coord.retry import Action, History, RetryPolicy, settle
@@ -49,11 +50,8 @@ _LEAD = (
 
 
 def lead_ttl_s(settings: Settings) -> float:
-    """How long the reaper lead lasts unrenewed: two rounds, but never past the lease TTL less a
-    renewal interval. A dead leader's own chunk leases run out a TTL after their last renewal (up
-    to `renew_s` before its death), and by then another worker's turn can take the lead and
-    requeue them: within TTL + one round still."""
-    return max(0.1, min(2 * settings.reaper_interval_s, settings.lease_ttl_s - settings.renew_s))
+    """How long the reaper lead lasts unrenewed (LeaseClock.lead_ttl_s)."""
+    return LeaseClock.of(settings).lead_ttl_s
 
 
 def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
@@ -86,7 +84,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
             continue  # its holder, cut off like us, takes the lease back when it reaches the broker
         if pause is None and awaits_witness(r, expiries[job, index]):
             continue  # its launcher, if it outlived the process, is about to say how it died
-        if not leases.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
+        if not leases.claim_recovery(r, job, index, LeaseClock.of(settings).recovery_claim_s):
             continue
         ran_s = leases.forget_unleased(r, job, index)
         if ran_s is None:
@@ -280,7 +278,7 @@ class Reaper:
 
     def run(self, owner: str, stop: threading.Event) -> None:
         """A worker's reaper thread: a turn every reaper interval until `stop` is set."""
-        while not stop.wait(self.settings.reaper_interval_s):
+        while not stop.wait(LeaseClock.of(self.settings).reaper_interval_s):
             self.turn(owner)
 
 
@@ -317,7 +315,8 @@ class StallWatch:
         if self.idle_checks[job] < 2:
             return []
         self.idle_checks[job] = 0
-        if not r.set(keys.stall_guard(job), "1", nx=True, ex=max(5, int(settings.reaper_interval_s * 3))):
+        guard_s = max(5, int(LeaseClock.of(settings).reaper_interval_s * 3))
+        if not r.set(keys.stall_guard(job), "1", nx=True, ex=guard_s):
             return []
         queue = ChunkQueue.of(app, settings, r)
         for index in sorted(missing):

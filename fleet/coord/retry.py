@@ -138,9 +138,9 @@ class RetryPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
-        return cls(settings.max_attempts, settings.max_crashes, settings.crash_window_s,
-                   settings.retry_backoff_s, settings.retry_backoff_max_s, settings.crash_window_fraction,
-                   settings.bench_after, settings.bench_backoff_s, settings.bench_backoff_max_s, settings.solo_after)
+        f = settings.failure
+        return cls(f.max_attempts, f.max_crashes, f.crash_window_s, f.retry_backoff_s, f.retry_backoff_max_s,
+                   f.crash_window_fraction, f.bench_after, f.bench_backoff_s, f.bench_backoff_max_s, f.solo_after)
 
     def for_job(self, options: JobOptions) -> RetryPolicy:
         """This policy with what the job's options set (fleet.store.options): a job's option over the

@@ -24,7 +24,7 @@ from fleet.coord.suspects import dying_workers, healthy_others, stalled_workers
 from fleet.coord.witness import host_losses
 from fleet.errors import StoreError
 from fleet.monitor.redostatus import redo_progress
-from fleet.settings import Settings
+from fleet.settings import FailureSettings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, require_manifest
 from fleet.store.options import load_options
@@ -33,7 +33,7 @@ from fleet.store.results import ChunkStats, read_result
 RATE_WINDOW_S = 300.0
 #: seconds after which a running chunk's pace that was not renewed is its dead run's
 PACE_STALE_S = 30.0
-BENCH_AFTER: int = Settings.model_fields["bench_after"].default
+BENCH_AFTER: int = FailureSettings.model_fields["bench_after"].default
 
 
 @dataclass

@@ -19,6 +19,7 @@ from fleet.coord import chunkqueue, counters, leases
 from fleet.coord.broker import chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import done_indexes, failed_indexes
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.queuescan import stale_markers
 from fleet.coord.recovery import Reaper
 from fleet.engines.identity import engine_identity, identity_hash
@@ -143,7 +144,8 @@ def prepare_job(
     # manifest's, or, where an enqueue died between its claim and its manifest, the claim's.
     held = existing if existing is not None else load_claim(store, job)
     stored = held.input if held is not None else None
-    with local_input(input_url, settings.input, stored=stored, max_attempts=settings.s3_max_attempts) as fetched:
+    tries = settings.store_client.max_attempts
+    with local_input(input_url, settings.input, stored=stored, max_attempts=tries) as fetched:
         ident = job_identity(settings, job, fetched.pinned, fetched.path, progress)
         if existing is not None:
             check_same_job(existing, ident)
@@ -235,7 +237,8 @@ def enqueue_missing(
 
 def repair_markers(r: redis.Redis, settings: Settings, job: str, markers: set[int]) -> list[int]:
     """Clear the "queued" markers no message backs any more, so those chunks are sent again."""
-    stale = stale_markers(r, chunk_queue(settings), job, markers, LOST_AFTER_LEASES * settings.lease_ttl_s)
+    lost_after_s = LeaseClock.of(settings).lost_after_s(LOST_AFTER_LEASES)
+    stale = stale_markers(r, chunk_queue(settings), job, markers, lost_after_s)
     if stale:
         chunkqueue.clear_markers(r, job, stale)
         log.warning("job %s: %d queued marker(s) had no message (worker lost after taking it): "

@@ -30,7 +30,7 @@ SCHEMES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class StoreOptions:
-    """How a store's client retries and when a put goes in parts (settings.s3_max_attempts, ...)."""
+    """How a store's client retries and when a put goes in parts (settings.store_client.max_attempts, ...)."""
 
     max_attempts: int = 10
     multipart_threshold_mb: int = 64
