@@ -9,11 +9,11 @@ from fleet.cli import bench, joboptions, jobs, models, monitoring, ops, workers 
 
 
 def main() -> None:
-    from fleet.tools.preflight import CONNECTION_ERRORS
+    from fleet.tools.preflight import connection_errors
 
     try:
         app()
-    except CONNECTION_ERRORS as e:
+    except connection_errors() as e:  # evaluated as the error escapes: the stores this run used
         fail_unreachable(e)
 
 
