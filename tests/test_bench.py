@@ -552,3 +552,65 @@ def test_proctreecost_prints_each_read_both_ways_and_leaves_no_process_behind():
         except psutil.Error:
             continue
     assert not left, left
+
+
+def test_preemption_schedule_is_a_seeded_poisson_process_per_host_shared_by_every_notice():
+    from fleet.bench.preemptschedule import draw
+
+    # Given a seed, 3 hosts and a mean lifetime of 1 h
+    lives = {n: draw(7, 3, 3600.0, n, 120.0, 2_000_000.0) for n in (0.0, 30.0)}
+    # When the schedule is drawn twice, and for another notice
+    again = draw(7, 3, 3600.0, 0.0, 120.0, 2_000_000.0)
+    # Then it is the same schedule, with the same lifetimes whatever the notice
+    assert lives[0.0] == again
+    at = {n: {(h.slot, h.n): h for h in lives[n]} for n in lives}
+    common = at[0.0].keys() & at[30.0].keys()
+    assert len(common) > 1000
+    for key in common:
+        a, b = at[0.0][key], at[30.0][key]
+        assert a.term - a.boot == pytest.approx(b.term - b.boot)
+        assert b.kill - b.term == 30.0 and a.kill == a.term
+    # And lifetimes are exponential with the mean asked for, each replacement booting after the delay
+    spans = [h.term - h.boot for h in lives[0.0]]
+    assert len(spans) > 1000 and sum(spans) / len(spans) == pytest.approx(3600, rel=0.08)
+    by_slot = sorted(lives[30.0], key=lambda h: (h.slot, h.n))
+    for prev, nxt in zip(by_slot, by_slot[1:], strict=False):
+        if prev.slot == nxt.slot:
+            assert nxt.boot == pytest.approx(prev.kill + 120.0)
+    # And another seed draws other lives
+    assert draw(8, 3, 3600.0, 0.0, 120.0, 2_000_000.0) != again
+
+
+def test_preemption_bench_pays_each_gpu_second_to_one_part_and_runs_the_three_resume_modes(tmp_path):
+    # Given the reduced sweep: 2 hosts preempted by kill -9 (N = 0) on a seeded schedule, mean life 30 min
+    out = tmp_path / "results"
+    # When `fleet bench preemption --quick` runs it, with the uninterrupted run and the three resume modes
+    done = fleet("bench", "preemption", "--quick", "--out", str(out), cwd=tmp_path, timeout=570)
+    # Then it succeeds and prints fleet's ratio beside the peers', with the breakdown
+    assert done.returncode == 0, done.stderr[-4000:]
+    for name in ("fleet (token)", "row restart", "chunk restart", "made twice", "hand over", "waiting"):
+        assert name in done.stdout, name
+    data = json.loads((out / "preemption.json").read_text())["sections"]["preemption"]["data"]
+    assert (out / "preemption.png").read_bytes()[:8] == PNG_MAGIC
+    runs, base = data["runs"], data["base"]
+    assert [r["mode"] for r in runs] == ["token", "row", "chunk"]
+    # And every run's paid GPU-seconds (each host's life from boot) are the sum of the parts measured
+    # apart (metrics, store): what none of them explains is under 3 % of what was paid
+    for r in [base, *runs]:
+        parts = r["parts_gpu_s"]
+        assert r["finished"] and r["paid_gpu_s"] > 0
+        assert sum(parts.values()) == pytest.approx(r["paid_gpu_s"])
+        assert abs(parts["unaccounted"]) < 0.03 * r["paid_gpu_s"], (r["mode"], parts, r["paid_gpu_s"])
+        assert parts["engine_starts"] > 0 and parts["useful"] > 0 and parts["waiting"] >= 0
+        assert r["kept_tokens"] == base["kept_tokens"]  # one job: the same records, whatever stopped it
+    # And the uninterrupted run stopped nothing (its end-of-job helpers may continue from the owners'
+    # checkpoints); the three modes met the same schedule, which stopped hosts
+    assert base["preempted"] == 0
+    lives = [[tuple(h.values()) for h in r["schedule"]] for r in runs]
+    shortest = min(map(len, lives))
+    assert all(x[:shortest] == lives[0][:shortest] for x in lives)
+    assert all(r["preempted"] >= 1 for r in runs)
+    # And only fleet's own mode continued a sample from its tokens; the peers' modes made theirs again
+    token, row, chunk = runs
+    assert token["continued_tokens"] > 0 and row["continued_tokens"] == chunk["continued_tokens"] == 0
+    assert row["parts_gpu_s"]["made_twice"] > 0 and chunk["parts_gpu_s"]["made_twice"] > 0

@@ -137,3 +137,20 @@ def test_store_check_on_s3(s3_bucket: str) -> None:
     assert check.ok, check.detail
     assert check.detail.startswith(f"s3://{s3_bucket}/fleet: ")
     assert "Contents" not in boto3.client("s3").list_objects_v2(Bucket=s3_bucket)
+
+
+def test_broker_without_room_for_the_planned_fleets_connections(tmp_path: Path) -> None:
+    # Given a broker whose maxclients is 1,000 (Redis's default is 10,000; ops/redis.conf ships 20,000)
+    with RedisProc(extra_args=["--maxclients", "1000"]) as redis:
+        settings = Settings(broker_url=redis.url)
+        # When doctor checks it for 1,000 GPUs, then for 100
+        big, small, unsized = check_broker(settings, 1000), check_broker(settings, 100), check_broker(settings)
+        res = CliRunner().invoke(cli_app(), ["doctor", "--broker-url", redis.url, "--store-url",
+                                             str(tmp_path / "s"), "--gpus", "1000", "--json"])
+    # Then 1,000 GPUs' workers (3 connections each, twice over) do not fit: the check fails, says why
+    # and what to set, and doctor exits 1
+    assert not big.ok and "maxclients 1000 is below what 1000 GPUs need (6128" in big.detail, big.detail
+    assert res.exit_code == 1 and "set maxclients >= 6128" in res.output
+    # And 100 GPUs do, and without a planned size it says how many workers fit
+    assert small.ok and "room for 100 GPUs" in small.detail
+    assert unsized.ok and "room for 145 single-GPU workers" in unsized.detail

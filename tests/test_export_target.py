@@ -42,9 +42,12 @@ def spool(tmp_path: Path) -> Path:
 
 def export(store: LocalStore, spool: Path, out: str, preexec: Callable[[], None] | None = None,
            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
-    """`fleet export` as its own process, stdout and stderr through pipes."""
+    """`fleet export` as its own process, stdout and stderr through pipes. The hand-made job's manifest
+    records no sampling, so its rows cannot be audited: `--allow-defects` accepts them (these tests are
+    about the target; the audit's exit codes are tests/test_audit_store.py's)."""
     full_env = {**os.environ, **(env or {}), "TMPDIR": str(spool), "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(fleet_cmd("export", "--job", JOB, "--out", out, "--store-url", str(store.root)),
+    return subprocess.run(fleet_cmd("export", "--job", JOB, "--out", out, "--store-url", str(store.root),
+                                    "--allow-defects"),
                           env=full_env, capture_output=True, timeout=120, preexec_fn=preexec)
 
 

@@ -17,11 +17,21 @@ import pytest
 import redis
 
 from fleet.coord import keys
+from fleet.coord.localredis import free_port
 from fleet.store import open_store
 from fleet.store.layout import results_prefix
 from fleet.store.results import read_result
 from tests.conftest import run_fleet
-from tests.fleetproc import Workers, clean_reference, made_tokens, memory_dir, read_jsonl, wait_for, write_prompts
+from tests.fleetproc import (
+    Workers,
+    clean_reference,
+    made_tokens,
+    memory_dir,
+    read_jsonl,
+    tokens_made_by,
+    wait_for,
+    write_prompts,
+)
 from tests.modelkit import tiny_model_fixture  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -131,6 +141,47 @@ def test_sigterm_exits_in_seconds_and_the_next_worker_makes_none_of_its_tokens_a
     assert exit_s < 10
     assert 0 < continued <= made_before
     assert made - completion == 0
+
+
+def test_a_known_notice_is_spent_generating_and_its_hand_over_ends_before_the_kill(tmp_path, redis_server, clean_env):
+    # Given one worker told its cloud's notice (6 s between SIGTERM and SIGKILL), holding K=4 chunks with
+    # 16 requests running (20 s records, 800 tokens a second in all), and no checkpoint due for 30 s
+    notice, port = 6.0, free_port()
+    prompts = write_prompts(tmp_path / "p.jsonl", 16)
+    store_url = str(tmp_path / "store")
+    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url,
+           "FLEET_SIM__MEAN_OUTPUT_TOKENS": "1000", "FLEET_CHECKPOINT_INTERVAL_S": "30",
+           "FLEET_NOTICE_S": str(notice), "FLEET_METRICS_PORT": str(port)}
+    assert run_fleet("enqueue", str(prompts), "--job", "notice", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    store = open_store(store_url)
+    a = workers.start("hostA")
+    try:
+        wait_for(lambda: tokens_made_by(port) > 16 * 60, 60, "requests running")
+        # When it gets SIGTERM, and the SIGKILL of its whole host when the notice ends, as a spot VM does
+        term, at_term = time.monotonic(), tokens_made_by(port)
+        a.send_signal(signal.SIGTERM)
+        last = at_term
+        while time.monotonic() < term + notice:
+            last = max(last, tokens_made_by(port))
+            time.sleep(0.1)
+        os.killpg(a.pid, signal.SIGKILL)  # the worker follows its launcher (PR_SET_PDEATHSIG)
+        a.wait(timeout=30)
+        # And another worker finishes the job
+        workers.start("hostB")
+        wait_for(lambda: len(list(store.list(results_prefix("notice")))) == 4, 120, "all results")
+    finally:
+        workers.stop()
+    results = [read_result(store, "notice", i) for i in range(4)]
+    made = sum(s.tokens_made for s, _ in results if s)
+    completion = sum(s.completion_tokens for s, _ in results if s)
+    print(f"\nnotice {notice:g} s: {last - at_term:.0f} tokens made after the SIGTERM; made twice {made - completion}")
+    # Then host A generated through most of the notice (at least half of it: 2,400 tokens), where a
+    # hand-over at once (after grace_s, 0.5 s) makes ~400
+    assert last - at_term >= 16 * (notice / 2) / float(SIM["FLEET_SIM__STEP_S"])
+    # And its hand-over ended before the kill: host B continued every sample where host A stopped
+    assert made - completion == 0
+    assert "generating for" in (tmp_path / "logs" / "hostA.log").read_text()
 
 
 def test_status_counts_tokens_in_flight_before_anything_commits(tmp_path, redis_server, clean_env):

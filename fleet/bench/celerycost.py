@@ -3,8 +3,10 @@
 The control-plane bench (fleet.bench.controlplane) replaces Celery's consumer by a stand-in
 that sends what this measures: one real worker on its own redis-server, idle (an empty queue)
 and busy (every slot running a long chunk, its engine full), every command it sends read from
-MONITOR. fleet's own connections name themselves (fleet.coord.broker.CLIENT_NAME); the others
-are kombu's. A command a script runs is the script's, not a client's.
+MONITOR. kombu's own connections (its BRPOP, its subscription) name themselves
+(fleet.coord.pool.KOMBU_NAME); the process's pool carries fleet's commands and kombu's short ones
+(fleet.coord.transport), told apart by the keys they touch (`kombu_command`). A command a script
+runs is the script's, not a client's.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import redis
 
 from fleet.bench.procs import WorkerHost, clean_env, run_fleet, wait_until
 from fleet.coord import leases
-from fleet.coord.broker import CLIENT_NAME
+from fleet.coord.keys import PREFIX
 from fleet.coord.localredis import LocalRedis
+from fleet.coord.pool import CLIENT_NAME
 from fleet.errors import FleetError
 
 QUEUE = "celerycost"
@@ -70,6 +73,21 @@ class CeleryCost:
         return out
 
 
+#: what only kombu sends on the shared pool: events, and its acks' and bindings' keys
+KOMBU_COMMANDS = {"PUBLISH", "ZADD", "ZREM", "HDEL", "ZRANGE", "ZREVRANGEBYSCORE"}
+KOMBU_KEYS = ("unacked", "_kombu.", "/")
+
+
+def kombu_command(words: list[str]) -> bool:
+    """Whether a command the shared pool carried is kombu's: fleet's keys all start with its prefix,
+    and fleet sends none of KOMBU_COMMANDS."""
+    name = words[0].upper() if words else ""
+    if name in KOMBU_COMMANDS:
+        return True
+    first = words[3] if name in ("EVALSHA", "EVAL") and len(words) > 3 else words[1] if len(words) > 1 else ""
+    return first.strip('"').startswith(KOMBU_KEYS) and not first.strip('"').startswith(PREFIX)
+
+
 def listen(port: int, seconds: float | None = None, until: threading.Event | None = None) -> tuple[Phase, list[str]]:
     """Every command the server runs for `seconds` (or until `until` is set), by sender (MONITOR);
     and the patterns kombu's clients subscribed meanwhile (PSUBSCRIBE)."""
@@ -77,6 +95,9 @@ def listen(port: int, seconds: float | None = None, until: threading.Event | Non
     publish: list[int] = []
     patterns: list[str] = []
     names: dict[str, str] = {}
+    #: a connection's open transaction (commands seen in it) and whose it is
+    multi: dict[str, int] = {}
+    owner: dict[str, str] = {}
     admin = redis.Redis(port=port, client_name="bench")
     # No read timeout: redis-py (8 and later: 5 s by default) drops the connection when a read times
     # out, which ends a MONITOR on a broker quiet for a while (a worker still importing its engine).
@@ -103,8 +124,21 @@ def listen(port: int, seconds: float | None = None, until: threading.Event | Non
             if name == "PSUBSCRIBE" and who != CLIENT_NAME:
                 patterns += words[1:]
             label = f"{name} {words[1][:40]}" if len(words) > 1 and name in ("PUBLISH", "BRPOP", "EVALSHA") else name
-            counts["fleet" if who == CLIENT_NAME else "celery"][label] += 1
-            if name == "PUBLISH" and who != CLIENT_NAME:
+            if name == "MULTI":  # a transaction is its first command's sender's
+                multi[addr] = 1
+                continue
+            kombus = who != CLIENT_NAME or kombu_command(words)
+            if addr in multi and name != "EXEC":
+                multi[addr] += 1
+                if multi[addr] == 2:
+                    owner[addr] = "celery" if kombus else "fleet"
+                    counts[owner[addr]]["MULTI"] += 1
+            if name == "EXEC" and addr in multi:
+                del multi[addr]
+                counts[owner.get(addr, "fleet")][label] += 1
+                continue
+            counts["celery" if kombus else "fleet"][label] += 1
+            if name == "PUBLISH" and kombus:
                 publish.append(len(cmd["command"]))
     if nudge is not None:
         nudge.cancel()

@@ -17,6 +17,8 @@ SENT_PER_WORKER = 10.0
 CPU_MS_PER_WORKER = 0.25
 #: at the largest level (1,000 workers)
 REDIS_CORE_PCT, P99_MS, STATUS_S = 30.0, 50.0, 2.0
+#: the fleet's connections at most this share of the shipped `maxclients` (ops/redis.conf)
+CONNECTIONS_PCT = 50.0
 #: per-worker commands at the largest level over the smallest: flat means linear in the fleet
 LINEAR_WITHIN = 1.25
 
@@ -63,6 +65,12 @@ def level_figures(level: dict[str, Any], largest: bool) -> list[Figure]:
         p99 = at_most(p99.name, p99.value or 0.0, P99_MS, "ms", p99.note)
         status = at_most(status.name, status.value or 0.0, STATUS_S, "s", status.note)
     rounds = level["round_s"]
+    held = level.get("connections")
+    if held:
+        figures.append(at_most(f"{n} workers: Redis connections, share of the shipped maxclients",
+                               round(held["share"] * 100, 1), CONNECTIONS_PCT, "%",
+                               note=f"{held['held']:,} of {held['maxclients']:,}; per worker {held['per_worker']}; "
+                                    f"{level['broker'].get('refused', 0)} refused"))
     figures += [core, p99, status,
                 Figure(f"{n} workers: reaper round (leader)", rounds["p50"], "s",
                        note=f"max {rounds['max']}, {rounds['n']} rounds"),
@@ -95,6 +103,8 @@ def demo_figures(level: dict[str, Any]) -> list[Figure]:
                note=f"p5 {celery_s.get('p5')} s, p50 {celery_s.get('p50')} s (kombu's 2, 4, 6 ... s, jittered)"),
         Figure("restart: new connections in the busiest 100 ms", restart["peak_per_100ms"], "",
                note=f"of {restart['connections']} in {len(restart['connections_by_s'])} s"),
+        at_most("restart: connections refused", restart.get("refused", 0), 0,
+                note=f"{restart.get('held_after', 0):,} held after"),
         at_most("restart: leases lost", lost, 0, note=f"{restart['leases_after']:,} of {restart['leases_before']:,} "
                 f"live after, down {restart['down_s']} s"),
         Figure("wipe: every lease taken back", wipe["leases_back_s"], "s", note="workers retake at their next poll"),

@@ -29,9 +29,10 @@ from typing import Any
 import redis
 
 from fleet.bench.celerycost import CeleryCost, measure_celery, replay_mix
+from fleet.bench.connections import connection_kinds
 from fleet.bench.controlfigures import section
 from fleet.bench.overhead import percentile
-from fleet.bench.procs import clean_env, cpu_seconds, wait_until
+from fleet.bench.procs import FLEET_ROOT, clean_env, cpu_seconds, wait_until
 from fleet.bench.reference import REFERENCE
 from fleet.bench.report import Section
 from fleet.bench.simfleet import Spec
@@ -142,12 +143,24 @@ class Shape:
         return REFERENCE.tok_s_per_gpu / self.k
 
 
+def shipped_maxclients() -> int:
+    """The `maxclients` of the shipped Redis configuration (ops/redis.conf)."""
+    conf = FLEET_ROOT / "ops" / "redis.conf"
+    for line in conf.read_text().splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "maxclients":
+            return int(words[1])
+    raise FleetError(f"{conf} sets no maxclients")
+
+
 class Broker:
-    """The one redis-server, persistent as ops/redis.conf has it (AOF, fsync every second)."""
+    """The one redis-server, persistent as ops/redis.conf has it (AOF, fsync every second), with
+    its connection limit."""
 
     def __init__(self, directory: Path):
         self.dir = directory
-        self.server = LocalRedis(directory, persist=True, extra_args=["--maxclients", "20000"]).start()
+        self.maxclients = shipped_maxclients()
+        self.server = LocalRedis(directory, persist=True, extra_args=["--maxclients", str(self.maxclients)]).start()
         self.url = self.server.url
         self.admin = self.client()
 
@@ -163,7 +176,7 @@ class Broker:
         self.server.stop()
         time.sleep(down_s)
         self.server = LocalRedis(self.dir, port=self.server.port, persist=True,
-                                 extra_args=["--maxclients", "20000"]).start()
+                                 extra_args=["--maxclients", str(self.maxclients)]).start()
         self.admin = self.client()
         return time.time()
 
@@ -181,7 +194,8 @@ def delta(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict
     calls.pop("info", None)
     return {"cpu_s": cpu / seconds, "commands": sum(calls.values()) / seconds,
             "by_command": {k: round(v / seconds, 2) for k, v in sorted(calls.items(), key=lambda x: -x[1])},
-            "connections": after.get("total_connections_received", 0) - before.get("total_connections_received", 0)}
+            "connections": after.get("total_connections_received", 0) - before.get("total_connections_received", 0),
+            "refused": after.get("rejected_connections", 0) - before.get("rejected_connections", 0)}
 
 
 def write_bench_job(broker: Broker, store_url: str, job: str, total: int, done: int, shape: Shape) -> Manifest:
@@ -322,6 +336,7 @@ def run_level(n: int, profile: CPProfile, shape: Shape, broker: Broker, celery: 
             after, cpu1, mine1 = broker.info(), fleet.cpu(), time.process_time()
             fleet.signal(signal.SIGUSR2)
         out["broker"] = delta(before, after, seconds)
+        out["connections"] = connections_held(broker, n)
         out["probe_ms"] = probe.ms()
         out["seconds"] = round(seconds, 1)
         out["client_cpu"] = (cpu1 - cpu0 + mine1 - mine0) / seconds
@@ -336,6 +351,16 @@ def run_level(n: int, profile: CPProfile, shape: Shape, broker: Broker, celery: 
     return out | process_figures(results, out.get("restart", {}))
 
 
+def connections_held(broker: Broker, workers: int) -> dict[str, Any]:
+    """The broker's connections now, by kind (fleet.bench.connections), against the shipped limit."""
+    kinds = connection_kinds(broker.admin)
+    held = sum(kinds.values())
+    return {"held": held, "by_kind": dict(kinds), "maxclients": broker.maxclients,
+            "share": round(held / broker.maxclients, 4),
+            "per_worker": {k: round(v / workers, 3) for k, v in kinds.items()
+                           if k in ("pool", "consumer", "subscription")}}
+
+
 def restart_demo(broker: Broker, profile: CPProfile, job: str, leases: int) -> dict[str, Any]:
     """The broker restarts under the fleet: how its connections come back, and whether a lease was lost."""
     down_at = time.time()
@@ -346,7 +371,9 @@ def restart_demo(broker: Broker, profile: CPProfile, job: str, leases: int) -> d
         time.sleep(0.1)
     buckets = [b - a for (_, a), (_, b) in zip(series, series[1:], strict=False)]
     alive = len(running_indexes(broker.admin, job))
-    return {"down_at": down_at, "up_at": up_at, "down_s": round(up_at - down_at, 2), "watched_until": time.time(),
+    refused = int(broker.admin.info("stats")["rejected_connections"])
+    return {"refused": refused, "held_after": sum(connection_kinds(broker.admin).values()),
+            "down_at": down_at, "up_at": up_at, "down_s": round(up_at - down_at, 2), "watched_until": time.time(),
             "connections": series[-1][1] if series else 0, "peak_per_100ms": max(buckets, default=0),
             "connections_by_s": [c for t, c in series if abs(t - round(t)) < 0.05],
             "leases_after": alive, "leases_before": leases}

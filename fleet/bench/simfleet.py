@@ -7,8 +7,10 @@ leases and their runs' figures (fleet.coord.heartbeat, `Heartbeat.beat`), its re
 chunk starts and ends (lease, admission's holder mark, progress, stats; fleet.worker.run.middleware).
 The engine is a timer (tokens made at the reference rate; a chunk ends after its run time);
 Celery's consumer is a stand-in that sends what a real one was measured to send
-(fleet.bench.celerycost) on a connection of its own per worker, holds its pattern
-subscriptions, and reconnects after a broker restart on JitteredConnection's schedule.
+(fleet.bench.celerycost), holds its pattern subscriptions, and reconnects after a broker restart
+on JitteredConnection's schedule. A simulated worker holds a real one's connections
+(fleet.bench.connections): its pool (fleet's commands and kombu's PUBLISHes), the consumer's
+and the subscription.
 
 What is not a worker's: the loops. A worker has a heartbeat thread and a reaper thread; here
 one scheduler per process calls each worker's beat every heartbeat and its reaper's turn every
@@ -43,6 +45,7 @@ from fleet.coord.broker import make_celery, redis_client
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.leases import Lease, run_owner
+from fleet.coord.pool import KOMBU_NAME, new_pool
 from fleet.coord.reconnect import jittered_waits
 from fleet.coord.recovery import Reaper
 from fleet.settings import Settings
@@ -147,15 +150,20 @@ class SimWorker:
         self.spec, self.settings, self.store, self.ids, self.stats = spec, settings, store, ids, stats
         self.name = f"gpu{n % 8}@{spec.host}{n // 8:04d}"
         self.owner = f"{self.name}:{100_000 + n}"
-        self.r = redis_client(settings)
+        # a worker's three connections (fleet.coord.pool): its pool, which carries kombu's PUBLISHes too
+        self.pool = new_pool(spec.broker_url)
+        self.r = redis_client(settings, self.pool)
+        self.events = redis.Redis(connection_pool=self.pool)
         self.heartbeat = Heartbeat.of(settings)
         self.reaper = Reaper(self.r, store, app, settings)
         self.runs: list[SimRun] = []
         self.serial = 0
         #: chunks to begin that the broker refused to start (a restart): begun at a later tick
         self.owed_begins = 0
-        #: the Celery stand-in's connection, and the per-chunk commands it owes
-        self.celery = redis.Redis.from_url(spec.broker_url, socket_timeout=5, socket_connect_timeout=2, retry=None)
+        #: the Celery stand-in's consumer (the BRPOP's connection; its subscription is the second of its
+        #: pool), and the per-chunk commands it owes
+        self.celery = redis.Redis.from_url(spec.broker_url, socket_timeout=5, socket_connect_timeout=2, retry=None,
+                                           client_name=KOMBU_NAME)
         self.owed: list[tuple[int, int]] = []
 
     def start(self) -> None:
@@ -292,12 +300,12 @@ class CeleryStandIn:
                     self._send(n, cmd)
 
     def _send(self, n: int, cmd: str) -> None:
-        client = self.workers[n].celery
+        worker = self.workers[n]
         try:
-            if cmd == "PUBLISH":
-                client.publish("/0.celeryev/worker.heartbeat", self.payload)
+            if cmd == "PUBLISH":  # kombu's events go through the worker's pool (fleet.coord.transport)
+                worker.events.publish("/0.celeryev/worker.heartbeat", self.payload)
             else:
-                client.ping()
+                worker.celery.ping()
             self.stats.celery_sent += 1
         except redis.ConnectionError:
             self.down[n] = jittered_waits(*CELERY_RECONNECT)

@@ -248,3 +248,86 @@ def all_(ctx: typer.Context, quick: QuickOpt = False, out: OutOpt = None, keep: 
 
 
 _register()
+
+
+def _seconds(text: str) -> tuple[float, ...]:
+    """'20m,1h,4h' or '0,30,120' (seconds unless suffixed s, m or h) as seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        unit = units.get(part[-1])
+        try:
+            out.append(float(part[:-1]) * unit if unit else float(part))
+        except ValueError:
+            fail(f"{part!r} is not a duration: seconds, or a number followed by s, m or h")
+    return tuple(out)
+
+
+@bench_app.command("preemption")
+def preemption(
+    ctx: typer.Context,
+    quick: QuickOpt = False,
+    out: OutOpt = None,
+    keep: KeepOpt = False,
+    lifetimes: Annotated[str | None, typer.Option("--lifetimes", help="mean host lifetimes L of the job's time, "
+                                                  "e.g. 20m,1h,4h (the default)")] = None,
+    notices: Annotated[str | None, typer.Option("--notices", help="notice N between SIGTERM and SIGKILL, e.g. "
+                                                "0,30s,120s (the default; 0 is a plain kill -9)")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="the schedule's seed")] = 0,
+    modes: Annotated[str | None, typer.Option("--modes", help="resume modes to run, of token, notice (fleet told "
+                                              "the notice: it generates through it), row, chunk; default "
+                                              "token,row,chunk")] = None,
+    time_scale: Annotated[float | None, typer.Option("--time-scale", min=1, help="job seconds per wall second "
+                                                     "(default 200; lower runs slower and closer to fleet's "
+                                                     "default checkpoint and lease cadence)")] = None,
+) -> None:
+    """GPU-seconds per output token on hosts preempted on a seeded schedule against an uninterrupted run:
+    fleet (continuation), row restart and chunk restart, side by side on one schedule."""
+    import dataclasses
+    import shutil
+    import tempfile
+
+    from fleet.bench.preemption import FULL, QUICK, markdown, plot, sweep, table
+    from fleet.bench.report import write_json
+    from fleet.errors import FleetError
+
+    quick, out, keep = _options(ctx, quick, out, keep)
+    profile = QUICK if quick else FULL
+    if lifetimes:
+        profile = dataclasses.replace(profile, lifetimes_s=_seconds(lifetimes))
+    if notices is not None:
+        profile = dataclasses.replace(profile, notices_s=_seconds(notices))
+    profile = dataclasses.replace(profile, seed=seed)
+    if modes:
+        from fleet.bench.preemption import MODE_NAMES
+
+        chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+        unknown = [m for m in chosen if m not in MODE_NAMES]
+        if unknown or not chosen:
+            fail(f"--modes: {', '.join(unknown) or 'none given'}: choose of {', '.join(MODE_NAMES)}")
+        profile = dataclasses.replace(profile, modes=chosen)
+    if time_scale:
+        profile = dataclasses.replace(profile, shape=dataclasses.replace(profile.shape, time_scale=time_scale))
+    workdir = Path(tempfile.mkdtemp(prefix="fleet-bench-preempt-"))
+    try:
+        section = sweep(profile, workdir, log=console.print)
+    except FleetError as e:
+        fail(str(e))
+        return
+    finally:
+        if keep:
+            console.print(f"kept the work directory {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    from rich.console import Console
+
+    (console if console.is_terminal else Console(width=240)).print(table(section.data))
+    flags = [(quick, "--quick"), (lifetimes, f"--lifetimes {lifetimes}"), (notices is not None, f"--notices {notices}"),
+             (modes, f"--modes {modes}"), (True, f"--seed {seed}"),
+             (time_scale, f"--time-scale {time_scale:g}" if time_scale else "")]
+    command = " ".join(["fleet bench preemption", *(flag for given, flag in flags if given)])
+    target = out or DEFAULT_OUT
+    path = write_json(target / "preemption.json", [section], {"command": command})
+    (target / "preemption.md").write_text(markdown(section.data))
+    png = plot(section.data, target / "preemption.png")
+    console.print(f"wrote {path}, {target / 'preemption.md'} and {png}")

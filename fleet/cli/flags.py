@@ -68,9 +68,9 @@ def _gpu_kind(kind: str) -> None:
 
 
 def _gpus(spec: str) -> None:
-    from fleet.model.gpus import parse_gpu_spec
+    from fleet.model.gpus import gpu_spec_indexes
 
-    parse_gpu_spec(spec)
+    gpu_spec_indexes(spec)
 
 
 #: a job's name: a folder of the store and a part of the broker's keys (fleet.store.layout.JOB_NAME)
@@ -79,7 +79,8 @@ job_name = checked(_job_name)
 model_dir = checked(_model)
 #: a local input must exist; a URL's scheme must be one fleet reads (fleet.store.schemes)
 input_url = checked(_input)
-#: 'all' or GPU indexes (fleet.model.gpus.parse_gpu_spec)
+#: 'all' or GPU indexes, as written (fleet.model.gpus.gpu_spec_indexes); which are present is asked when
+#: the command runs, before it starts anything (a compose file's command is checked on a host without GPUs)
 gpu_indexes = checked(_gpus)
 #: a GPU kind of fleet's table (fleet.model.gpus.gpu_spec: case, '_' and an 'nvidia-' prefix do not matter)
 gpu_kind = checked(_gpu_kind)

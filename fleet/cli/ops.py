@@ -283,12 +283,14 @@ def doctor(
     engine: EngineOpt = None,
     model: ModelOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="the planned fleet's GPUs (as for `fleet plan`): "
+                                             "fails if the broker's maxclients has no room for their workers")] = None,
 ) -> None:
     """Pre-flight: broker, store, GPUs, model files and engine args. Exit 1 when one fails."""
     from fleet.tools.doctor import run_checks
 
     settings = settings_from(broker_url=broker_url, store_url=store_url, engine=engine, model=model)
-    checks = run_checks(settings)
+    checks = run_checks(settings, gpus)
     if as_json:
         rows = [{"name": c.name, "ok": c.ok, "skipped": c.skipped, "detail": c.detail} for c in checks]
         typer.echo(json.dumps(rows, indent=2))

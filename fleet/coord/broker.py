@@ -16,7 +16,8 @@ from kombu import Queue
 from fleet.coord import keys
 from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.outages import Outages, WatchedRedis
-from fleet.coord.reconnect import FleetAMQP, client_retry
+from fleet.coord.pool import KOMBU_NAME, shared_pool
+from fleet.coord.reconnect import FleetAMQP
 from fleet.errors import ConfigError
 from fleet.settings import Settings
 from fleet.store.identity import store_id
@@ -33,8 +34,8 @@ def message_priority(job_priority: int) -> int:
     """The kombu priority of a job's fresh chunks: a job of higher priority (fleet.store.options) gets a
     lower number, a list of its own that workers empty first (keys.PRIORITY_STEPS), never recovery's."""
     return max(PRIORITY_RECOVERY + 1, min(keys.PRIORITY_STEPS[-1], PRIORITY_NORMAL - job_priority))
-#: the name fleet's own connections give themselves (CLIENT SETNAME)
-CLIENT_NAME = "fleet"
+
+
 #: broker connections a process keeps for sending messages: more than its senders at once (K chunk
 #: threads, the reaper, the assister)
 BROKER_POOL = 64
@@ -65,6 +66,8 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
         "priority_steps": list(keys.PRIORITY_STEPS),
         "sep": keys.PRIORITY_SEP,
         "queue_order_strategy": "priority",
+        # CLIENT LIST names kombu's own connections (its BRPOP, its subscription) apart from the pool's
+        "client_name": KOMBU_NAME,
     }
     app.conf.update(
         broker_transport_options=transport,
@@ -115,21 +118,13 @@ def send_chunk(
     )
 
 
-def redis_client(settings: Settings) -> redis.Redis:
-    """The broker's Redis for leases and queue markers, retrying through short outages with
-    jittered waits (fleet.coord.reconnect); it records when the broker did not answer
-    (fleet.coord.outages), for this process's reaper."""
+def redis_client(settings: Settings, pool: redis.ConnectionPool | None = None) -> redis.Redis:
+    """The broker's Redis for leases and queue markers, on the process's one pool of connections
+    (fleet.coord.pool: it retries through short outages with jittered waits); it records when the
+    broker did not answer (fleet.coord.outages), for this process's reaper. `pool`: another than the
+    process's (the control-plane bench's simulated workers have one each)."""
     if not settings.broker_url:
         raise ConfigError("no broker configured: set FLEET_BROKER_URL (redis://host:port/db)")
-    client = WatchedRedis.from_url(
-        settings.broker_url,
-        retry=client_retry(),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        socket_timeout=10,
-        socket_connect_timeout=5,
-        health_check_interval=10,
-        # CLIENT LIST names fleet's connections apart from kombu's (the control-plane bench counts them so)
-        client_name=CLIENT_NAME,
-    )
+    client = WatchedRedis(connection_pool=pool or shared_pool(settings.broker_url))
     client.outages = Outages(slow_s=LeaseClock.of(settings).beat_s)
     return client

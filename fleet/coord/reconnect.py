@@ -7,7 +7,7 @@ re-declare their queues in the same millisecond. Each wait here is drawn between
 of its step ("equal jitter"): the same schedule on average, spread over half of it.
 
 - fleet's own client (leases, the beat, the reaper): redis-py's Retry with its
-  EqualJitterBackoff (`client_retry`).
+  EqualJitterBackoff (`fleet.coord.pool.client_retry`, on the process's one pool).
 - Celery's consumer: kombu's `Connection.ensure_connection` with the same schedule as before,
   each wait jittered (`JitteredConnection`, the app's connection class through `FleetAMQP`).
 """
@@ -21,18 +21,7 @@ from typing import Any
 
 from celery.app.amqp import AMQP
 from kombu import Connection
-from redis.backoff import EqualJitterBackoff
-from redis.retry import Retry
-
-#: fleet's own client: the first retry after 50-100 ms, doubling to 1-2 s, eight in all (~5-9 s), then
-#: the command fails and its caller (a beat, a round) tries again at its next turn
-CLIENT_BACKOFF_BASE_S = 0.05
-CLIENT_BACKOFF_CAP_S = 2.0
-CLIENT_RETRIES = 8
-
-
-def client_retry() -> Retry:
-    return Retry(EqualJitterBackoff(cap=CLIENT_BACKOFF_CAP_S, base=CLIENT_BACKOFF_BASE_S), retries=CLIENT_RETRIES)
+from kombu.transport import redis as kombu_redis
 
 
 def jittered_waits(start: float, step: float, cap: float) -> Iterator[float]:
@@ -69,6 +58,13 @@ class JitteredConnection(Connection):
 
         # kombu's own waits are zero: the errback above, called before each retry, does the waiting.
         return super().ensure_connection(wait, max_retries, 0, 0, 0, callback, reraise_as_library_errors, timeout)
+
+    def get_transport_cls(self) -> type:
+        """kombu's Redis transport on the process's one pool of connections (fleet.coord.transport)."""
+        from fleet.coord.transport import SharedPoolTransport  # imports kombu's Redis transport, and redis
+
+        found = super().get_transport_cls()
+        return SharedPoolTransport if found is kombu_redis.Transport else found
 
 
 class FleetAMQP(AMQP):

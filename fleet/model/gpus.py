@@ -169,23 +169,12 @@ def detect_gpus() -> list[int]:
     return [g.index for g in gpus]
 
 
-def parse_gpu_spec(spec: str, available: list[int] | None = None) -> list[int]:
-    """`all` or a comma list like `0,1,4` -> GPU indexes present on this host.
-
-    `available` defaults to what `query_gpus` finds; tests and callers that already
-    detected pass it in.
-    """
-    why = ""
-    if available is None:
-        gpus, why = query_gpus()
-        available = [g.index for g in gpus]
+def gpu_spec_indexes(spec: str) -> list[int] | None:
+    """`all` (None) or a comma list like `0,1,4`, read without looking at the host: a command line is
+    checked as it is parsed, also where it is written for another host (a compose file's)."""
     text = spec.strip().lower()
     if text == "all":
-        if not available:
-            raise ConfigError(
-                f"--gpus all: no GPU found on this host ({why or 'none detected'}); for CPU engines use --workers N"
-            )
-        return sorted(available)
+        return None
     indexes: list[int] = []
     for part in text.split(","):
         part = part.strip()
@@ -195,6 +184,26 @@ def parse_gpu_spec(spec: str, available: list[int] | None = None) -> list[int]:
         if index in indexes:
             raise ConfigError(f"--gpus {spec!r}: GPU {index} is listed twice")
         indexes.append(index)
+    return indexes
+
+
+def parse_gpu_spec(spec: str, available: list[int] | None = None) -> list[int]:
+    """`all` or a comma list like `0,1,4` -> GPU indexes present on this host.
+
+    `available` defaults to what `query_gpus` finds; tests and callers that already
+    detected pass it in.
+    """
+    indexes = gpu_spec_indexes(spec)
+    why = ""
+    if available is None:
+        gpus, why = query_gpus()
+        available = [g.index for g in gpus]
+    if indexes is None:
+        if not available:
+            raise ConfigError(
+                f"--gpus all: no GPU found on this host ({why or 'none detected'}); for CPU engines use --workers N"
+            )
+        return sorted(available)
     missing = [i for i in indexes if i not in available]
     if missing:
         have = ", ".join(map(str, sorted(available))) or "none"

@@ -135,6 +135,14 @@ class _Settings(BaseSettings):
         DEFAULT_GRACE_S, ge=0, description="on SIGTERM, seconds in which samples about to finish may finish; "
         "then running chunks are handed back with every sample's ids checkpointed (nothing made is lost)"
     )
+    notice_s: float | None = Field(
+        None, ge=0,
+        description="seconds a preemption's SIGTERM leaves before its SIGKILL, where the cloud says: GCP's and "
+        "Azure's spot VMs 30, AWS's spot instances 120 (RunPod and Vast.ai: a few, grace_s's default). The worker "
+        "flushes at once, then generates on until the last moment that leaves room for a hand-over as long as "
+        "that flush measured (fleet/worker/process/notice.py). Unset: not known; the hand-over begins after "
+        "grace_s",
+    )
     stall_s: float = Field(
         DEFAULT_STALL_S, gt=0,
         description="seconds an engine may make no token while requests run before the worker declares it hung: "
@@ -147,6 +155,13 @@ class _Settings(BaseSettings):
         description="seconds between a running chunk's checkpoints: a SIGKILL costs at most this much of each "
         "running sample; each costs one store write per running chunk (K per worker), so halving it doubles "
         "the PUTs (30 s, K=16, 6 GPUs: ~3 PUTs/s, ~$1.3/day at S3's $0.005 per 1,000)",
+    )
+    resume: Literal["token", "row", "chunk"] = Field(
+        "token",
+        description="what a stopped chunk's next run keeps: token, every sample's ids (a running sample continues "
+        "from its own tokens); row, finished records only (a running sample starts again from token 0, as Ray "
+        "Data LLM, Curator and datatrove resume); chunk, nothing (no checkpoints: the chunk runs again whole, "
+        "as NeMo-Skills resumes). row and chunk are the peers' ways, for `fleet bench preemption`",
     )
 
     spool: SpoolSettings = Field(default_factory=SpoolSettings, description="a worker's spool for refused writes")

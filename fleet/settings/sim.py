@@ -17,6 +17,14 @@ class SimSettings(EngineSettings):
     max_running: int = Field(256, ge=1, description="concurrent requests (engine slots)")
     step_s: float = Field(0.0005, ge=0, description="seconds per decode step (one token per running request)")
     prefill_s: float = Field(0.0, ge=0, description="seconds of prefill per request")
+    prefill_s_per_token: float = Field(
+        0.0, ge=0, description="seconds of a slot per token prefilled, the prompt's and a continued sample's ids "
+        "alike: a continuation pays for its prefix again, as on a GPU (fleet bench preemption)",
+    )
+    start_s: float = Field(
+        0.0, ge=0, description="seconds the engine takes to start, as a real one loads its weights for minutes "
+        "(fleet bench preemption)",
+    )
     mean_output_tokens: float = Field(256, gt=0, description="mean output length, tokens")
     sigma: float = Field(0.8, ge=0, description="log-normal spread of output length")
     vocab_size: int | None = Field(

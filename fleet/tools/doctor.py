@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from fleet.coord.pool import HEAD_CONNECTIONS, MAXCLIENTS_HEADROOM, WORKER_CONNECTIONS, maxclients_needed
 from fleet.engines.specs import spec_for
 from fleet.errors import ConfigError
 from fleet.model.gpus import query_gpus
@@ -56,7 +57,9 @@ def _scrub(text: str, url: str | None) -> str:
 # -- broker --------------------------------------------------------------------------------
 
 
-def check_broker(settings: Settings) -> Check:
+def check_broker(settings: Settings, gpus: int | None = None) -> Check:
+    """The broker answers, keeps what it is given, and has room for the fleet's connections
+    (`gpus`: the planned fleet, a worker per GPU at most)."""
     url = settings.broker_url
     if not url:
         return Check("broker", False, "FLEET_BROKER_URL is not set (redis://:password@host:port/db)")
@@ -67,7 +70,7 @@ def check_broker(settings: Settings) -> Check:
         client = redis.Redis.from_url(url, socket_connect_timeout=BROKER_TIMEOUT_S, socket_timeout=BROKER_TIMEOUT_S)
         try:
             client.ping()
-            notes = _broker_config_notes(client)
+            notes = _broker_config_notes(client) + _broker_room_notes(client, gpus)
         finally:
             client.close()
     except Exception as e:  # redis errors, bad URLs: report, never raise
@@ -94,6 +97,25 @@ def _broker_config_notes(client: Any) -> list[str]:
     if aof != "yes":
         notes.append("appendonly no: a Redis restart empties the queue (`fleet enqueue` rebuilds it)")
     return notes
+
+
+def _broker_room_notes(client: Any, gpus: int | None) -> list[str]:
+    """Room for the fleet's connections under `maxclients` (fleet.coord.pool); '!' marks too little."""
+    try:
+        limit = int(client.config_get("maxclients").get("maxclients"))
+    except Exception:  # CONFIG disabled on managed Redis
+        return ["CONFIG not available, maxclients unchecked"]
+    fits = max(0, (limit // MAXCLIENTS_HEADROOM - HEAD_CONNECTIONS) // WORKER_CONNECTIONS)
+    if gpus is None:
+        return [f"maxclients {limit}: room for {fits} single-GPU workers ({WORKER_CONNECTIONS} connections each, "
+                f"{MAXCLIENTS_HEADROOM}x over)"]
+    need = maxclients_needed(gpus)
+    if limit < need:
+        return [f"!maxclients {limit} is below what {gpus} GPUs need ({need}: {WORKER_CONNECTIONS} connections a "
+                f"worker and {HEAD_CONNECTIONS} for the head, {MAXCLIENTS_HEADROOM}x over for a reconnection); past "
+                f"it Redis refuses new workers and `fleet` commands: set maxclients >= {need} (and the open-files "
+                f"limit above it)"]
+    return [f"maxclients {limit}: room for {gpus} GPUs (needs {need})"]
 
 
 # -- store ---------------------------------------------------------------------------------
@@ -234,12 +256,13 @@ CHECKS: tuple[Callable[[Settings], Check], ...] = (
 )
 
 
-def run_checks(settings: Settings) -> list[Check]:
-    """Every check, in order; a check that crashes is reported as failed, not raised."""
+def run_checks(settings: Settings, gpus: int | None = None) -> list[Check]:
+    """Every check, in order; a check that crashes is reported as failed, not raised. `gpus`: the
+    planned fleet's, for the broker's room."""
     results = []
     for check in CHECKS:
         try:
-            results.append(check(settings))
+            results.append(check_broker(settings, gpus) if check is check_broker else check(settings))
         except Exception as e:
             name = check.__name__.removeprefix("check_").replace("_", " ")
             results.append(Check(name, False, f"check crashed: {type(e).__name__}: {e}"))

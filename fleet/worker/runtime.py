@@ -33,6 +33,7 @@ from fleet.store import store_for
 from fleet.worker.process.assist import Assister
 from fleet.worker.process.context import ManifestCache, WorkerContext
 from fleet.worker.process.enginehost import EngineHost
+from fleet.worker.process.notice import generate_for
 from fleet.worker.process.spool import Spool
 from fleet.worker.process.storewriter import StoreWriter, outage_reporter
 from fleet.worker.process.watchdog import Watchdog
@@ -130,12 +131,30 @@ class Runtime:
         """SIGTERM, a hand-over: Celery stops consuming; every running chunk flushes its samples'
         ids at once (a SIGKILL that follows loses nothing), samples about to finish get `grace_s`,
         then the chunks are handed back with what they made, for the next worker to continue."""
-        log.info("worker %s stopping: flushing running samples, handing chunks back in %.1fs", self.name,
-                 self.settings.grace_s)
+        notice = self.settings.notice_s
+        self.ctx.drain_clock.begin()
+        runs = len(self.active)
         self.ctx.draining.set()
-        timer = threading.Timer(self.settings.grace_s, self.ctx.stopping.set)
-        timer.daemon = True
-        timer.start()
+        if notice is None:
+            log.info("worker %s stopping: flushing running samples, handing chunks back in %.1fs", self.name,
+                     self.settings.grace_s)
+            timer = threading.Timer(self.settings.grace_s, self.ctx.stopping.set)
+            timer.daemon = True
+            timer.start()
+            return
+        threading.Thread(target=self._use_notice, args=(notice, runs, time.monotonic()), name="fleet-notice",
+                         daemon=True).start()
+
+    def _use_notice(self, notice_s: float, runs: int, term: float) -> None:
+        """A known notice (fleet.worker.process.notice): generate on until the last moment that leaves
+        room for the hand-over this host's flush just took, then hand over."""
+        flush_s = self.ctx.drain_clock.wait(runs, notice_s / 2)
+        left = generate_for(notice_s, time.monotonic() - term, flush_s, self.task.poll_s)
+        log.info("worker %s stopping with %.1fs of notice: %d running chunk(s) flushed in %s; generating for %.1fs "
+                 "more, then handing them back", self.name, notice_s, runs,
+                 "more than half the notice" if flush_s is None else f"{flush_s:.2f}s", left)
+        self.ctx.stopping.wait(left)
+        self.ctx.stopping.set()
 
     def stalled(self, seconds: float) -> None:
         """The engine made no token for `seconds` while requests ran: it is hung. Hand every chunk

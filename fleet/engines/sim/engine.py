@@ -1,7 +1,9 @@
 """A simulated GPU for tests and benchmarks: continuous batching without a GPU.
 
-Each request holds one of `max_running` slots for prefill_s + tokens x step_s, which is
-exactly a continuous-batching engine whose step time does not depend on the batch.
+Each request holds one of `max_running` slots for prefill_s + (prompt + prefix tokens) x
+prefill_s_per_token + tokens x step_s, which is exactly a continuous-batching engine whose step
+time does not depend on the batch; a continued sample pays for prefilling its prefix again, as on a
+GPU. Its meters (`fleet_sim_*`, in the worker's metrics) are what a GPU's counters would say.
 Output length is log-normal, derived from (seed, record id, sample); every output id depends
 on the seed, its position and the ids before it, and the text is what those ids decode to
 (fleet.engines.sim.tokenchain), so a rerun produces byte-identical records and a continuation from a
@@ -19,11 +21,20 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from prometheus_client import Counter
+
 from fleet.engines.base import Engine
 from fleet.engines.sim.tokenchain import SimVocab, natural_length, sim_text_of, sim_tokens
 from fleet.errors import EngineError, RecordError
 from fleet.records import GenDelta, GenRequest, GenResult, prompt_digest
 from fleet.settings import SimSettings
+
+#: the simulated GPU's own meters, served with the worker's metrics (fleet bench preemption reads them)
+PREFILLED = Counter("fleet_sim_prefilled_tokens", "Tokens the sim engine prefilled: prompts and continued prefixes")
+
+
+async def _until(deadline: float) -> None:
+    await asyncio.sleep(max(0.0, deadline - time.monotonic()))
 
 
 def sim_length(cfg: SimSettings, seed: int) -> int:
@@ -60,6 +71,7 @@ class SimEngine(Engine):
 
     async def start(self) -> None:
         self._slots = asyncio.Semaphore(self.cfg.max_running)
+        await asyncio.sleep(self.cfg.start_s)
         self._started = time.monotonic()
         if self.cfg.leak_process:
             # Out of the worker's session and never waited for: only its launcher can end it.
@@ -102,17 +114,22 @@ class SimEngine(Engine):
         seed = request.sampling.seed
         ids, reason = sim_tokens(self.vocab, seed, sim_length(self.cfg, seed), request.sampling.max_tokens,
                                  request.prefix_ids, request.sampling.stop)
-        done = sent = len(request.prefix_ids)
+        done = sent = sent_before = len(request.prefix_ids)
         tokens = len(ids)
         assert self._slots is not None, "start() not called"
         async with self._slots:
             self.running += 1
             began = time.monotonic()
             try:
-                await asyncio.sleep(self.cfg.prefill_s)
+                prefill = prompt_size(request) + len(request.prefix_ids)
+                PREFILLED.inc(prefill)
+                # Each step sleeps to its own deadline, so a busy event loop that wakes a request late
+                # does not slow it for good: a request holds its slot for its stated time
+                decode_from = began + self.cfg.prefill_s + prefill * self.cfg.prefill_s_per_token
+                await _until(decode_from)
                 while done < tokens:
                     step = min(self.cfg.stream_interval, tokens - done)
-                    await asyncio.sleep(step * self.cfg.step_s)
+                    await _until(decode_from + (done + step - sent_before) * self.cfg.step_s)
                     await self._hang_if_stalled()
                     done += step
                     if done < tokens:

@@ -22,6 +22,7 @@ from fleet.store import Store
 from fleet.store.manifest import Manifest, load_manifest
 from fleet.store.options import OptionsCache
 from fleet.worker.process.bell import Bell, RingingEvent
+from fleet.worker.process.notice import DrainClock
 from fleet.worker.process.runslots import RunSlots
 from fleet.worker.process.storewriter import StoreWriter
 
@@ -100,6 +101,8 @@ class WorkerContext:
     stopping: threading.Event = None  # type: ignore[assignment]  # set in __post_init__, on the bell
     #: set on SIGTERM: every running chunk flushes its samples' ids at once (this host is going away)
     draining: threading.Event = None  # type: ignore[assignment]  # set in __post_init__, on the bell
+    #: times the flush every running chunk makes on SIGTERM: the hand-over a known notice leaves room for
+    drain_clock: DrainClock = field(default_factory=DrainClock)
     #: stops the process for its supervisor to restart it (the engine is gone)
     restart: Callable[[str], None] = lambda why: None
     #: which chunks this process runs now, and whether one runs alone (process-wide, both stacks)

@@ -105,7 +105,6 @@ class Supervisor:
         self.spawned = 0
         #: the fleet whose orphans this launcher ends: its data directory's
         self.scope = proctree.scope_of(settings.data_dir)
-        self._broker: redis.Redis | None = None
 
     def _spawn(self, child: _Child) -> None:
         self.spawned += 1
@@ -171,14 +170,17 @@ class Supervisor:
         not answer costs the evidence, not the launcher."""
         if not self.settings.broker_url:
             return
+        # A connection for the note alone: a death is rare, and one kept open would be idle for the
+        # launcher's whole life (the broker's `maxclients` counts it: fleet.coord.pool)
+        broker = redis.Redis.from_url(self.settings.broker_url, socket_timeout=WITNESS_TIMEOUT_S,
+                                      socket_connect_timeout=WITNESS_TIMEOUT_S)
         try:
-            if self._broker is None:
-                self._broker = redis.Redis.from_url(self.settings.broker_url, socket_timeout=WITNESS_TIMEOUT_S,
-                                                    socket_connect_timeout=WITNESS_TIMEOUT_S)
-            witness.note_witnessed(self._broker, owner, f"its launcher saw it {describe_exit(code)}")
+            witness.note_witnessed(broker, owner, f"its launcher saw it {describe_exit(code)}")
         except redis.RedisError as e:
             log.warning("could not record how worker %s died (%s): its chunks will count it as a lost host",
                         owner, e)
+        finally:
+            broker.close()
 
     def _pids(self) -> list[int]:
         return [c.proc.pid for c in self.children if c.proc is not None]
@@ -187,11 +189,12 @@ class Supervisor:
         return [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """SIGTERM every worker (warm shutdown), SIGKILL what outlives grace + timeout."""
+        """SIGTERM every worker (warm shutdown), SIGKILL what outlives grace (or a known notice) + timeout."""
         self.stopping = True
         for proc in self.alive():
             proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.settings.grace_s + 30)
+        waits = max(self.settings.grace_s, self.settings.notice_s or 0.0)
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else waits + 30)
         for proc in self.alive():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -201,9 +204,6 @@ class Supervisor:
                 proc.wait()
         for child in self.children:
             self._end_tree(child)
-        if self._broker is not None:
-            self._broker.close()
-            self._broker = None
 
     def _end_tree(self, child: _Child) -> None:
         """End every process the child's worker left: what carries its tag or stayed in its

@@ -1,7 +1,8 @@
 """Checkpoints: finished records and every running sample's new output ids, flushed every N
 seconds, at once when the worker is told to stop, and when the run ends without a result; a
 rerun generates only what is missing and continues each sample where its ids stop. Deleted
-only once the chunk's result exists."""
+only once the chunk's result exists. `resume` row keeps finished records only and chunk keeps
+nothing: the peers' coarser ways, settings of fleet so a benchmark can set them side by side."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         return CheckpointState(assisted=run.assist)
 
     def before(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
+        if self.ctx.settings.resume == "chunk":
+            return None
         store = self.ctx.store
         segments: list[Segment] = []
         for key in store.list(checkpoint_prefix(run.job, run.index)):
@@ -68,6 +71,10 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
                         sum(len(p.ids) for p in run.partials.values()))
             run.restarted += len(run.partials)
             run.partials = {}
+        if run.partials and self.ctx.settings.resume == "row":
+            # The peers' row-level resume: a running sample's ids are made again from token 0
+            run.restarted += len(run.partials)
+            run.partials = {}
         run.resumed = len(run.finished)
         if run.resumed or run.partials or run.turns:
             log.info("chunk %s resumes with %d checkpointed samples, %d finished turns of running ones and %d "
@@ -82,7 +89,8 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         Segments are taken before finished turns (turns = all): a turn's segments are never
         stored before the turn that precedes it, so a later turn never continues from ids made
         under another prompt."""
-        segments, fresh, turns = run.segments(), run.take_fresh(), run.take_fresh_turns()
+        segments = run.segments() if self.ctx.settings.resume == "token" else []
+        fresh, turns = run.take_fresh(), run.take_fresh_turns()
         state.last_flush = time.monotonic()
         if not (fresh or turns or segments):
             return
@@ -102,6 +110,8 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
 
     def progress(self, run: ChunkRun, state: CheckpointState) -> Outcome | None:
         now, settings = time.monotonic(), self.ctx.settings
+        if settings.resume == "chunk":
+            return None
         # While another worker assists the chunk, checkpoint at the assist cadence, so the
         # helper starts from fresh records and the two waste little work on each other. The
         # heartbeat reads the helper's assist lease with its renewals (fleet.coord.heartbeat).
@@ -115,11 +125,15 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         if draining or age >= settings.checkpoint_interval_s or (state.assisted and age >= assist_flush_s):
             state.drained = state.drained or draining
             self.flush(run, state)
+            if draining:
+                self.ctx.drain_clock.flushed()
         return None
 
     def after(self, run: ChunkRun, state: CheckpointState, outcome: Outcome) -> None:
         if result_exists(outcome) or self.committed_elsewhere(run):
             delete_checkpoints(self.ctx.store, run.job, run.index)
+        elif self.ctx.settings.resume == "chunk":
+            return  # the peers' chunk-level resume: what this run made is made again
         else:  # failed, handed back, or cancelled: keep what this run generated
             self.flush(run, state, last=True)
 

@@ -1,0 +1,54 @@
+"""Using a preemption notice: a cloud that says how long its SIGTERM leaves before the SIGKILL gives GPU time.
+
+Without a known notice a SIGTERM is a hand-over at once (after `grace_s`). With one (`notice_s`:
+GCP's and Azure's spot VMs give 30 s, AWS's 120 s), the worker flushes every running chunk at once as
+before, so a SIGKILL that comes early still loses nothing, times that flush, and keeps generating
+until the last moment that leaves room for the hand-over: one poll of its chunks (the longest a
+chunk's thread may take to look, `poll_s`), then one more flush of every running chunk and the
+hand-back, each given as long as the flush just measured took (`HANDOVER_FLUSHES`), so the margin is
+what this host takes now, under its own load, not a guess.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+#: the hand-over after the notice's generation, in flushes of every running chunk as measured at the
+#: SIGTERM: its last flush, then the hand-back (a requeue and a lease release per chunk, no slower)
+HANDOVER_FLUSHES = 2.0
+
+
+class DrainClock:
+    """When each running chunk's flush for a SIGTERM ended (its CheckpointMiddleware says so)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.began: float | None = None
+        self._flushed = 0
+
+    def begin(self) -> None:
+        with self._cond:
+            self.began, self._flushed = time.monotonic(), 0
+
+    def flushed(self) -> None:
+        with self._cond:
+            self._flushed += 1
+            self._cond.notify_all()
+
+    def wait(self, runs: int, timeout_s: float) -> float | None:
+        """Seconds from `begin` until `runs` flushes ended; None if they did not within the timeout."""
+        with self._cond:
+            if self.began is None:
+                return None
+            if not self._cond.wait_for(lambda: self._flushed >= runs, timeout=timeout_s):
+                return None
+            return time.monotonic() - self.began
+
+
+def generate_for(notice_s: float, since_term_s: float, flush_s: float | None, poll_s: float) -> float:
+    """Seconds from now to keep generating: the notice left, less one poll and the measured hand-over.
+    A flush that did not end in time (None) leaves no room: the hand-over begins at once."""
+    if flush_s is None:
+        return 0.0
+    return max(0.0, notice_s - since_term_s - poll_s - HANDOVER_FLUSHES * flush_s)
