@@ -60,7 +60,7 @@ def plan_workers(
         specs = cpu_workers(settings, 1 if workers is None else workers, host)
     if settings.monitor.metrics_port:  # one Prometheus port per worker process
         for n, spec in enumerate(specs):
-            spec.env["FLEET_METRICS_PORT"] = str(settings.monitor.metrics_port + n)
+            spec.env["FLEET_MONITOR__METRICS_PORT"] = str(settings.monitor.metrics_port + n)
     return specs
 
 
