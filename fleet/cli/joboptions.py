@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from fleet.cli.app import BrokerOpt, JobOpt, StoreOpt, app, console, preflight, run_guarded, settings_from
+from fleet.store.options import settable
 
 job_app = typer.Typer(help="A job's options: what it may change without becoming another job.",
                       no_args_is_help=True)
@@ -16,8 +17,8 @@ app.add_typer(job_app, name="job")
 @job_app.command("set")
 def set_options(
     assignments: Annotated[list[str], typer.Argument(
-        help="NAME=VALUE, one or more: priority (-3 to 5, higher first), max_attempts, max_crashes; "
-        "NAME= sets one back to the fleet's setting", metavar="NAME=VALUE...")],
+        help=f"NAME=VALUE, one or more, of: {', '.join(settable())} (priority -3 to 5, higher first); NAME= sets "
+        "one back to its default", metavar="NAME=VALUE...")],
     job: JobOpt,
     broker_url: BrokerOpt = None, store_url: StoreOpt = None,
 ) -> None:

@@ -41,6 +41,7 @@ from fleet.cli.app import (
 from fleet.cli.flags import input_url, job_name, positive
 from fleet.cli.liveprogress import live_progress
 from fleet.export.formats import FORMATS
+from fleet.store.options import settable
 
 #: `--format`: one of the export formats (fleet.export.formats.FORMATS)
 ExportFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
@@ -63,7 +64,7 @@ MaxAttemptsOpt = Annotated[int | None, typer.Option(
     "--max-attempts", help="this job's failed attempts before a chunk is quarantined (default: the fleet's "
     "max_attempts setting)")]
 SetOpt = Annotated[list[str] | None, typer.Option(
-    "--set", help="a job option NAME=VALUE (again for more): priority, max_attempts, max_crashes")]
+    "--set", help=f"a job option NAME=VALUE (again for more): {', '.join(settable())}")]
 
 
 def option_flags(priority: int | None, max_attempts: int | None, assignments: list[str] | None) -> dict[str, object]:
