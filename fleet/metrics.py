@@ -1,7 +1,7 @@
 """Prometheus metrics of a worker process, and the HTTP endpoint that serves them.
 
 The metric objects are module-level so the worker's middleware updates them directly; each
-worker process serves its own registry on its own port (settings.metrics_port plus the
+worker process serves its own registry on its own port (settings.monitor.metrics_port plus the
 worker's number), so no label names the worker: Prometheus' `instance` does.
 
     from fleet import metrics

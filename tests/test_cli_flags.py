@@ -82,6 +82,7 @@ ENV_CASES: list[tuple[list[str], dict[str, str], str]] = [
     (["worker"], {"FLEET_BROKER_URL": "redis://h:port/0"}, "FLEET_BROKER_URL: Port could not be cast to integer"),
     (["worker"], {"FLEET_METRICS_PORT": "70000"}, "FLEET_METRICS_PORT: Input should be less than or equal to 65535"),
     (["flower"], {"FLEET_FLOWER_PORT": "-1"}, "FLEET_FLOWER_PORT: Input should be greater than or equal to 1"),
+    (["flower"], {"FLEET_MONITOR__FLOWER_PORT": "0"}, "FLEET_MONITOR__FLOWER_PORT: Input should be greater than"),
     (["validate", "IN"], {"FLEET_TURNS": "some"}, "FLEET_TURNS: Input should be 'last' or 'all'"),
 ]  # fmt: skip
 

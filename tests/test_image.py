@@ -349,9 +349,14 @@ def test_the_settings_files_fleet_variables_are_settings() -> None:
 
 
 def is_setting(variable: str) -> bool:
-    """FLEET_A__B names Settings' field a, and b inside it (pydantic-settings' prefix and nesting)."""
+    """FLEET_A__B names Settings' field a, and b inside it (pydantic-settings' prefix and nesting); a flat
+    name of before sections (FLEET_METRICS_PORT) names the field it is still read into."""
+    from fleet.settings.sections import LEGACY_NAMES
+
     model: type = Settings
-    for part in variable.removeprefix("FLEET_").lower().split("__"):
+    name = variable.removeprefix("FLEET_").lower()
+    name = "__".join(LEGACY_NAMES.get(name, (name,)))
+    for part in name.split("__"):
         fields = getattr(model, "model_fields", None)
         if not fields or part not in fields:
             return False

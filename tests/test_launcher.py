@@ -15,9 +15,11 @@ import pytest
 import requests
 
 from fleet.coord.localredis import free_port
+from fleet.settings import Settings
 from fleet.store import open_store
 from fleet.store.layout import results_prefix
 from fleet.worker.supervisor import proctree
+from fleet.worker.supervisor.launcher import plan_workers
 from tests.conftest import run_fleet
 from tests.fleetproc import (
     Workers,
@@ -322,3 +324,18 @@ def test_what_workers_of_a_killed_launcher_left_is_ended_by_the_next_launcher(tm
     finally:
         workers.stop()
     assert "left by workers of a launcher that is gone" in workers.logs()
+
+
+def test_each_worker_process_gets_its_own_metrics_port(monkeypatch, clean_env):
+    # Given a launcher whose environment names the base port by the flat name of before sections
+    monkeypatch.setenv("FLEET_METRICS_PORT", "9400")
+    settings = Settings()
+    # When it plans two workers, each started with its environment, its settings and its spec's
+    ports = []
+    for spec in plan_workers(settings, 2, None, host="h"):
+        with monkeypatch.context() as m:
+            for key, value in {**settings.to_env(), **spec.env}.items():
+                m.setenv(key, value)
+            ports.append(Settings().monitor.metrics_port)
+    # Then each serves its metrics on the base port plus its number
+    assert ports == [9400, 9401]

@@ -12,10 +12,11 @@ import redis
 
 from fleet.coord import keys
 from fleet.coord.heartbeat import Heartbeat
+from fleet.coord.leaseclock import FIGURES_EVERY, LeaseClock
 from fleet.coord.leases import Figures, Lease, Look, beat, holder
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import BrokerMissing
-from fleet.settings import FIGURES_EVERY, Settings
+from fleet.settings import Settings
 
 
 @pytest.fixture
@@ -474,8 +475,9 @@ def test_a_worker_heartbeat_renews_old_leases_at_least_four_times_a_ttl():
         hb = Heartbeat.of(settings)
         # Then an old lease is renewed every renew_s, a whole number of beats, at most a quarter TTL
         # apart (or every beat where a beat is that long already)
-        assert hb.renew_every * hb.interval_s == settings.renew_s
-        assert settings.renew_s <= max(ttl / 4, settings.heartbeat_s)
-        assert hb.young_s == settings.crash_window_s
+        clock = LeaseClock.of(settings)
+        assert hb.renew_every * hb.interval_s == clock.renew_s
+        assert clock.renew_s <= max(ttl / 4, clock.beat_s)
+        assert hb.young_s == settings.failure.crash_window_s
     # and at the defaults on the full beats: every 10 s, six renewals a TTL
-    assert Settings(lease_ttl_s=60).renew_s == 10 and Settings(lease_ttl_s=60).renew_every == FIGURES_EVERY
+    assert LeaseClock(60).renew_s == 10 and LeaseClock(60).renew_every == FIGURES_EVERY

@@ -118,7 +118,7 @@ def test_a_message_taken_long_ago_without_a_lease_is_repaired(settings, r, job):
     (tag,) = r.hkeys(keys.KOMBU_UNACKED)
     (index,) = waiting_messages(r, chunk_queue(settings), JOB).unacked
     # Given the dead consumer took it longer ago than any worker needs to take the lease
-    long_ago = time.time() - LOST_AFTER_LEASES * settings.lease_ttl_s - 5
+    long_ago = time.time() - LOST_AFTER_LEASES * settings.lease.ttl_s - 5
     r.zadd(keys.KOMBU_UNACKED_INDEX, {tag: long_ago})
     report = enqueue_missing(r, app, store, settings, manifest)
     assert report.repaired == [index] and report.enqueued == [index]

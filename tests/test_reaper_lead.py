@@ -17,6 +17,7 @@ import redis
 
 from fleet.coord import keys, leases
 from fleet.coord.broker import make_celery, store_of
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.leases import Figures, Lease, run_owner
 from fleet.coord.recovery import Reaper, lead_ttl_s
 from fleet.settings import Settings
@@ -87,7 +88,7 @@ def calls(r: redis.Redis, command: str) -> int:
 
 def dies(worker: SimWorker, settings: Settings, r: redis.Redis) -> None:
     """Its last beat renews its leases for the settings' TTL; then it stops, and they run out."""
-    worker.beat(settings.lease_ttl_s)
+    worker.beat(settings.lease.ttl_s)
     wait_for(lambda: not any(r.exists(x.key) for x in worker.leases), 30, "the dead worker's leases to run out",
              interval=0.05)
 
@@ -121,7 +122,7 @@ def test_one_reaper_scans_for_the_fleet_and_requeues_an_expired_lease_at_the_nex
 @pytest.mark.slow
 def test_when_the_leader_dies_another_leads_by_the_time_its_own_leases_run_out(fleet, settings, redis_server):
     r = redis.Redis.from_url(redis_server.url)
-    assert lead_ttl_s(settings) <= settings.lease_ttl_s - settings.renew_s
+    assert lead_ttl_s(settings) <= settings.lease.ttl_s - LeaseClock.of(settings).renew_s
     # Given the fleet's leader
     [leader] = one_round(fleet)
     # When it takes its last turn, beats once more and dies

@@ -19,6 +19,7 @@ import redis
 from fleet.coord import keys, suspects, witness
 from fleet.coord.broker import TASK_NAME, chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkstate import Quarantine, read_failures
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.leases import Lease, add_job, run_owner
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.outages import Outages, Window, outages_of
@@ -27,6 +28,7 @@ from fleet.coord.recovery import StallWatch, requeue_expired, watch_jobs
 from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
 from fleet.store.local import LocalStore
+from fleet.store.options import JobOptions, write_options
 from fleet.store.results import ChunkStats, encode_result
 from tests.fleetproc import wait_for
 
@@ -176,15 +178,15 @@ def long_run(r: redis.Redis, job: str, index: int, seconds: float) -> None:
 
 def test_worker_loss_after_a_long_run_spends_nothing(r, store, app, settings):
     # Given a chunk out of attempts whose worker died a minute into running it
-    expired_lease(r, "j", 7, attempts_started=settings.max_attempts)
+    expired_lease(r, "j", 7, attempts_started=settings.failure.max_attempts)
     r.hset(keys.crashes("j"), 7, 2)
     long_run(r, "j", 7, 60)
     # When the reaper runs
     assert requeue_expired(r, store, app, settings) == ["j/7"]
     # Then it is requeued, not quarantined; no attempt spent; the crash suspicion is cleared
-    assert queued_messages(r) == [{"job": "j", "index": 7, "attempt": settings.max_attempts + 1}]
+    assert queued_messages(r) == [{"job": "j", "index": 7, "attempt": settings.failure.max_attempts + 1}]
     assert read_failures(store, "j") == []
-    assert int(r.hget(keys.attempts("j"), 7)) == settings.max_attempts
+    assert int(r.hget(keys.attempts("j"), 7)) == settings.failure.max_attempts
     assert r.hget(keys.crashes("j"), 7) is None
     assert r.hget(keys.lease_started(), "j/7") is None and r.hget(keys.lease_beat(), "j/7") is None
 
@@ -209,13 +211,13 @@ def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = Fals
 def test_a_death_while_a_suspect_waits_to_run_alone_is_no_evidence(r, store, app, settings, waited_s):
     # Given a suspect with a solo death on host b, now leased by a process on host a that waits
     # (short or long) for its other chunks to end before running it alone
-    for n in range(settings.solo_after):
+    for n in range(settings.failure.solo_after):
         lost_run(r, "j", 7, f"gpu0@b:{n}")
         assert requeue_expired(r, store, app, settings) == ["j/7"]
     lost_run(r, "j", 7, "gpu0@b:9", solo=True)
     assert requeue_expired(r, store, app, settings) == ["j/7"]
     before = suspects.suspicion(r, "j", 7)
-    assert before.deaths == settings.solo_after + 1 and int(r.hget(keys.crashes("j"), 7)) == 1
+    assert before.deaths == settings.failure.solo_after + 1 and int(r.hget(keys.crashes("j"), 7)) == 1
     lease = Lease(r, "j", 7, "gpu0@a:1", ttl_s=0.2)
     assert lease.acquire()
     suspects.wait_solo(r, "j", 7, "gpu0@a:1")
@@ -228,7 +230,7 @@ def test_a_death_while_a_suspect_waits_to_run_alone_is_no_evidence(r, store, app
     assert requeue_expired(r, store, app, settings) == ["j/7"]
     # Then the chunk is requeued with its suspicion and solo death as they were: nothing spent, nothing cleared
     assert suspects.suspicion(r, "j", 7) == before and int(r.hget(keys.crashes("j"), 7)) == 1
-    assert read_failures(store, "j") == [] and len(queued_messages(r)) == settings.solo_after + 2
+    assert read_failures(store, "j") == [] and len(queued_messages(r)) == settings.failure.solo_after + 2
     # and its marks are gone, the process's death counted against its worker
     assert r.hget(keys.solo_waits(), "j/7") is None and r.hget(keys.lease_holder(), "j/7") is None
     assert suspects.worker_health(r, "gpu0@a").deaths == 1
@@ -289,6 +291,18 @@ def test_deaths_beside_other_chunks_never_quarantine_solo_deaths_on_two_hosts_do
     assert len(queued_messages(r)) == 7 and not r.hget(keys.attempts("j"), 7)
 
 
+def test_the_reaper_reads_the_jobs_own_crash_policy(r, store, app, settings):
+    # Given job j whose options quarantine a chunk at its first solo death (the fleet's max_crashes is 3)
+    write_options(store, "j", JobOptions(max_crashes=1))
+    # When a process running chunk 7 alone dies at once
+    lost_run(r, "j", 7, "gpu0@b:1", solo=True)
+    assert requeue_expired(r, store, app, settings) == ["j/7"]
+    # Then the reaper quarantines it under the job's policy, where the fleet's would requeue it
+    [failure] = read_failures(store, "j")
+    assert failure["error_type"] == "WorkerLost" and failure["attempts"] == 1 and "1 host(s)" in failure["error"]
+    assert queued_messages(r) == []
+
+
 def vanished_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = False) -> None:
     """A process took the chunk (beside others, or alone) and vanished at once with its host: its lease
     runs out, and nothing that outlived it saw it die."""
@@ -344,20 +358,21 @@ def test_a_witness_that_comes_while_the_reaper_waits_makes_the_death_evidence(r,
 def test_a_worker_whose_processes_keep_dying_is_blamed_and_benched(r, store, app, settings, caplog):
     # Given a healthy worker, and one whose processes each die soon after taking chunks, before finishing a batch
     suspects.note_commit(r, "gpu0@good:1")
-    for n in range(1, settings.bench_after + 1):
+    for n in range(1, settings.failure.bench_after + 1):
         lost_run(r, "j", n, f"gpu0@bad:{n}", committed=False)
         requeue_expired(r, store, app, settings)
     # Then its deaths are counted in a row, and only the first one's chunk is suspected
     health = suspects.worker_health(r, "gpu0@bad")
-    assert (health.deaths, health.streak) == (settings.bench_after, settings.bench_after)
-    assert [bool(suspects.suspicion(r, "j", n)) for n in range(1, settings.bench_after + 1)] == \
-        [True] + [False] * (settings.bench_after - 1)
+    assert (health.deaths, health.streak) == (settings.failure.bench_after, settings.failure.bench_after)
+    assert [bool(suspects.suspicion(r, "j", n)) for n in range(1, settings.failure.bench_after + 1)] == \
+        [True] + [False] * (settings.failure.bench_after - 1)
     assert "worker gpu0@bad benched" in caplog.text
     assert [h.worker for h in suspects.dying_workers(r)] == ["gpu0@bad"]
     assert suspects.healthy_others(r, "gpu0@bad") and not suspects.healthy_others(r, "gpu0@good")
     # and a process of it that commits a chunk ends the streak
     suspects.note_commit(r, "gpu0@bad:99")
-    assert suspects.dying_workers(r) == [] and suspects.worker_health(r, "gpu0@bad").deaths == settings.bench_after
+    assert suspects.dying_workers(r) == []
+    assert suspects.worker_health(r, "gpu0@bad").deaths == settings.failure.bench_after
 
 
 def test_reaper_never_drops_a_new_owner(r, store, app, settings):
@@ -606,7 +621,7 @@ def test_leases_running_out_a_renewal_interval_apart_ran_out_at_once(clean_env):
     # leases run out that far apart, their last renewals spread over a renewal interval
     settings = Settings(lease_ttl_s=60)
     judge, t = PauseJudge(Outages(), settings), time.time() - 120
-    spread = settings.renew_s + settings.heartbeat_s
+    spread = LeaseClock.of(settings).renew_s + LeaseClock.of(settings).beat_s
     expired = [Expiry("j", 1, t, t + 60, "gpu0@a:1"), Expiry("j", 2, t + spread, t + spread + 60, "gpu0@b:1")]
     # When a reaper that saw no pause itself finds them, and no lease live, Then it is a pause
     judge.note_round(expired, live=0)

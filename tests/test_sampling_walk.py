@@ -75,3 +75,17 @@ def test_an_invalid_max_tokens_flag_is_refused_naming_it(capsys: pytest.CaptureF
         settings_from(engine="sim", max_tokens=-5)
     assert refused.value.exit_code == 2
     assert "--max-tokens -5: Input should be greater than or equal to 1" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_sim_and_a_model_engine_resolve_a_jobs_sampling_the_same_way(tiny_model) -> None:
+    # Given one job's sampling settings (top_p set, the rest unset) for the sim and for the hf engine on a model
+    # whose generation config sets nothing the job leaves unset but the samplers' own defaults
+    flags = {"sampling": {"top_p": 0.9, "max_tokens": 64}}
+    sim = job_config(Settings(engine="sim", **flags))["sampling"]
+    hf = job_config(Settings(engine="hf", model=str(tiny_model), **flags))["sampling"]
+    # Then both manifests hold every sampler set, unset ones off, by the one resolution
+    samplers = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                "frequency_penalty")
+    assert all(sim[k] is not None for k in samplers), sim
+    assert sim["top_p"] == hf["top_p"] == 0.9 and sim["max_tokens"] == hf["max_tokens"] == 64
+    assert set(sim) == set(hf)

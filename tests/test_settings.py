@@ -14,6 +14,7 @@ from typing import get_args
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
+from fleet.coord.leaseclock import LeaseClock
 from fleet.settings import IN_FLIGHT_FACTOR, Settings, load_settings
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -32,7 +33,7 @@ def test_defaults_without_any_source():
     # When settings are built
     s = Settings()
     # Then the documented defaults apply
-    assert (s.engine, s.chunk_size, s.lease_ttl_s, s.broker_url) == ("sim", 256, 60.0, None)
+    assert (s.engine, s.chunk_size, s.lease.ttl_s, s.broker_url) == ("sim", 256, 60.0, None)
     assert s.resolved_store_url == str(Path("fleet-data") / "store")
 
 
@@ -48,10 +49,30 @@ def test_env_prefix_sets_top_level_fields(monkeypatch):
     # When settings are built
     s = Settings()
     # Then each lands in its field with its type
-    assert s.chunk_size == 64 and s.engine == "hf" and s.slots == 5 and s.lease_ttl_s == 7.5
+    assert s.chunk_size == 64 and s.engine == "hf" and s.slots == 5 and s.lease.ttl_s == 7.5
     assert s.broker_url == "redis://:pw@10.0.0.1:6380/2"
     assert s.resolved_store_url == "s3://bucket/prefix"
     assert s.model == "/models/q"
+
+
+def test_sections_are_set_by_their_own_names_and_the_old_flat_ones(monkeypatch, tmp_path):
+    # Given a section's own variables, and the flat names of before sections for others
+    monkeypatch.setenv("FLEET_FAILURE__MAX_ATTEMPTS", "7")
+    monkeypatch.setenv("FLEET_STORE_CLIENT__MAX_ATTEMPTS", "4")
+    monkeypatch.setenv("FLEET_LEASE_TTL_S", "8")
+    monkeypatch.setenv("FLEET_SPOOL_MAX_MB", "12")
+    write_toml(tmp_path / "fleet.toml", "bench_after = 9\n[monitor]\nflower_port = 6000\n")
+    # When settings are built (a flat keyword too, as old callers pass them)
+    s = Settings(metrics_port=9500)
+    # Then each lands in its section
+    assert (s.failure.max_attempts, s.store_client.max_attempts, s.lease.ttl_s, s.spool.max_mb) == (7, 4, 8, 12)
+    assert (s.failure.bench_after, s.monitor.flower_port, s.monitor.metrics_port) == (9, 6000, 9500)
+    # And a section's own variable goes over the old flat one, as the flag over both
+    monkeypatch.setenv("FLEET_LEASE__TTL_S", "9")
+    assert Settings().lease.ttl_s == 9 and Settings(lease_ttl_s=3).lease.ttl_s == 3
+    # And a child process gets the sections' names
+    env = Settings().to_env()
+    assert env["FLEET_LEASE__TTL_S"] == "9.0" and "FLEET_LEASE_TTL_S" not in env
 
 
 def test_env_without_prefix_is_ignored(monkeypatch):
@@ -189,9 +210,9 @@ def test_engine_max_running_follows_engine(engine, kwargs, expected_s):
 
 
 def test_heartbeat_is_a_quarter_of_the_ttl_between_a_floor_and_a_ceiling():
-    assert Settings(lease_ttl_s=60).heartbeat_s == 2  # the lease beat dates a lost worker to 2 s
-    assert Settings(lease_ttl_s=4).heartbeat_s == 1
-    assert Settings(lease_ttl_s=0.4).heartbeat_s == 0.2
+    assert LeaseClock.of(Settings(lease_ttl_s=60)).beat_s == 2  # the lease beat dates a lost worker to 2 s
+    assert LeaseClock.of(Settings(lease_ttl_s=4)).beat_s == 1
+    assert LeaseClock.of(Settings(lease_ttl_s=0.4)).beat_s == 0.2
 
 
 # -- to_env round trip -------------------------------------------------------------------
@@ -268,10 +289,11 @@ def test_to_env_leaves_out_unset_values():
         ("FLEET_CHUNK_SIZE", "0", "chunk_size"),
         ("FLEET_CHUNK_SIZE", "many", "chunk_size"),
         ("FLEET_ENGINE", "tgi", "engine"),
-        ("FLEET_LEASE_TTL_S", "-1", "lease_ttl_s"),
+        ("FLEET_LEASE_TTL_S", "-1", "lease.ttl_s"),
+        ("FLEET_LEASE__TTL_S", "-1", "lease.ttl_s"),
         ("FLEET_SIM__STEP_S", "-0.1", "step_s"),
         ("FLEET_SIM__MAX_RUNNING", "0", "max_running"),
-        ("FLEET_MULTIPART_THRESHOLD_MB", "4", "multipart_threshold_mb"),
+        ("FLEET_MULTIPART_THRESHOLD_MB", "4", "store_client.multipart_threshold_mb"),
     ],
 )
 def test_validation_errors_name_the_field(monkeypatch, var, value, field):
@@ -284,7 +306,7 @@ def test_validation_errors_name_the_field(monkeypatch, var, value, field):
     text = str(info.value)
     assert field in text
     if "__" in var:
-        assert "sim" in text
+        assert var.removeprefix("FLEET_").split("__")[0].lower() in text
 
 
 def test_validation_error_from_toml_names_the_field(tmp_path):

@@ -27,7 +27,7 @@ def make_store(
         return open_store(str(tmp_path / "store"), multipart_threshold_mb=threshold_mb)
     bucket = request.getfixturevalue(f"{kind}_bucket")
     return open_store(
-        f"{kind}://{bucket}/some/prefix", s3_max_attempts=2, multipart_threshold_mb=threshold_mb
+        f"{kind}://{bucket}/some/prefix", max_attempts=2, multipart_threshold_mb=threshold_mb
     )
 
 
@@ -377,13 +377,13 @@ def test_s3_url_without_bucket_is_a_config_error(url):
 
 
 def test_s3_url_opens_an_s3_store(s3_env):
-    store = open_store("s3://my-bucket/a/b/", s3_max_attempts=4, multipart_threshold_mb=8)
+    store = open_store("s3://my-bucket/a/b/", max_attempts=4, multipart_threshold_mb=8)
     assert isinstance(store, S3Store)
     assert (store.bucket, store.prefix, store.multipart_threshold) == ("my-bucket", "a/b", 8 * MB)
 
 
 def test_s3_missing_bucket_is_a_store_error(s3_env):
-    store = open_store("s3://no-such-bucket-fleet/p", s3_max_attempts=1)
+    store = open_store("s3://no-such-bucket-fleet/p", max_attempts=1)
     with pytest.raises(StoreError):
         store.put("k", b"v")
 
@@ -429,7 +429,7 @@ def test_gs_resumable_create_is_refused_at_finalize(gs_bucket, gcs_server):
     # Given a 5 MB threshold: a 9 MB object goes as a resumable upload in 16 MB-or-less chunks
     from fleet.store.gcs import GcsStore
 
-    store = open_store(f"gs://{gs_bucket}/p", s3_max_attempts=2, multipart_threshold_mb=5)
+    store = open_store(f"gs://{gs_bucket}/p", max_attempts=2, multipart_threshold_mb=5)
     assert isinstance(store, GcsStore)
     first, second = big(1, 9 * MB), big(2, 9 * MB)
     refused = gcs_server.proxy.counts["refused at finalize"]
@@ -448,7 +448,7 @@ def test_gs_resumable_create_is_refused_at_finalize(gs_bucket, gcs_server):
 @pytest.mark.slow
 def test_gs_resumable_race_has_one_winner(gs_bucket):
     # Given 4 writers of 9 MB results (resumable) and 4 of small ones (one request) at once
-    store = open_store(f"gs://{gs_bucket}/p", s3_max_attempts=2, multipart_threshold_mb=5)
+    store = open_store(f"gs://{gs_bucket}/p", max_attempts=2, multipart_threshold_mb=5)
     barrier, won, errors = threading.Barrier(8), [], []
 
     def commit(i: int) -> None:
@@ -478,7 +478,7 @@ def test_gs_url_without_bucket_is_a_config_error(url, gcs_env):
 
 
 def test_gs_missing_bucket_is_a_store_error(gcs_env):
-    store = open_store("gs://no-such-bucket-fleet/p", s3_max_attempts=1)
+    store = open_store("gs://no-such-bucket-fleet/p", max_attempts=1)
     with pytest.raises(StoreError):
         store.put("k", b"v")
 

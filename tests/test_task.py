@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from fleet.coord.leaseclock import LeaseClock
 from fleet.settings import Settings
 from fleet.worker.process.bell import Bell, RingingEvent
 from fleet.worker.run.chunk import ChunkRun
@@ -130,6 +131,6 @@ def test_the_worker_flags_ring_the_bell_and_a_bell_wakes_only_its_listeners():
 
 
 def test_a_worker_polls_at_the_heartbeat_pace_never_below_the_floor():
-    assert poll_s_of(Settings()) == min(Settings().heartbeat_s, Settings().assist_poll_s) > POLL_S
+    assert poll_s_of(Settings()) == min(LeaseClock.of(Settings()).beat_s, Settings().assist_poll_s) > POLL_S
     assert poll_s_of(Settings(checkpoint_interval_s=1.5)) == 1.5  # a checkpoint due sooner than a beat
     assert poll_s_of(Settings(assist_poll_s=0.1)) == POLL_S

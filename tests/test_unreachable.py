@@ -106,3 +106,30 @@ def test_errors_lost_mid_run_map_by_class() -> None:
     store = unreachable(EndpointConnectionError(endpoint_url="http://x:1"), s)
     assert isinstance(store, StoreUnreachable) and isinstance(store, StoreError)
     assert "lost the store s3://b/p" in str(store)
+
+
+def test_a_gcs_store_lost_mid_run_is_named_with_its_own_hint() -> None:
+    # Given a process that opened a gs:// store (its scheme is loaded), with settings naming it
+    import requests
+
+    from fleet.store.schemes import scheme_of
+    from fleet.tools.preflight import connection_errors
+
+    s = Settings(store_url="gs://b/p")
+    scheme = scheme_of("gs://b/p")
+    lost = requests.ConnectionError("Max retries exceeded with url: /storage/v1/b/b")
+    # When the GCS client's connection error escapes a command
+    # Then it is one of the errors the CLI turns into one line, and that line names GCS's settings, not AWS's
+    assert isinstance(lost, connection_errors())
+    store = unreachable(lost, s)
+    assert isinstance(store, StoreUnreachable) and "lost the store gs://b/p" in str(store)
+    assert scheme.hint in str(store) and "STORAGE_EMULATOR_HOST" in str(store) and "AWS" not in str(store)
+
+
+def test_an_export_target_picks_its_format_through_the_object_layer() -> None:
+    # Given the layer's schemes, When the export's format is left to the target
+    from fleet.store.schemes import default_format
+
+    # Then a Hub dataset gets a Hub-ready folder, a bucket or a path none (its suffix decides)
+    assert default_format("hf://datasets/org/name") == "hf"
+    assert default_format("s3://b/out.jsonl") is None and default_format("/tmp/out.parquet") is None

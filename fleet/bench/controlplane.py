@@ -45,7 +45,7 @@ from fleet.coord.localredis import LocalRedis
 from fleet.errors import FleetError
 from fleet.monitor.status import job_status
 from fleet.producer.enqueue import enqueue_missing
-from fleet.settings import DEFAULT_CHUNK_SIZE, Settings
+from fleet.settings import DEFAULT_CHUNK_SIZE, LeaseSettings, Settings
 from fleet.store import open_store
 from fleet.store.layout import manifest_key, result_key
 from fleet.store.manifest import Manifest
@@ -112,8 +112,8 @@ class CPProfile:
     #: how long the broker stays down in the restart, and how long the reconnections are watched
     down_s: float = 5.0
     watch_s: float = 40.0
-    lease_ttl_s: float = Settings.model_fields["lease_ttl_s"].default
-    reaper_interval_s: float = Settings.model_fields["reaper_interval_s"].default
+    lease_ttl_s: float = LeaseSettings.model_fields["ttl_s"].default
+    reaper_interval_s: float = LeaseSettings.model_fields["reaper_interval_s"].default
 
 
 FULL = CPProfile()

@@ -43,6 +43,7 @@ import redis.connection
 from fleet.coord import chunkqueue, figures, suspects
 from fleet.coord.broker import make_celery, redis_client
 from fleet.coord.heartbeat import Heartbeat
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.leases import Lease, run_owner
 from fleet.coord.pool import KOMBU_NAME, new_pool
 from fleet.coord.reconnect import jittered_waits
@@ -368,7 +369,7 @@ class Process:
     def _schedule(self) -> None:
         """Each worker's heartbeat and reaper turn at its own period and random phase, on LOOPS
         threads; a worker's next beat waits for its last (as its one heartbeat thread would)."""
-        beat_s, turn_s = self.workers[0].settings.heartbeat_s, self.spec.reaper_interval_s
+        beat_s, turn_s = LeaseClock.of(self.workers[0].settings).beat_s, self.spec.reaper_interval_s
         now = time.monotonic()
         heap = [(now + random.uniform(0, beat_s), n, "beat") for n in range(len(self.workers))]
         heap += [(now + random.uniform(0, turn_s), n, "turn") for n in range(len(self.workers))]

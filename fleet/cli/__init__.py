@@ -5,15 +5,15 @@ from __future__ import annotations
 from fleet.cli.app import app, fail_unreachable
 
 # Importing the command modules registers their commands on `app`.
-from fleet.cli import bench, jobs, models, monitoring, ops, workers  # noqa: E402,F401  isort: skip
+from fleet.cli import bench, joboptions, jobs, models, monitoring, ops, workers  # noqa: E402,F401  isort: skip
 
 
 def main() -> None:
-    from fleet.tools.preflight import CONNECTION_ERRORS
+    from fleet.tools.preflight import connection_errors
 
     try:
         app()
-    except CONNECTION_ERRORS as e:
+    except connection_errors() as e:  # evaluated as the error escapes: the stores this run used
         fail_unreachable(e)
 
 

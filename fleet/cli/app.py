@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -15,6 +16,7 @@ from typer.core import TyperGroup
 from fleet.cli.flags import gpu_indexes, job_name, model_dir
 from fleet.errors import FleetError, ServiceUnreachable, TargetUnwritable
 from fleet.settings import ENGINE_SECTIONS, Settings, load_settings
+from fleet.settings.sections import LEGACY_NAMES
 
 #: click's UsageError as typer raises it (its BadParameter's base), whichever click typer uses
 UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -104,8 +106,9 @@ DataDirOpt = Annotated[Path | None, typer.Option("--data-dir", help="local runti
 #: path in the settings
 NESTED_FLAGS: dict[str, tuple[str, ...]] = {
     "max_tokens": ("sampling", "max_tokens"),
-    "port": ("flower_port",),  # `fleet flower --port`
-    "address": ("flower_address",),
+    "port": ("monitor", "flower_port"),  # `fleet flower --port`
+    "address": ("monitor", "flower_address"),
+    "usd_per_gpu_hour": ("monitor", "usd_per_gpu_hour"),
     **{name: ("input", name) for name in ("config", "split", "revision", "columns")},
 }
 
@@ -135,8 +138,16 @@ def setting_error(err: Any, given: dict[str, Any]) -> str:
     loc = tuple(str(part) for part in err["loc"])
     flag = next((name for name in given if NESTED_FLAGS.get(name, (name,)) == loc[: len(NESTED_FLAGS.get(
         name, (name,)))]), None)  # fmt: skip
-    where = f"--{flag.replace('_', '-')} {given[flag]}" if flag else f"FLEET_{'__'.join(loc).upper()}"
+    where = f"--{flag.replace('_', '-')} {given[flag]}" if flag else env_name(loc)
     return f"{where}: {err['msg'].removeprefix('Value error, ')}"
+
+
+def env_name(loc: tuple[str, ...]) -> str:
+    """The variable that set a setting: its section's name, or the flat one of before sections where
+    only that one is set (FLEET_METRICS_PORT for monitor.metrics_port)."""
+    name = f"FLEET_{'__'.join(loc).upper()}"
+    old = next((f"FLEET_{flat.upper()}" for flat, path in LEGACY_NAMES.items() if path == loc[:2]), None)
+    return old if old and name not in os.environ and old in os.environ else name
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -41,6 +41,7 @@ from fleet.cli.app import (
 from fleet.cli.flags import input_url, job_name, positive
 from fleet.cli.liveprogress import live_progress
 from fleet.export.formats import FORMATS
+from fleet.store.options import settable
 
 #: `--format`: one of the export formats (fleet.export.formats.FORMATS)
 ExportFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
@@ -55,6 +56,27 @@ RedoOpt = Annotated[str | None, typer.Option(
     "ended in thinking, errors, loops); JOB must be complete")]
 
 MaxTokensOpt = Annotated[int | None, typer.Option("--max-tokens", help="sampling max tokens")]
+#: a job's options (fleet.store.options): outside its identity, changed later with `fleet job set`
+PriorityOpt = Annotated[int | None, typer.Option(
+    "--priority", help="which job's chunks workers take first, -3 to 5, higher first (default 0); "
+    "`fleet job set --job J priority=N` changes it later")]
+MaxAttemptsOpt = Annotated[int | None, typer.Option(
+    "--max-attempts", help="this job's failed attempts before a chunk is quarantined (default: the fleet's "
+    "max_attempts setting)")]
+SetOpt = Annotated[list[str] | None, typer.Option(
+    "--set", help=f"a job option NAME=VALUE (again for more): {', '.join(settable())}")]
+
+
+def option_flags(priority: int | None, max_attempts: int | None, assignments: list[str] | None) -> dict[str, object]:
+    """The job options the flags give, by name (fleet.store.options); a bad word is one line."""
+    from fleet.store.options import parse_assignments
+
+    given: dict[str, object] = run_guarded(parse_assignments, assignments or [])
+    if priority is not None:
+        given["priority"] = priority
+    if max_attempts is not None:
+        given["max_attempts"] = max_attempts
+    return given
 #: `fleet run`'s CPU workers where --workers is not given
 LOCAL_WORKERS = 2
 
@@ -106,28 +128,34 @@ def enqueue(
     job: JobOpt,
     redo: RedoOpt = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="give quarantined chunks another round")] = False,
+    priority: PriorityOpt = None, max_attempts: MaxAttemptsOpt = None, set_options: SetOpt = None,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, chunk_size: ChunkOpt = None, max_tokens: MaxTokensOpt = None,
     turns: TurnsOpt = None,
     config: ConfigOpt = None, split: SplitOpt = None, revision: RevisionOpt = None, columns: ColumnsOpt = None,
 ) -> None:
-    """Producer: validate, write chunks and manifest, enqueue chunks with no result (idempotent)."""
+    """Producer: validate, write chunks and manifest, enqueue chunks with no result (idempotent).
+    The job's options (--priority, --max-attempts, --set) are stored beside its manifest, outside
+    its identity: given again, they change; left out, they stay."""
     from fleet.producer.enqueue import enqueue as do_enqueue
 
     check_source(input, redo)
+    options = option_flags(priority, max_attempts, set_options)
     settings = settings_from(engine=engine, model=model, broker_url=broker_url,
                              store_url=store_url, chunk_size=chunk_size, turns=turns, max_tokens=max_tokens,
                              **input_flags(config, split, revision, columns))
     # The broker first: a job whose chunks are written but cannot be queued helps nobody.
     preflight(settings, broker=True, store=True)
     with live_progress(console) as progress:
-        report = run_guarded(do_enqueue, settings, input, job, retry_failed, progress, redo)
+        report = run_guarded(do_enqueue, settings, input, job, retry_failed, progress, redo, options)
     console.print(
         f"job {job}: {report.chunks} chunks; enqueued {len(report.enqueued)}, done {report.done}, "
         f"running {report.running}, already queued {report.queued}, failed {report.failed}"
         + (f"; repaired {len(report.repaired)} stale queued marker(s)" if report.repaired else "")
     )
     console.print(f"max_tokens {report.max_tokens} ({report.max_tokens_from or 'as stored'})")
+    console.print(f"options: {report.options}" + (f"; {report.moved} waiting chunk(s) moved to the new priority"
+                                                  if report.moved else ""), highlight=False)
 
 
 @app.command()
@@ -190,8 +218,8 @@ def status(
     manifest = run_guarded(require_manifest, store, job)
 
     def current():
-        return run_guarded(job_status, store, r, job, settings.usd_per_gpu_hour, manifest, settings.bench_after,
-                           redo=True)
+        return run_guarded(job_status, store, r, job, settings.monitor.usd_per_gpu_hour, manifest,
+                           settings.failure.bench_after, redo=True)
 
     if as_json:
         while True:
@@ -255,6 +283,7 @@ def status_table(st) -> Table:
         ("spec accept", "-" if st.spec_accept_length is None else f"{st.spec_accept_length:.2f} tokens/step"),
         ("retractions", retractions_text(st.retractions, st.samples_done)),
         ("$/M out tokens", "-" if st.usd_per_m_tokens is None else f"${st.usd_per_m_tokens:,.3f}"),
+        ("options", st.options or "-"),
         ("done", str(st.done)),
     ]
     for k, v in rows:

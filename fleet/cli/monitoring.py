@@ -11,7 +11,7 @@ import typer
 
 from fleet.cli.app import BrokerOpt, StoreOpt, app, console, run_guarded, settings_from, setup_logging
 
-#: the job exporter's default port (the workers use settings.metrics_port and up)
+#: the job exporter's default port (the workers use settings.monitor.metrics_port and up)
 JOB_METRICS_PORT = 9399
 
 
@@ -51,7 +51,7 @@ def prom_targets(
     """Write Prometheus' targets: each host's worker ports and the job exporter."""
     from fleet.monitor.promtargets import head_targets, worker_targets, write_targets
 
-    base = port or settings_from().metrics_port or 9400
+    base = port or settings_from().monitor.metrics_port or 9400
     groups = run_guarded(worker_targets, [h for h in hosts.split(",") if h.strip()], workers, base)
     write_targets(out, groups + head_targets(job_metrics_at))
     console.print(f"{sum(len(g['targets']) for g in groups)} worker targets written to {out}", highlight=False)

@@ -206,7 +206,7 @@ def plan(
     from fleet.tools.jobplan import fill_shape, job_shape, reference_shape
 
     settings = settings_from(model=model, store_url=store_url, engine=engine, usd_per_gpu_hour=usd_per_gpu_hour)
-    usd_per_gpu_hour = settings.usd_per_gpu_hour
+    usd_per_gpu_hour = settings.monitor.usd_per_gpu_hour
     try:
         from fleet.bench.reference import REFERENCE
 

@@ -14,6 +14,7 @@ from celery import Celery
 from kombu import Queue
 
 from fleet.coord import keys
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.outages import Outages, WatchedRedis
 from fleet.coord.pool import KOMBU_NAME, shared_pool
 from fleet.coord.reconnect import FleetAMQP
@@ -25,7 +26,16 @@ TASK_NAME = "fleet.run_chunk"
 #: kombu's Redis transport serves priority 0 first. Chunks handed back after a lost or
 #: stopping worker jump the queue, so recovery does not wait behind the whole job.
 PRIORITY_RECOVERY = 0
+#: a job of priority 0 (every job's unless set): its chunks' messages, as before job options
 PRIORITY_NORMAL = 6
+
+
+def message_priority(job_priority: int) -> int:
+    """The kombu priority of a job's fresh chunks: a job of higher priority (fleet.store.options) gets a
+    lower number, a list of its own that workers empty first (keys.PRIORITY_STEPS), never recovery's."""
+    return max(PRIORITY_RECOVERY + 1, min(keys.PRIORITY_STEPS[-1], PRIORITY_NORMAL - job_priority))
+
+
 #: broker connections a process keeps for sending messages: more than its senders at once (K chunk
 #: threads, the reaper, the assister)
 BROKER_POOL = 64
@@ -51,7 +61,7 @@ def make_celery(settings: Settings, broker_url: str | None = None) -> Celery:
     transport: dict[str, Any] = {
         # Redis emulates acks: a message unacked longer than this goes to another worker,
         # so it must exceed any chunk's run time (docs/architecture.md, Celery facts).
-        "visibility_timeout": settings.visibility_timeout_s,
+        "visibility_timeout": settings.lease.visibility_timeout_s,
         "health_check_interval": 10,
         "priority_steps": list(keys.PRIORITY_STEPS),
         "sep": keys.PRIORITY_SEP,
@@ -116,5 +126,5 @@ def redis_client(settings: Settings, pool: redis.ConnectionPool | None = None) -
     if not settings.broker_url:
         raise ConfigError("no broker configured: set FLEET_BROKER_URL (redis://host:port/db)")
     client = WatchedRedis(connection_pool=pool or shared_pool(settings.broker_url))
-    client.outages = Outages(slow_s=settings.heartbeat_s)
+    client.outages = Outages(slow_s=LeaseClock.of(settings).beat_s)
     return client

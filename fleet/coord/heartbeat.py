@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 from fleet import metrics
 from fleet.coord import leases
+from fleet.coord.leaseclock import FIGURES_EVERY, LeaseClock
 from fleet.coord.leases import Figures, Lease, Look
-from fleet.settings import FIGURES_EVERY, Settings
+from fleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ class Heartbeat:
     @classmethod
     def of(cls, settings: Settings) -> Heartbeat:
         """A worker's heartbeat: its beat, the renewal of old leases and the crash window from `settings`."""
-        return cls(settings.heartbeat_s, settings.renew_every, settings.crash_window_s)
+        clock = LeaseClock.of(settings)
+        return cls(clock.beat_s, clock.renew_every, clock.crash_window_s)
 
     def start(self) -> None:
         self._thread.start()

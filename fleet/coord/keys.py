@@ -7,8 +7,10 @@ the store stays the source of truth and `fleet enqueue` rebuilds both.
 from __future__ import annotations
 
 PREFIX = "fleet"
-#: kombu's Redis transport keeps one list per priority step: "<queue>", "<queue><sep><p>".
-PRIORITY_STEPS = (0, 3, 6, 9)
+#: kombu's Redis transport keeps one list per priority step: "<queue>", "<queue><sep><p>". Every
+#: priority a message can have is a step of its own (fleet.coord.broker.message_priority): recovery,
+#: then one list per job priority. A worker BRPOPs them in this order.
+PRIORITY_STEPS = tuple(range(10))
 PRIORITY_SEP = "\x06\x16"
 
 

@@ -21,7 +21,7 @@ import redis
 #: windows older than this are forgotten (a lease expired that long ago was judged long since)
 KEEP_S = 3600.0
 #: a process quiet longer than this before a late answer dates the outage from its command; past
-#: a worker's quietest stretch (a beat renews old leases every 10 s at the defaults, Settings.renew_s)
+#: a worker's quietest stretch (a beat renews old leases every 10 s at the defaults, LeaseClock.renew_s)
 QUIET_S = 15.0
 
 

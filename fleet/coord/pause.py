@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import redis
 
 from fleet.coord import leases, suspects
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.outages import Outages, Window
 from fleet.settings import Settings
 
@@ -45,10 +46,11 @@ class PauseJudge:
 
     def __init__(self, outages: Outages, settings: Settings):
         self.outages = outages
-        # A lease past its crash window is renewed only every renew_s (Settings.renew_s), not every
+        # A lease past its crash window is renewed only every renew_s (LeaseClock.renew_s), not every
         # beat: a live holder's last renewal may be that old, its leases run out spread over that
         # much, and it finds one gone (and takes it back) up to that long after the broker answers.
-        self.ttl_s, self.beat_s, self.renew_s = settings.lease_ttl_s, settings.heartbeat_s, settings.renew_s
+        clock = LeaseClock.of(settings)
+        self.ttl_s, self.beat_s, self.renew_s = clock.ttl_s, clock.beat_s, clock.renew_s
 
     @property
     def grace_s(self) -> float:

@@ -28,6 +28,7 @@ from fleet.coord import chunkqueue, keys, leases, suspects, witness
 from fleet.coord.broker import chunk_queue, store_of
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import delete_checkpoints, done_indexes, failed_indexes
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.outages import Outages, outages_of
 from fleet.coord.pause import Expiry, PauseJudge
 from fleet.coord.retry import Action, History, RetryPolicy, settle
@@ -37,6 +38,7 @@ from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.layout import checkpoints_prefix, result_key
 from fleet.store.manifest import load_manifest
+from fleet.store.options import OptionsCache
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +50,19 @@ _LEAD = (
 
 
 def lead_ttl_s(settings: Settings) -> float:
-    """How long the reaper lead lasts unrenewed: two rounds, but never past the lease TTL less a
-    renewal interval. A dead leader's own chunk leases run out a TTL after their last renewal (up
-    to `renew_s` before its death), and by then another worker's turn can take the lead and
-    requeue them: within TTL + one round still."""
-    return max(0.1, min(2 * settings.reaper_interval_s, settings.lease_ttl_s - settings.renew_s))
+    """How long the reaper lead lasts unrenewed (LeaseClock.lead_ttl_s)."""
+    return LeaseClock.of(settings).lead_ttl_s
 
 
 def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
-                    outages: Outages | None = None) -> list[str]:
+                    outages: Outages | None = None, options: OptionsCache | None = None) -> list[str]:
     """Requeue (or, on evidence, quarantine) every chunk of the store's jobs in the running set
-    whose lease is gone. A lease that ran out in a broker pause (`outages`: when this process
-    could not reach the broker) is left to its holder to take back, then requeued without judgement."""
+    whose lease is gone, each under its job's retry policy (`options`, the reaper's reader of the
+    jobs' options, fleet.store.options). A lease that ran out in a broker pause (`outages`: when
+    this process could not reach the broker) is left to its holder to take back, then requeued
+    without judgement."""
     queue, policy = ChunkQueue.of(app, settings, r), RetryPolicy.from_settings(settings)
+    options = options or OptionsCache(store)
     judge = PauseJudge(outages or outages_of(r), settings)
     expired, live = leases.scan_leases(r)
     if expired:  # another store's chunk is that store's reaper's: its result is not in this store
@@ -82,7 +84,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
             continue  # its holder, cut off like us, takes the lease back when it reaches the broker
         if pause is None and awaits_witness(r, expiries[job, index]):
             continue  # its launcher, if it outlived the process, is about to say how it died
-        if not leases.claim_recovery(r, job, index, max(5, int(settings.lease_ttl_s))):
+        if not leases.claim_recovery(r, job, index, LeaseClock.of(settings).recovery_claim_s):
             continue
         ran_s = leases.forget_unleased(r, job, index)
         if ran_s is None:
@@ -91,7 +93,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
             if pause is not None:
                 requeue_paused(r, queue, job, index)
             else:
-                requeue_lost(r, store, queue, policy, job, index, ran_s)
+                requeue_lost(r, store, queue, policy.for_job(options.get(job)), job, index, ran_s)
         except Exception as e:  # the chunk left the running set: put it back, with its evidence, for the next round
             leases.rewatch(r, job, index)
             log.warning("chunk %s: recovery failed, retried next round: %s", member, e)
@@ -179,14 +181,15 @@ def count_process_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None
 
 
 def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, stall: StallWatch,
-               chunks_of: Callable[[str], int | None], outages: Outages | None = None) -> None:
+               chunks_of: Callable[[str], int | None], outages: Outages | None = None,
+               options: OptionsCache | None = None) -> None:
     """One recovery round over every job of the store on this broker. A job fails alone: its
     error is logged and the others are still checked. A job of the store with no manifest in it
     (its prefix was deleted) leaves the store's job set once nothing of it is queued or running:
     while something is, a worker of the store runs it, and this process may be the one whose
     store is not the one its URL names (a local path on another host)."""
     try:
-        requeue_expired(r, store, app, settings, outages)
+        requeue_expired(r, store, app, settings, outages, options)
     except redis.RedisError as e:  # the broker may be restarting; the jobs below get their turn
         log.warning("expired-lease scan failed: %s", e)
     mine = store_of(settings)
@@ -239,6 +242,8 @@ class Reaper:
         self.leading = False
         #: (epoch seconds, seconds it took) of this reaper's recent rounds (the control-plane bench reads them)
         self.rounds: deque[tuple[float, float]] = deque(maxlen=64)
+        #: the jobs' options (fleet.store.options), kept between rounds: each lost chunk's retry policy
+        self.options = OptionsCache(store)
 
     def _manifest_chunks(self, job: str) -> int | None:
         manifest = load_manifest(self.store, job)
@@ -248,7 +253,8 @@ class Reaper:
         """Never raises: the broker may be restarting, the next round tries again."""
         began = time.monotonic()
         try:
-            watch_jobs(self.r, self.store, self.app, self.settings, self.stall, self.chunks_of, self.outages)
+            watch_jobs(self.r, self.store, self.app, self.settings, self.stall, self.chunks_of, self.outages,
+                       self.options)
         except Exception as e:
             log.warning("recovery check failed: %s", e)
         self.rounds.append((time.time(), time.monotonic() - began))
@@ -272,7 +278,7 @@ class Reaper:
 
     def run(self, owner: str, stop: threading.Event) -> None:
         """A worker's reaper thread: a turn every reaper interval until `stop` is set."""
-        while not stop.wait(self.settings.reaper_interval_s):
+        while not stop.wait(LeaseClock.of(self.settings).reaper_interval_s):
             self.turn(owner)
 
 
@@ -309,7 +315,8 @@ class StallWatch:
         if self.idle_checks[job] < 2:
             return []
         self.idle_checks[job] = 0
-        if not r.set(keys.stall_guard(job), "1", nx=True, ex=max(5, int(settings.reaper_interval_s * 3))):
+        guard_s = max(5, int(LeaseClock.of(settings).reaper_interval_s * 3))
+        if not r.set(keys.stall_guard(job), "1", nx=True, ex=guard_s):
             return []
         queue = ChunkQueue.of(app, settings, r)
         for index in sorted(missing):

@@ -2,7 +2,8 @@
 `fleet enqueue` alike (docs/architecture.md, "Failures").
 
 It reads only the error's class (`fleet.errors.Fault`) and the chunk's history:
-- the chunk's own failures spend attempts (`max_attempts`), a broken chunk object none;
+- the chunk's own failures spend attempts (`max_attempts`, the job's option over the fleet's
+  setting: `RetryPolicy.for_job`), a broken chunk object none;
 - store, broker and network errors spend nothing and come back after a backoff;
 - a worker loss or engine death is evidence against the worker and the set of chunks it
   ran, not each of them: a death within the crash window of taking a chunk's lease (the
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import math
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import redis
@@ -33,6 +34,7 @@ from fleet.coord.suspects import Suspicion, host_of, worker_of
 from fleet.errors import Fault
 from fleet.settings import Settings
 from fleet.store import Store
+from fleet.store.options import JobOptions
 
 
 class Action(Enum):
@@ -136,9 +138,15 @@ class RetryPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetryPolicy:
-        return cls(settings.max_attempts, settings.max_crashes, settings.crash_window_s,
-                   settings.retry_backoff_s, settings.retry_backoff_max_s, settings.crash_window_fraction,
-                   settings.bench_after, settings.bench_backoff_s, settings.bench_backoff_max_s, settings.solo_after)
+        f = settings.failure
+        return cls(f.max_attempts, f.max_crashes, f.crash_window_s, f.retry_backoff_s, f.retry_backoff_max_s,
+                   f.crash_window_fraction, f.bench_after, f.bench_backoff_s, f.bench_backoff_max_s, f.solo_after)
+
+    def for_job(self, options: JobOptions) -> RetryPolicy:
+        """This policy with what the job's options set (fleet.store.options): a job's option over the
+        fleet's setting, as dramatiq's message options over its actor's."""
+        return replace(self, max_attempts=options.max_attempts or self.max_attempts,
+                       max_crashes=options.max_crashes or self.max_crashes)
 
     def backoff(self, retries: int) -> float:
         return min(self.backoff_max_s, self.backoff_s * 2.0 ** min(retries, 16))

@@ -21,6 +21,7 @@ from fleet.store import Store
 from fleet.store.layout import read_chunk
 from fleet.store.manifest import Manifest, require_manifest
 from fleet.store.results import finished
+from fleet.store.schemes import default_format
 
 __all__ = ["VOLATILE_FIELDS", "export_job"]
 
@@ -97,7 +98,7 @@ def export_job(
     indexes = done_chunks(store, manifest, allow_incomplete)
     redos = redo_manifests(store, [job, *(redo_jobs or [])])
     merge = Merge([RedoRows(store, m.job, done_chunks(store, m, allow_incomplete)) for m in redos]) if redos else None
-    fmt = fmt or ("hf" if str(out).startswith("hf://") else "parquet" if str(out).endswith(".parquet") else "jsonl")
+    fmt = fmt or default_format(str(out)) or ("parquet" if str(out).endswith(".parquet") else "jsonl")
     if fmt not in FORMATS:
         raise FleetError(f"unknown export format {fmt!r}: use one of {', '.join(FORMATS)}")
     writer_cls = FORMATS[fmt]

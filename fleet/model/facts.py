@@ -48,11 +48,18 @@ def model_fingerprint(model: str) -> dict[str, Any]:
 def _job_sampling(model: str, sampling_json: str) -> tuple[dict[str, Any], str]:
     """The job's sampling (and where its max_tokens came from), its settings' `sampling_json` over the model's."""
     model_dir = resolve_model_dir(model)
-    job = json.loads(sampling_json)
-    max_tokens, max_tokens_from = default_max_tokens(model_dir, job["max_tokens"])
     gen = generation_config(model_dir)
-    sampling = effective_sampling(gen, job, max_tokens) | {"eos_token_ids": _end_ids(gen, load_tokenizer(model))}
-    return sampling, max_tokens_from
+    return job_sampling(json.loads(sampling_json), gen, model_dir, _end_ids(gen, load_tokenizer(model)))
+
+
+def job_sampling(job: dict[str, Any], gen: Any, model_dir: Path | None,
+                 eos_token_ids: list[int]) -> tuple[dict[str, Any], str]:
+    """The job's sampling for its manifest, the one resolution every engine's spec calls (the sim's too):
+    the settings' `job` sampling over the model's generation config `gen` (None: a model without one,
+    as the sim), every sampler neither sets off (NEUTRAL), max_tokens' one default
+    (fleet.model.outputlen, from `model_dir`), and the end ids. Returns it and where max_tokens came from."""
+    max_tokens, max_tokens_from = default_max_tokens(model_dir, job["max_tokens"])
+    return effective_sampling(gen, job, max_tokens) | {"eos_token_ids": list(eos_token_ids)}, max_tokens_from
 
 
 def generation_config(model_dir: Path) -> Any:
@@ -66,15 +73,15 @@ def generation_config(model_dir: Path) -> Any:
 
 
 def effective_sampling(gen: Any, job: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    """generation_config.json values, overridden by the job's non-None settings; `max_tokens`
-    is the one fleet.model.outputlen resolved."""
+    """generation_config.json values (`gen`; None: no model defaults), overridden by the job's non-None
+    settings; `max_tokens` is the one fleet.model.outputlen resolved."""
     out: dict[str, Any] = {}
     for key, neutral in NEUTRAL.items():
         value = job.get(key)
         if value is None:
             value = getattr(gen, key, None)
         out[key] = neutral if value is None else value
-    if job.get("temperature") is None and gen.do_sample is False:
+    if job.get("temperature") is None and getattr(gen, "do_sample", None) is False:
         out["temperature"] = 0.0  # the model asks for greedy decoding
     out.update(max_tokens=max_tokens, n=job["n"], stop=job.get("stop"))
     return out

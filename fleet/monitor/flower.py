@@ -43,11 +43,11 @@ def _check_basic_auth(value: str) -> None:
 
 def check_flower_settings(settings: Settings) -> None:
     """Refuse a Flower anyone on the network could drive (it can revoke tasks, stop workers)."""
-    if settings.flower_basic_auth:
-        _check_basic_auth(settings.flower_basic_auth)
-    elif not is_loopback(settings.flower_address):
+    if settings.monitor.flower_basic_auth:
+        _check_basic_auth(settings.monitor.flower_basic_auth)
+    elif not is_loopback(settings.monitor.flower_address):
         raise ConfigError(
-            f"refusing to start Flower on {settings.flower_address or 'every interface'!s} "
+            f"refusing to start Flower on {settings.monitor.flower_address or 'every interface'!s} "
             "without authentication: set FLEET_FLOWER_BASIC_AUTH=user:password, or bind to "
             "127.0.0.1 and reach it through an SSH tunnel"
         )
@@ -71,16 +71,16 @@ def flower_argv(settings: Settings) -> list[str]:
     check_flower_settings(settings)
     argv = [
         "flower",
-        f"--address={settings.flower_address}",
-        f"--port={settings.flower_port}",
+        f"--address={settings.monitor.flower_address}",
+        f"--port={settings.monitor.flower_port}",
         # Workers restart under the same name; drop the dead entries after a while.
         "--purge_offline_workers=600",
         # The task name is the chunk ("chunk <job>/<index>", send_chunk's shadow name), the
         # worker is gpu<i>@host; kwargs carry the attempt, exception why it failed.
         f"--tasks_columns={TASKS_COLUMNS}",
     ]
-    if settings.flower_basic_auth:
-        argv.append(f"--basic_auth={settings.flower_basic_auth}")
+    if settings.monitor.flower_basic_auth:
+        argv.append(f"--basic_auth={settings.monitor.flower_basic_auth}")
     return argv
 
 
@@ -94,11 +94,11 @@ def run_flower(settings: Settings) -> int:
     app = flower_app(settings)
     log.info(
         "Flower on http://%s:%s for broker %s (visibility_timeout %s s), auth %s",
-        settings.flower_address or "0.0.0.0",
-        settings.flower_port,
+        settings.monitor.flower_address or "0.0.0.0",
+        settings.monitor.flower_port,
         redact_url(str(app.conf.broker_url)),
         app.conf.broker_transport_options["visibility_timeout"],
-        "basic" if settings.flower_basic_auth else "none (loopback only)",
+        "basic" if settings.monitor.flower_basic_auth else "none (loopback only)",
     )
     log.debug("flower argv: %s", redact_argv(argv))
     # `celery flower` is a plugin subcommand of Celery's CLI; app.start runs it on this app.

@@ -31,7 +31,7 @@ FAMILIES = {
     "fleet_job_records": "Records of the job (total, done, repetition: samples the repetition stop ended)",
     "fleet_job_output_tokens_per_second": "Job output tokens per second over the recent window",
     "fleet_job_eta_seconds": "Estimated seconds until every chunk has a result",
-    "fleet_job_cost_usd": "USD spent on GPUs so far (settings.usd_per_gpu_hour)",
+    "fleet_job_cost_usd": "USD spent on GPUs so far (settings.monitor.usd_per_gpu_hour)",
     "fleet_job_usd_per_million_tokens": "USD per million output tokens so far",
     "fleet_job_output_tokens": "Output tokens of the job: committed, in flight (made for chunks not yet committed, "
     "as they stream), continued (checkpointed tokens samples went on from), made twice (lost between flushes)",
@@ -57,7 +57,7 @@ class JobCollector(Collector):
             return cached
         for job in jobs:
             try:
-                out.append(job_status(self.store, self.r, job, self.settings.usd_per_gpu_hour))
+                out.append(job_status(self.store, self.r, job, self.settings.monitor.usd_per_gpu_hour))
             except Exception as e:  # one unreadable job must not blank the others
                 log.warning("job %s: no metrics: %s: %s", job, type(e).__name__, e)
         self._cache = (time.monotonic(), out)

@@ -1,6 +1,6 @@
 """Prometheus file_sd targets for the head: every worker's /metrics and the job exporter.
 
-Workers listen on settings.metrics_port + their number on each GPU host (fleet.worker.supervisor.launcher),
+Workers listen on settings.monitor.metrics_port + their number on each GPU host (fleet.worker.supervisor.launcher),
 so a host list and the workers per host name every endpoint. Prometheus re-reads the file
 when it changes: adding a GPU host is rewriting it, no restart.
 """

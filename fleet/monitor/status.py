@@ -24,15 +24,16 @@ from fleet.coord.suspects import dying_workers, healthy_others, stalled_workers
 from fleet.coord.witness import host_losses
 from fleet.errors import StoreError
 from fleet.monitor.redostatus import redo_progress
-from fleet.settings import Settings
+from fleet.settings import FailureSettings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, require_manifest
+from fleet.store.options import load_options
 from fleet.store.results import ChunkStats, read_result
 
 RATE_WINDOW_S = 300.0
 #: seconds after which a running chunk's pace that was not renewed is its dead run's
 PACE_STALE_S = 30.0
-BENCH_AFTER: int = Settings.model_fields["bench_after"].default
+BENCH_AFTER: int = FailureSettings.model_fields["bench_after"].default
 
 
 @dataclass
@@ -106,6 +107,8 @@ class JobStatus:
     #: host -> worker processes lost with it, no one seeing them die (broker-wide): counted against
     #: the host, never the chunks they ran (fleet.coord.witness)
     lost_hosts: dict[str, int] = field(default_factory=dict)
+    #: the job's options (fleet.store.options), one line: priority, retry policy
+    options: str = ""
     broker: bool = True
     done: bool = False
 
@@ -255,6 +258,8 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
         st.failed = [{k: f.get(k) for k in ("index", "error_type", "error", "attempts")}
                      for f in read_failures(store, job, failed)]
     st.done = st.chunks_done == manifest.chunks
+    with contextlib.suppress(StoreError):
+        st.options = load_options(store, job).summary()
     progress = redo_progress(store, job) if redo else None
     if progress is not None:
         st.redo_jobs, st.redo_finished = progress.jobs, progress.finished

@@ -19,6 +19,7 @@ from fleet.coord import chunkqueue, counters, leases
 from fleet.coord.broker import chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkqueue import ChunkQueue
 from fleet.coord.chunkstate import done_indexes, failed_indexes
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.queuescan import stale_markers
 from fleet.coord.recovery import Reaper
 from fleet.engines.identity import engine_identity, identity_hash
@@ -28,6 +29,7 @@ from fleet.producer.chunker import write_chunks
 from fleet.producer.claim import JobIdentity, check_same_job, claim_job, load_claim
 from fleet.producer.digest import InputDigest
 from fleet.producer.inputs import read_records, validate
+from fleet.producer.jobset import OptionsChange, apply_change, planned
 from fleet.producer.redo import check_redo, redo_input, redo_settings
 from fleet.producer.source import local_input
 from fleet.progress import Progress, counted
@@ -57,7 +59,10 @@ class EnqueueReport:
     #: the max_tokens in effect for the job, and where it came from (fleet.model.outputlen)
     max_tokens: int | None = None
     max_tokens_from: str | None = None
-
+    #: the job's options (fleet.store.options) as they stand after this enqueue, and waiting messages
+    #: moved to a new priority's list
+    options: str = ""
+    moved: int = 0
 
 
 def job_identity(
@@ -139,7 +144,8 @@ def prepare_job(
     # manifest's, or, where an enqueue died between its claim and its manifest, the claim's.
     held = existing if existing is not None else load_claim(store, job)
     stored = held.input if held is not None else None
-    with local_input(input_url, settings.input, stored=stored, max_attempts=settings.s3_max_attempts) as fetched:
+    tries = settings.store_client.max_attempts
+    with local_input(input_url, settings.input, stored=stored, max_attempts=tries) as fetched:
         ident = job_identity(settings, job, fetched.pinned, fetched.path, progress)
         if existing is not None:
             check_same_job(existing, ident)
@@ -198,11 +204,16 @@ def max_tokens_of(manifest: Manifest) -> dict[str, Any]:
 
 def enqueue_missing(
     r: redis.Redis, app: Celery, store: Store, settings: Settings, manifest: Manifest,
-    retry_failed: bool = False,
+    retry_failed: bool = False, change: OptionsChange | None = None,
 ) -> EnqueueReport:
+    """Send what is missing, at the job's priority; `change` (checked before anything was written) is
+    applied first, so the new options hold for every chunk sent here."""
     job = manifest.job
+    queue = ChunkQueue.of(app, settings, r)
+    change = apply_change(store, r, queue, job, change or planned(store, job, {}))
     Reaper(r, store, app, settings).round()
-    report = EnqueueReport(job=job, chunks=manifest.chunks, **max_tokens_of(manifest))
+    report = EnqueueReport(job=job, chunks=manifest.chunks, **max_tokens_of(manifest),
+                           options=change.after.summary(), moved=change.moved)
     done = done_indexes(store, job)
     failed = failed_indexes(store, job)
     if retry_failed and failed:
@@ -216,7 +227,7 @@ def enqueue_missing(
     queued -= set(report.repaired)
     skip = done | failed | running | queued
     wanted = [i for i in range(manifest.chunks) if i not in skip]
-    report.enqueued = ChunkQueue.of(app, settings, r).enqueue(job, wanted)
+    report.enqueued = queue.enqueue(job, wanted, change.after.priority)
     report.done = len(done)
     report.failed = len(failed - done)
     report.running = len(running - done)
@@ -226,7 +237,8 @@ def enqueue_missing(
 
 def repair_markers(r: redis.Redis, settings: Settings, job: str, markers: set[int]) -> list[int]:
     """Clear the "queued" markers no message backs any more, so those chunks are sent again."""
-    stale = stale_markers(r, chunk_queue(settings), job, markers, LOST_AFTER_LEASES * settings.lease_ttl_s)
+    lost_after_s = LeaseClock.of(settings).lost_after_s(LOST_AFTER_LEASES)
+    stale = stale_markers(r, chunk_queue(settings), job, markers, lost_after_s)
     if stale:
         chunkqueue.clear_markers(r, job, stale)
         log.warning("job %s: %d queued marker(s) had no message (worker lost after taking it): "
@@ -244,16 +256,18 @@ def check_job_name(r: redis.Redis, settings: Settings, job: str) -> None:
 
 def enqueue(
     settings: Settings, input_url: str | None, job: str, retry_failed: bool = False,
-    progress: Progress | None = None, redo_of: str | None = None,
+    progress: Progress | None = None, redo_of: str | None = None, options: dict[str, object] | None = None,
 ) -> EnqueueReport:
-    """Enqueue `job` from `input_url`, or as a redo of `redo_of`."""
+    """Enqueue `job` from `input_url`, or as a redo of `redo_of`, with `options` (name -> value,
+    fleet.store.options) set on it: a job's stored options stay as they are where none is given."""
     store = store_for(settings)
     r = redis_client(settings)
     try:
         check_job_name(r, settings, job)  # before anything is written to the store
+        change = planned(store, job, options or {})  # a bad option is refused before anything is written
         manifest, created = prepare(settings, store, input_url, job, progress, redo_of)
         app = make_celery(settings)
-        report = enqueue_missing(r, app, store, settings, manifest, retry_failed)
+        report = enqueue_missing(r, app, store, settings, manifest, retry_failed, change)
     finally:
         r.close()
     report.created = created

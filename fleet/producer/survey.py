@@ -108,7 +108,7 @@ def survey(settings: Settings, input_url: str) -> InputSurvey:
         report.samples += record.sample_count(settings.sampling.n)
         lengths.add(record)
 
-    with local_input(input_url, settings.input, max_attempts=settings.s3_max_attempts) as fetched:
+    with local_input(input_url, settings.input, max_attempts=settings.store_client.max_attempts) as fetched:
         path = fetched.path
         report.input = fetched.pinned
         report.unit = lengths.unit = input_format(path, settings.input).unit

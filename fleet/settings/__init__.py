@@ -28,6 +28,15 @@ from fleet.settings.datasetinput import InputSettings
 from fleet.settings.engine import EngineSettings
 from fleet.settings.hf import HfSettings
 from fleet.settings.repetition import RepetitionSettings
+from fleet.settings.sections import (
+    LEGACY_NAMES,
+    FailureSettings,
+    LeaseSettings,
+    MonitorSettings,
+    SpoolSettings,
+    StoreClientSettings,
+    nest_legacy,
+)
 from fleet.settings.server import ServerSettings
 from fleet.settings.sglang import DEFAULT_SGLANG_RUNNING, SglangSettings
 from fleet.settings.sim import SimSettings
@@ -35,31 +44,24 @@ from fleet.settings.vllm import VllmSettings
 
 #: re-exported: callers name the engine sections from here
 __all__ = [
-    "DEFAULT_SGLANG_RUNNING", "ENGINE_SECTIONS", "PLANNED_ENGINE", "EngineName", "EngineSettings", "HfSettings",
-    "RepetitionSettings", "SamplingSettings", "ServerSettings", "Settings", "SglangSettings", "SimSettings",
-    "VllmSettings", "load_settings",
+    "DEFAULT_SGLANG_RUNNING", "ENGINE_SECTIONS", "PLANNED_ENGINE", "EngineName", "EngineSettings", "FailureSettings",
+    "HfSettings", "LeaseSettings", "MonitorSettings", "RepetitionSettings", "SamplingSettings", "ServerSettings",
+    "Settings", "SglangSettings", "SimSettings", "SpoolSettings", "StoreClientSettings", "VllmSettings",
+    "load_settings",
 ]
 
 DEFAULT_DATA_DIR = Path("fleet-data")
 DEFAULT_CHUNK_SIZE = 256
-DEFAULT_LEASE_TTL_S = 60.0
-DEFAULT_VISIBILITY_TIMEOUT_S = 12 * 3600
 #: RunPod and Vast.ai give an interruptible instance seconds between SIGTERM and SIGKILL
 DEFAULT_GRACE_S = 3.0
 DEFAULT_CHECKPOINT_INTERVAL_S = 30.0
 #: No token for this long while requests run is a hung engine: twice SGLang's own watchdog_timeout
 #: (300 s), far beyond a prefill of the reference job's prompts (seconds on a B200)
 DEFAULT_STALL_S = 600.0
-#: A result of the reference job's 256-record chunk is ~2-3 MB (zstd JSON with output ids): 4 GB
-#: holds over a thousand, hours of a 6-GPU host's output
-DEFAULT_SPOOL_MB = 4096
 #: K x C / S, the requests a worker keeps in flight per engine slot. The occupancy table
 #: (and `fleet bench projection` at the reference shape) gives 0.81 busy at 8 and 0.97-0.99
 #: at 16, so the default is 16.
 IN_FLIGHT_FACTOR = 16
-#: one heartbeat beat in this many is full (fleet.coord.heartbeat): it carries the runs' figures
-#: and renews every lease, also those past their crash window (`Settings.renew_s`)
-FIGURES_EVERY = 5
 #: Every engine's settings section by its name (FLEET_<NAME>__*): one line per engine here, one in
 #: fleet.engines.registry (its spec). The sections live in this part, so settings never import engines.
 ENGINE_SECTIONS: dict[str, type[EngineSettings]] = {
@@ -127,40 +129,8 @@ class _Settings(BaseSettings):
     )
     queue: str = Field("fleet", description="Celery queue name")
 
-    lease_ttl_s: float = Field(DEFAULT_LEASE_TTL_S, gt=0, description="lease time to live, seconds")
-    reaper_interval_s: float = Field(10.0, gt=0, description="seconds between expired-lease scans")
-    visibility_timeout_s: int = Field(DEFAULT_VISIBILITY_TIMEOUT_S, gt=0, description="longer than any chunk runs")
-    max_attempts: int = Field(3, ge=1, description="failed attempts before a chunk is quarantined")
-    max_crashes: int = Field(
-        3, ge=1, description="deaths of processes that ran a chunk alone, all on one host, that quarantine it "
-        "(two on two hosts do); deaths beside other chunks never count"
-    )
-    crash_window_s: float = Field(
-        10.0, ge=0, description="seconds, at most: a process dying this soon after taking a chunk's lease (or "
-        "starting it alone) makes it a suspect"
-    )
-    crash_window_fraction: float = Field(
-        0.5, gt=0, description="the crash window is this fraction of the job's median chunk run time so far, "
-        "capped by crash_window_s"
-    )
-    suspect_hold_s: float = Field(
-        30.0, ge=0, description="seconds a suspected chunk is left to workers other than the one it last died on "
-        "(and than benched ones) before they may run it alone again"
-    )
-    solo_after: int = Field(
-        2, ge=1, description="quick deaths beside other chunks after which a suspected chunk runs alone (only "
-        "deaths alone count towards quarantine)"
-    )
-    bench_after: int = Field(
-        3, ge=1, description="deaths in a row of a worker's processes, each before finishing a batch, that bench it"
-    )
-    bench_backoff_s: float = Field(
-        10.0, ge=0, description="seconds a benched worker takes no chunk after its last death, doubling with "
-        "each more; then it runs one at a time until one commits"
-    )
-    bench_backoff_max_s: float = Field(300.0, ge=0, description="seconds: cap of the bench backoff")
-    retry_backoff_s: float = Field(1.0, ge=0, description="seconds before the first requeue after an infra error")
-    retry_backoff_max_s: float = Field(30.0, ge=0, description="seconds: cap of the doubling infra-error backoff")
+    lease: LeaseSettings = Field(default_factory=LeaseSettings, description="a chunk's lease and the recovery round")
+    failure: FailureSettings = Field(default_factory=FailureSettings, description="the fleet's failure policy")
     grace_s: float = Field(
         DEFAULT_GRACE_S, ge=0, description="on SIGTERM, seconds in which samples about to finish may finish; "
         "then running chunks are handed back with every sample's ids checkpointed (nothing made is lost)"
@@ -194,26 +164,15 @@ class _Settings(BaseSettings):
         "as NeMo-Skills resumes). row and chunk are the peers' ways, for `fleet bench preemption`",
     )
 
-    spool_max_mb: int = Field(
-        DEFAULT_SPOOL_MB, ge=0,
-        description="MB of results and checkpoints a worker keeps on its own disk (data_dir/spool) while the store "
-        "refuses them, committed when it answers or by the worker's next process; a result that does not fit "
-        "costs its chunk's generation again. 0: no spool",
-    )
+    spool: SpoolSettings = Field(default_factory=SpoolSettings, description="a worker's spool for refused writes")
 
     assist: bool = Field(True, description="idle workers help straggler chunks once the queue is empty")
     assist_poll_s: float = Field(2.0, gt=0, description="seconds between an idle worker's looks for a straggler")
 
-    s3_max_attempts: int = Field(10, ge=1, description="botocore retry attempts (adaptive mode)")
-    multipart_threshold_mb: int = Field(64, ge=5, description="objects above this use multipart upload")
-
-    usd_per_gpu_hour: float = Field(0.0, ge=0, description="price for status and plan")
-    flower_port: int = Field(5555, ge=1, le=65535, description="`fleet flower` port")
-    flower_address: str = Field("127.0.0.1", description="`fleet flower` bind address")
-    flower_basic_auth: str | None = Field(None, description="user:password; required off loopback")
-    metrics_port: int | None = Field(
-        None, ge=1, le=65535, description="Prometheus port per worker (+ worker number)"
+    store_client: StoreClientSettings = Field(
+        default_factory=StoreClientSettings, description="how fleet talks to an object store, every scheme alike"
     )
+    monitor: MonitorSettings = Field(default_factory=MonitorSettings, description="prices, Flower, Prometheus")
 
     sampling: SamplingSettings = Field(default_factory=SamplingSettings, description="job-wide sampling")
     repetition: RepetitionSettings = Field(
@@ -248,7 +207,10 @@ class _Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         toml_file = Path(os.environ.get("FLEET_CONFIG", "fleet.toml"))
-        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file))
+        toml = TomlConfigSettingsSource(settings_cls, toml_file)
+        # the flat names before sections still land in their sections, each at its own source's rank
+        return (_LegacyNames(settings_cls, init_settings), env_settings, _LegacyEnv(settings_cls),
+                _LegacyNames(settings_cls, toml))
 
     # -- derived values, computed in one place -------------------------------------------
 
@@ -269,25 +231,6 @@ class _Settings(BaseSettings):
         c = chunk_size or self.chunk_size
         return max(1, min(self.max_slots, math.ceil(self.in_flight_factor * self.engine_max_running / c)))
 
-    @property
-    def heartbeat_s(self) -> float:
-        # At most 2 s: each renewal stamps the lease beat, which dates a lost worker's death
-        # for the crash evidence (crash_window_s) to that precision.
-        return max(0.2, min(self.lease_ttl_s / 4, 2.0))
-
-    @property
-    def renew_every(self) -> int:
-        """Beats between renewals of a lease held past its crash window: its death is no evidence
-        any more, so the stamp's precision no longer matters, only that the lease lives. The full
-        beats (every 10 s at the defaults, 6 renewals a 60 s TTL), never over a quarter TTL apart."""
-        return max(1, min(FIGURES_EVERY, math.floor(self.lease_ttl_s / 4 / self.heartbeat_s + 1e-9)))
-
-    @property
-    def renew_s(self) -> float:
-        """How stale a live lease's last renewal (its lease-beat stamp) can be: what the broker-pause
-        judgement and the reaper lead allow for (docs/architecture.md, "Scaling")."""
-        return self.renew_every * self.heartbeat_s
-
     def to_env(self) -> dict[str, str]:
         """FLEET_* variables that rebuild these settings in a child process."""
         env: dict[str, str] = {}
@@ -303,6 +246,33 @@ class _Settings(BaseSettings):
             else:
                 env[f"FLEET_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
         return env
+
+
+class _LegacyNames(PydanticBaseSettingsSource):
+    """A source whose flat names of before sections (`max_attempts=3`, a flat fleet.toml key) are moved
+    into their sections (fleet.settings.sections.LEGACY_NAMES)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], inner: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self.inner = inner
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return nest_legacy(self.inner())
+
+
+class _LegacyEnv(PydanticBaseSettingsSource):
+    """The flat variables of before sections (FLEET_LEASE_TTL_S, FLEET_S3_MAX_ATTEMPTS, ...), below the
+    sections' own (FLEET_LEASE__TTL_S), so a deployment's environment keeps working."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        env = {k.lower(): v for k, v in os.environ.items()}
+        return nest_legacy({old: env[f"fleet_{old}"] for old in LEGACY_NAMES if f"fleet_{old}" in env})
 
 
 #: The settings every process reads: the fields above plus one section per registered engine

@@ -15,10 +15,11 @@ if TYPE_CHECKING:
 __all__ = ["Store", "open_store", "store_for"]
 
 
-def open_store(url: str, s3_max_attempts: int = 10, multipart_threshold_mb: int = 64) -> Store:
+def open_store(url: str, max_attempts: int = 10, multipart_threshold_mb: int = 64) -> Store:
+    """The store at `url`; `max_attempts` is every object store's retry budget (settings.store_client)."""
     scheme = scheme_of(url)
     if scheme is not None:
-        return scheme.store(url, StoreOptions(s3_max_attempts, multipart_threshold_mb))
+        return scheme.store(url, StoreOptions(max_attempts, multipart_threshold_mb))
     from fleet.store.local import LocalStore
 
     return LocalStore(local_path(url))
@@ -26,4 +27,5 @@ def open_store(url: str, s3_max_attempts: int = 10, multipart_threshold_mb: int 
 
 def store_for(settings: Settings) -> Store:
     """The store every fleet process of these settings opens."""
-    return open_store(settings.resolved_store_url, settings.s3_max_attempts, settings.multipart_threshold_mb)
+    client = settings.store_client
+    return open_store(settings.resolved_store_url, client.max_attempts, client.multipart_threshold_mb)

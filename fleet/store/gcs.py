@@ -168,6 +168,15 @@ class GcsStore(Store):
 class GcsScheme(BucketScheme):
     name = "gs"
     form = "gs://bucket/key"
+    hint = ("check FLEET_STORE_URL, STORAGE_EMULATOR_HOST or the credentials (GOOGLE_APPLICATION_CREDENTIALS), "
+            "and the network to storage.googleapis.com")
+
+    def lost_errors(self) -> tuple[type[BaseException], ...]:
+        import requests
+        from google.api_core.exceptions import RetryError
+        from google.auth.exceptions import TransportError
+
+        return (RetryError, TransportError, requests.ConnectionError)
 
     def open(self, url: str, options: StoreOptions) -> Store:
         return GcsStore(url, options.max_attempts, options.multipart_threshold_mb)
@@ -197,8 +206,7 @@ class GcsScheme(BucketScheme):
                                    "check the bucket name and the credentials") from None
         except _errors() as e:
             raise StoreUnreachable(f"cannot reach the store at {where} ({type(e).__name__}: {str(e).splitlines()[0]}): "
-                                   "check FLEET_STORE_URL, STORAGE_EMULATOR_HOST or the credentials, and the "
-                                   "network to storage.googleapis.com") from None
+                                   f"{self.hint}") from None
 
 
 SCHEME = GcsScheme()

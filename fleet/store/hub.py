@@ -68,7 +68,7 @@ def _refused(url: str, e: Exception) -> Exception:
         return ConfigError(f"input {url!r}: no such dataset on the Hub (or it is private: set HF_TOKEN)")
     if isinstance(e, errors.EntryNotFoundError):
         return ConfigError(f"input {url!r}: a file of the dataset is missing ({e})")
-    return StoreError(f"input {url!r}: the Hub failed: {type(e).__name__}: {_line(e)}")
+    return StoreError(f"input {url!r}: the Hub failed: {type(e).__name__}: {_line(e)}: {SCHEME.hint}")
 
 
 class HubListing(Listing):
@@ -90,6 +90,8 @@ class HubListing(Listing):
 class HubScheme(Scheme):
     name = "hf"
     form = "hf://datasets/ORG/NAME[@REVISION]"
+    hint = "check HF_ENDPOINT (unset: huggingface.co), HF_TOKEN for a private or written dataset, and the network"
+    default_format = "hf"  # a Hub dataset takes a Hub-ready folder
 
     def fetch(self, url: str, into: Path, select: Select, options: StoreOptions) -> Fetched:
         repo, revision = parse(url)

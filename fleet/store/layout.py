@@ -1,6 +1,7 @@
 """Store layout (docs/architecture.md) and the codec of chunk and result objects.
 
-<job>/claim.json (written once, before any chunk), <job>/manifest.json, <job>/chunks/<index>,
+<job>/claim.json (written once, before any chunk), <job>/manifest.json, <job>/options.json (the job's
+options, outside its identity), <job>/chunks/<index>,
 <job>/results/<index> (written once), <job>/partial/<index>/<seq>-<worker> (checkpoints),
 <job>/failed/<index>.json, <job>/redos/<redo job> (a redo job of this one names itself here).
 Indexes are zero-padded to six digits. Chunks, results and
@@ -43,6 +44,12 @@ def check_job_name(job: str) -> str:
 
 def manifest_key(job: str) -> str:
     return f"{job}/manifest.json"
+
+
+def options_key(job: str) -> str:
+    """What a job may change without becoming another job (fleet.store.options): beside the
+    manifest, outside its hash."""
+    return f"{job}/options.json"
 
 
 def claim_key(job: str) -> str:

@@ -177,6 +177,11 @@ class S3Store(Store):
 class S3Scheme(BucketScheme):
     name = "s3"
     form = "s3://bucket/key"
+    hint = ("check FLEET_STORE_URL, AWS_ENDPOINT_URL (or the AWS_* credentials and region) and the network to "
+            "the endpoint")
+
+    def lost_errors(self) -> tuple[type[BaseException], ...]:
+        return (BotoCoreError,)
 
     def open(self, url: str, options: StoreOptions) -> Store:
         return S3Store(url, options.max_attempts, options.multipart_threshold_mb)
@@ -208,7 +213,7 @@ class S3Scheme(BucketScheme):
             ) from None
         except BotoCoreError as e:
             raise StoreUnreachable(f"cannot reach the store at {where} ({type(e).__name__}: {e}): "
-                                   "check FLEET_STORE_URL, AWS_ENDPOINT_URL and the network to the endpoint") from None
+                                   f"{self.hint}") from None
         finally:
             quick.close()
 

@@ -30,7 +30,7 @@ SCHEMES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class StoreOptions:
-    """How a store's client retries and when a put goes in parts (settings.s3_max_attempts, ...)."""
+    """How a store's client retries and when a put goes in parts (settings.store_client.max_attempts, ...)."""
 
     max_attempts: int = 10
     multipart_threshold_mb: int = 64
@@ -66,6 +66,15 @@ class Scheme(ABC):
     name: ClassVar[str]
     #: what a URL of this scheme looks like, for messages
     form: ClassVar[str]
+    #: what to check when its service cannot be reached: pre-flight and a service lost mid-run say it
+    hint: ClassVar[str]
+    #: the export format a target of this scheme gets where none is asked (None: by the path's suffix)
+    default_format: ClassVar[str | None] = None
+
+    def lost_errors(self) -> tuple[type[BaseException], ...]:
+        """What its client raises, escaping a command, when the service is not there (fleet.tools.preflight
+        says so in one line with `hint`); imported only once a URL of the scheme was used."""
+        return ()
 
     def store(self, url: str, options: StoreOptions) -> Store:
         raise ConfigError(f"{url!r}: a {self.name}:// URL cannot hold fleet's store; use a directory, "
@@ -185,6 +194,19 @@ def scheme_of(url: str) -> Scheme | None:
         known = ", ".join(f"{s}://" for s in SCHEMES)
         raise ConfigError(f"{url!r}: unknown scheme {name}://; use a local path, file://..., or one of {known}")
     return importlib.import_module(SCHEMES[name]).SCHEME
+
+
+def loaded_schemes() -> list[Scheme]:
+    """The schemes whose module this process imported: those a URL it opened named."""
+    import sys
+
+    return [sys.modules[module].SCHEME for module in SCHEMES.values() if module in sys.modules]
+
+
+def default_format(out: str) -> str | None:
+    """The export format the target `out` asks for by its scheme (a Hub dataset: hf), else None."""
+    scheme = scheme_of(out)
+    return scheme.default_format if scheme is not None else None
 
 
 def local_path(url: str) -> Path:

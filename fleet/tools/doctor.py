@@ -127,7 +127,7 @@ def check_store(settings: Settings) -> Check:
     probe = f"{PROBE_PREFIX}/{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     payload = b"fleet doctor probe"
     try:
-        store = open_store(url, settings.s3_max_attempts, settings.multipart_threshold_mb)
+        store = open_store(url, settings.store_client.max_attempts, settings.store_client.multipart_threshold_mb)
         store.put(probe, payload)
         try:
             if store.get(probe) != payload:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fleet.coord.broker import make_celery, redis_client
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.recovery import Reaper
 from fleet.monitor.status import JobStatus, job_status
@@ -58,7 +59,7 @@ def run_local(settings: Settings, input_url: str | None, job: str, workers: int 
         app = make_celery(settings)
         r = redis_client(settings)
         stack.callback(r.close)
-        st = job_status(store, r, job, settings.usd_per_gpu_hour)
+        st = job_status(store, r, job, settings.monitor.usd_per_gpu_hour)
         if st.done:
             console.print("every chunk already has a result; nothing to do")
             return st
@@ -84,11 +85,11 @@ def watch(settings: Settings, store: Store, r: redis.Redis, app: Celery, supervi
         bar = progress.add_task(job, total=chunks, info="")
         while True:
             supervisor.poll()
-            st = job_status(store, r, job, settings.usd_per_gpu_hour, manifest)
+            st = job_status(store, r, job, settings.monitor.usd_per_gpu_hour, manifest)
             progress.update(bar, completed=st.chunks_done, info=status_line(st))
             if st.chunks_done + st.chunks_failed >= chunks:
                 return st
-            if time.monotonic() - last_reap >= settings.reaper_interval_s:
+            if time.monotonic() - last_reap >= LeaseClock.of(settings).reaper_interval_s:
                 last_reap = time.monotonic()
                 reaper.round()
             time.sleep(POLL_S)

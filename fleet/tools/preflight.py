@@ -10,21 +10,25 @@ modules stay free of it.
 from __future__ import annotations
 
 import redis
-from botocore.exceptions import BotoCoreError
 from kombu.exceptions import OperationalError
 
 from fleet.errors import BrokerUnreachable, ConfigError, ServiceUnreachable, StoreUnreachable
 from fleet.redact import redact_url
 from fleet.settings import Settings
 from fleet.store import Store
+from fleet.store.schemes import BucketScheme, loaded_schemes, scheme_of
 
 #: A down service answers a connect at once (refused) or never; either way a few seconds tell.
 PING_TIMEOUT_S = 5
 BROKER_HINT = "check FLEET_BROKER_URL and that redis-server runs there and is reachable from this host"
-STORE_HINT = "check FLEET_STORE_URL, AWS_ENDPOINT_URL and the network to the endpoint"
+#: Errors that mean "the broker is not there", as they escape from redis-py and kombu.
+BROKER_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError)
 
-#: Errors that mean "a service is not there", as they escape from redis-py, kombu and botocore.
-CONNECTION_ERRORS = (redis.ConnectionError, redis.TimeoutError, OperationalError, BotoCoreError)
+
+def connection_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean "a service is not there": the broker's, and each object store's this process
+    used (its scheme's `lost_errors`: botocore's for s3://, google's for gs://)."""
+    return BROKER_ERRORS + tuple(e for scheme in loaded_schemes() for e in scheme.lost_errors())
 
 
 def _cause(exc: BaseException) -> str:
@@ -60,18 +64,26 @@ def ping_broker(settings: Settings) -> None:
 def ping_store(store: Store) -> None:
     """For a bucket store (s3://, gs://), one quick lookup of its bucket without the store's own
     minutes of retries (fleet.store.schemes); a local directory's errors are already one clear line."""
-    from fleet.store.schemes import BucketScheme, scheme_of
-
     scheme = scheme_of(store.url)
     if isinstance(scheme, BucketScheme):
         scheme.ping(store, PING_TIMEOUT_S)
 
 
+def store_scheme(settings: Settings) -> BucketScheme | None:
+    """The object store the settings name (None for a local directory or a URL that names none)."""
+    try:
+        scheme = scheme_of(settings.resolved_store_url)
+    except ConfigError:
+        return None
+    return scheme if isinstance(scheme, BucketScheme) else None
+
+
 def unreachable(exc: BaseException, settings: Settings | None) -> ServiceUnreachable:
     """A connection error that escaped a command, as the one line a person needs."""
-    if isinstance(exc, BotoCoreError):
-        url = redact_url(settings.resolved_store_url) if settings else "the store"
-        return StoreUnreachable(f"lost the store {url} ({_cause(exc)}): {STORE_HINT}")
+    for scheme in [*loaded_schemes(), *([store_scheme(settings)] if settings else [])]:
+        if scheme is not None and isinstance(exc, scheme.lost_errors()):
+            url = redact_url(settings.resolved_store_url) if settings else "the store"
+            return StoreUnreachable(f"lost the store {url} ({_cause(exc)}): {scheme.hint}")
     url = settings.broker_url if settings and settings.broker_url else ""
     err = broker_unreachable(url, exc)
     return BrokerUnreachable(str(err).replace("cannot reach", "lost", 1)) if url else err

@@ -62,8 +62,8 @@ class Runtime:
         self.name = name
         store, r = store_for(settings), redis_client(settings)
         identity = engine_identity(settings)
-        spool = Spool(settings.data_dir / "spool" / name.replace("/", "_"), settings.spool_max_mb * 2**20) \
-            if settings.spool_max_mb else None
+        spool = Spool(settings.data_dir / "spool" / name.replace("/", "_"), settings.spool.max_mb * 2**20) \
+            if settings.spool.max_mb else None
         writer = StoreWriter(store, spool, outage_reporter(r, name))
         self.ctx = WorkerContext(
             settings=settings, store=store, redis=r, heartbeat=Heartbeat.of(settings), name=name,
@@ -100,8 +100,8 @@ class Runtime:
             self.assist.start(self._stop)
         metrics.set_worker_info(self.name, gpu=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
                                 engine=self.engine.name, model=self.engine.model_name() or "")
-        metrics.set_price(self.settings.usd_per_gpu_hour)
-        port = metrics.start_metrics_server(self.settings.metrics_port)
+        metrics.set_price(self.settings.monitor.usd_per_gpu_hour)
+        port = metrics.start_metrics_server(self.settings.monitor.metrics_port)
         log.info("worker %s: CUDA_VISIBLE_DEVICES=%r, metrics %s", self.name,
                  os.environ.get("CUDA_VISIBLE_DEVICES"), f"on :{port}" if port else "off")
 

@@ -79,7 +79,7 @@ def test_a_suspect_is_left_to_another_worker_than_the_one_it_died_on(worker, oth
     run, outcome = other.run(1)
     assert isinstance(outcome, Committed) and not ran_alone(caplog, 1, "gpu0@b") and not suspects.suspicion(r, JOB, 1)
     # and once the hold is over, gpu0@a would take it too
-    suspect(r, 0, died_on="gpu0@a", at=time.time() - settings.suspect_hold_s - 1)
+    suspect(r, 0, died_on="gpu0@a", at=time.time() - settings.failure.suspect_hold_s - 1)
     run, outcome = worker.run(0)
     assert isinstance(outcome, Committed) and ran_alone(caplog, 0, "gpu0@a")
 

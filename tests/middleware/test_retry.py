@@ -13,6 +13,7 @@ from fleet.coord.mismatch import mismatched_workers
 from fleet.coord.suspects import suspicion, worker_health
 from fleet.errors import EngineError, EngineUnavailable, StoreError
 from fleet.store.layout import manifest_key, result_key
+from fleet.store.options import JobOptions, OptionsCache, write_options
 from fleet.worker.process.context import ManifestCache
 from fleet.worker.run.middleware import Middleware, Order, owner_stack
 from fleet.worker.run.outcome import Committed, Failed, HandedBack, Outcome
@@ -37,6 +38,17 @@ def test_the_chunks_own_failure_spends_attempts_until_quarantine(worker, r, stor
     [failure] = read_failures(store, JOB)
     assert failure["attempts"] == 3 and failure["error_type"] == "RuntimeError" and "Traceback" in failure["traceback"]
     assert len(queued_messages(r)) == 2
+
+
+def test_the_jobs_own_attempts_go_over_the_fleets(worker, r, store):
+    # Given a job whose options allow one attempt (the fleet's max_attempts is 3), set while the worker runs
+    write_options(store, JOB, JobOptions(max_attempts=1))
+    object.__setattr__(worker.ctx, "options", OptionsCache(store, max_age_s=0.0))
+    # When a chunk fails by its own fault once
+    worker.run(0, raise_(RuntimeError("bad chunk")), attempt=1)
+    # Then it is quarantined at once, nothing requeued
+    [failure] = read_failures(store, JOB)
+    assert failure["attempts"] == 1 and queued_messages(r) == []
 
 
 def test_store_errors_spend_nothing_and_back_off(worker, r, store):
@@ -81,7 +93,7 @@ def test_a_store_without_the_manifest_hands_back_behind_the_queue_and_says_so_on
     assert all(isinstance(o, HandedBack) and o.tail for o in outcomes)
     waiting = {p: r.llen(name) for p, name in zip(keys.PRIORITY_STEPS, keys.queue_lists(chunk_queue(settings)),
                                                   strict=True)}
-    assert waiting == {0: 0, 3: 0, PRIORITY_NORMAL: 3, 9: 0}
+    assert {p: n for p, n in waiting.items() if n} == {PRIORITY_NORMAL: 3}
     assert r.get(keys.lease(JOB, 0)) is None and not r.hgetall(keys.lease_started())
     assert read_failures(store, JOB) == [] and attempts(r, 0) == 0 and not r.hgetall(keys.retries(JOB))
     # And it said so once, as CRITICAL, naming the setting to check, and `fleet status` names it

@@ -7,7 +7,7 @@ from typing import Any
 from fleet.engines.base import Engine, EngineSpec, PromptCount
 from fleet.engines.sim.tokenchain import SimVocab
 from fleet.model.endings import Decode
-from fleet.model.outputlen import default_max_tokens
+from fleet.model.facts import job_sampling
 from fleet.records import GenRequest, InputRecord, Message, Sampling
 from fleet.settings import Settings
 
@@ -35,9 +35,9 @@ class SimSpec(EngineSpec):
                 "vocab_size": SimVocab.of(settings.sim.vocab_size).size}
 
     def job_model(self, settings: Settings) -> dict[str, Any]:
-        sampling = settings.sampling.model_dump()
-        sampling["max_tokens"], max_tokens_from = default_max_tokens(None, settings.sampling.max_tokens)
-        sampling["eos_token_ids"] = [SimVocab.of(settings.sim.vocab_size).eos]
+        # resolved as every engine's is (fleet.model.facts.job_sampling), with no model defaults
+        sampling, max_tokens_from = job_sampling(settings.sampling.model_dump(), None, None,
+                                                 [SimVocab.of(settings.sim.vocab_size).eos])
         return {"sampling": sampling, "max_tokens_from": max_tokens_from,
                 "model": {"name": "sim", **self._model(settings)}}
 

@@ -20,6 +20,7 @@ from fleet.coord.retry import RetryPolicy
 from fleet.settings import Settings
 from fleet.store import Store
 from fleet.store.manifest import Manifest, load_manifest
+from fleet.store.options import OptionsCache
 from fleet.worker.process.bell import Bell, RingingEvent
 from fleet.worker.process.notice import DrainClock
 from fleet.worker.process.runslots import RunSlots
@@ -110,6 +111,8 @@ class WorkerContext:
     writer: StoreWriter = None  # type: ignore[assignment]  # set in __post_init__ from the store
     #: the chunks this process runs as their owner, one run each
     owned: OwnedRuns = field(default_factory=OwnedRuns)
+    #: each job's options (fleet.store.options), re-read every few seconds: its retry policy and priority
+    options: OptionsCache = None  # type: ignore[assignment]  # set in __post_init__ from the store
 
     def __post_init__(self) -> None:
         for flag in ("stopping", "draining"):
@@ -117,3 +120,5 @@ class WorkerContext:
                 object.__setattr__(self, flag, RingingEvent(self.bell))
         if self.writer is None:
             object.__setattr__(self, "writer", StoreWriter(self.store))
+        if self.options is None:
+            object.__setattr__(self, "options", OptionsCache(self.store))

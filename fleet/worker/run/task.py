@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleet.audit.job import JobAudit
+from fleet.coord.leaseclock import LeaseClock
 from fleet.errors import FleetError
 from fleet.settings import Settings
 from fleet.store import Store
@@ -39,7 +40,7 @@ def poll_s_of(settings: Settings) -> float:
     """A run's poll where the bell wakes it: as often as the heartbeat carries what the middleware
     report (its figures, a lease lost, a copy committed elsewhere), a helper looks for fresh
     checkpoints or a checkpoint is due, whichever is soonest, and never more often than POLL_S."""
-    return max(POLL_S, min(settings.heartbeat_s, settings.assist_poll_s, settings.checkpoint_interval_s))
+    return max(POLL_S, min(LeaseClock.of(settings).beat_s, settings.assist_poll_s, settings.checkpoint_interval_s))
 
 
 class ChunkTask:

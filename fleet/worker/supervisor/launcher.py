@@ -58,9 +58,9 @@ def plan_workers(
                  for group in gpu_groups(gpus, per_worker)]
     else:
         specs = cpu_workers(settings, 1 if workers is None else workers, host)
-    if settings.metrics_port:  # one Prometheus port per worker process
+    if settings.monitor.metrics_port:  # one Prometheus port per worker process
         for n, spec in enumerate(specs):
-            spec.env["FLEET_METRICS_PORT"] = str(settings.metrics_port + n)
+            spec.env["FLEET_MONITOR__METRICS_PORT"] = str(settings.monitor.metrics_port + n)
     return specs
 
 

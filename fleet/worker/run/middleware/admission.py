@@ -82,9 +82,10 @@ class AdmissionMiddleware(Middleware[AdmissionState]):
                 return HandedBack(f"worker {ctx.name} is benched for {left:.0f}s more", hold_s=min(left, BENCH_HOLD_S))
         suspicion = suspects.suspicion(ctx.redis, run.job, run.index)
         since = time.time() - suspicion.at
-        if suspicion and (bench_s is not None or suspicion.last == ctx.name) and since < ctx.settings.suspect_hold_s:
+        hold_s = ctx.settings.failure.suspect_hold_s
+        if suspicion and (bench_s is not None or suspicion.last == ctx.name) and since < hold_s:
             return HandedBack(f"suspected chunk, last died on {suspicion.last}: left to other workers for "
-                              f"{ctx.settings.suspect_hold_s - since:.0f}s", hold_s=HOLD_S)
+                              f"{hold_s - since:.0f}s", hold_s=HOLD_S)
         alone = ctx.policy.runs_alone(suspicion) or bench_s is not None
         if not slots.enter(run, alone):
             return HandedBack("a chunk runs alone on this worker", hold_s=HOLD_S)

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from fleet.coord import chunkqueue, leases
+from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.leases import Lease, run_owner
 from fleet.worker.run.chunk import ChunkRun
 from fleet.worker.run.middleware.base import Middleware, Order
@@ -43,8 +44,9 @@ class LeaseMiddleware(Middleware[LeaseState]):
             if not ctx.owned.claim(run.job, run.index, run.serial):
                 return Skipped(f"chunk {run.name} runs in this process already")
             state.owned = True
-        lease = Lease(ctx.redis, run.job, run.index, run_owner(ctx.owner, run.serial), ctx.settings.lease_ttl_s,
-                      assist=self.assist, store=ctx.queue.store)
+        ttl_s = LeaseClock.of(ctx.settings).ttl_s
+        lease = Lease(ctx.redis, run.job, run.index, run_owner(ctx.owner, run.serial), ttl_s, assist=self.assist,
+                      store=ctx.queue.store)
         if not lease.acquire():
             return Skipped(f"lease {lease.key} held by {lease.holder()!r}")
         state.lease = lease

@@ -1,5 +1,6 @@
 """Outcome of an owner's run: requeue a handed-back chunk, and let fleet.coord.retry decide what
-a failure means (requeue with or without an attempt spent, or quarantine)."""
+a failure means (requeue with or without an attempt spent, or quarantine), under the job's own
+options over the fleet's settings (fleet.store.options)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ class RetryMiddleware(Middleware[None]):
                                    lease_taken=leased_s is not None, solo=outcome.solo, owner=ctx.owner)
         except redis.RedisError:
             history = History(lease_taken=False)  # the broker is down: the safest reading
-        decision = settle(ctx.redis, ctx.store, ctx.policy, run.job, run.index, cause, history, run.worker)
+        policy = ctx.policy.for_job(ctx.options.get(run.job))
+        decision = settle(ctx.redis, ctx.store, policy, run.job, run.index, cause, history, run.worker)
         # The run's one failure line: it says what the policy decided, what was spent and why
         if decision.action is Action.QUARANTINE:
             log.error("chunk %s failed (%s: %s): quarantined, %s", run.name, type(cause).__name__, cause,
@@ -47,5 +49,6 @@ class RetryMiddleware(Middleware[None]):
         # Backoff holds this slot, not the lease (released already): a worker whose store or
         # broker fails takes fewer chunks, and a stopping worker requeues at once.
         self.ctx.stopping.wait(delay_s)
-        self.ctx.queue.requeue(run.job, run.index, recovery=recovery)
+        self.ctx.queue.requeue(run.job, run.index, recovery=recovery,
+                               priority=0 if recovery else self.ctx.options.get(run.job).priority)
         self.ctx.stopping.wait(hold_s)
