@@ -161,7 +161,7 @@ class Profile:
 FULL = Profile(Shape(), lifetimes_s=(1200.0, 3600.0, 14400.0), notices_s=(0.0, 30.0, 120.0))
 #: the reduced sweep's preemptions come with a 30 s notice: its SIGTERM flushes every running sample at once, so
 #: a preemption that finds samples running leaves fleet something to continue however late a periodic flush
-#: runs on a busy machine (with kill -9 alone, a CI run's kills all came before any flush once: 0 continued)
+#: runs on a busy machine
 QUICK = Profile(replace(Shape(), chunks=6, chunk_size=32, hosts=2), lifetimes_s=(1800.0,), notices_s=(30.0,))
 
 
@@ -309,6 +309,9 @@ class RunResult:
     kept_tokens: int
     kept_prompt_tokens: int
     chunks_done: int
+    #: output tokens the committed results continued from checkpoints (the store's word, not a scrape's:
+    #: a host's last counts can fall between its final scrape and its kill)
+    continued_tokens: int = 0
 
 
 def write_prompts(path: Path, shape: Shape) -> Path:
@@ -350,18 +353,19 @@ def run_once(shape: Shape, lives: list[HostLife], mode: str, workdir: Path, cap_
         finally:
             stopped = time.time()
             fleet.stop()
-    kept = prompt = chunks = 0
+    kept = prompt = chunks = continued = 0
     end = fleet.t0
     for index in range(shape.chunks):
         stats, rows = read_result(store, "job", index)
         if stats is None:
             continue
         chunks += 1
+        continued += stats.tokens_continued
         end = max(end, stats.finished or end)
         kept += sum(int(r.get("completion_tokens") or 0) for r in rows)
         prompt += sum(int(r.get("prompt_tokens") or 0) for r in rows)
     return RunResult(mode, lifetime_s, notice_s, finished, end if finished else stopped, fleet.t0, fleet.hosts,
-                     kept, prompt, chunks)
+                     kept, prompt, chunks, continued)
 
 
 def _waiting_s(h: HostRun, start: float, end: float, slots: int) -> float:
@@ -382,7 +386,7 @@ def account(shape: Shape, run: RunResult) -> dict[str, Any]:
     step, prefill = shape.step_s, shape.prefill_s_per_token
     end = run.end
     paid = starts = waiting = handover = 0.0
-    made = prefilled = continued = 0.0
+    made = prefilled = 0.0
     preempted = 0
     for h in run.hosts:
         if h.boot >= end:
@@ -399,7 +403,6 @@ def account(shape: Shape, run: RunResult) -> dict[str, Any]:
         waiting += _waiting_s(h, up, gen_end, slots)
         made += h.counters.get("fleet_tokens_made_total", 0.0)
         prefilled += h.counters.get("fleet_sim_prefilled_tokens_total", 0.0)
-        continued += h.counters.get("fleet_tokens_continued_total", 0.0)
     useful = (run.kept_tokens * step + run.kept_prompt_tokens * prefill) / slots
     twice = (made - run.kept_tokens) * step / slots
     again = (prefilled - run.kept_prompt_tokens) * prefill / slots
@@ -412,7 +415,7 @@ def account(shape: Shape, run: RunResult) -> dict[str, Any]:
         "chunks_done": run.chunks_done, "hosts": len([h for h in run.hosts if h.boot < end]), "preempted": preempted,
         "makespan_s": (end - run.t0) * f, "paid_gpu_s": paid * f, "parts_gpu_s": job,
         "kept_tokens": run.kept_tokens * shape.token_scale,
-        "made_tokens": made * shape.token_scale, "continued_tokens": continued * shape.token_scale,
+        "made_tokens": made * shape.token_scale, "continued_tokens": run.continued_tokens * shape.token_scale,
         "schedule": [asdict(h.life) for h in run.hosts if h.boot < end],
     }
 
