@@ -191,9 +191,10 @@ def test_worker_loss_after_a_long_run_spends_nothing(r, store, app, settings):
     assert r.hget(keys.lease_started(), "j/7") is None and r.hget(keys.lease_beat(), "j/7") is None
 
 
-def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = False, committed: bool = True) -> None:
-    """A process took the chunk (beside others, or alone) and died at once, its launcher seeing it die:
-    its lease runs out."""
+def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = False, committed: bool = True,
+             witnessed: bool = True) -> None:
+    """A process took the chunk (beside others, or alone) and died at once: its lease runs out. Its launcher
+    saw it die (`witnessed`), or it vanished with its host and nothing that outlived it saw it."""
     lease = Lease(r, job, index, owner, ttl_s=0.2)
     assert lease.acquire()
     suspects.note_holder(r, job, index, owner)
@@ -202,7 +203,8 @@ def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = Fals
         suspects.start_solo(r, job, index, owner)
     if committed:  # it had finished other chunks before: a healthy process
         suspects.note_commit(r, owner)
-    witness.note_witnessed(r, owner, "its launcher saw it killed by SIGKILL")
+    if witnessed:
+        witness.note_witnessed(r, owner, "its launcher saw it killed by SIGKILL")
     wait_for(lambda: not r.exists(keys.lease(job, index)), 30, "lease expiry")
     r.delete(keys.requeue_guard(job, index))
 
@@ -303,27 +305,13 @@ def test_the_reaper_reads_the_jobs_own_crash_policy(r, store, app, settings):
     assert queued_messages(r) == []
 
 
-def vanished_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = False) -> None:
-    """A process took the chunk (beside others, or alone) and vanished at once with its host: its lease
-    runs out, and nothing that outlived it saw it die."""
-    lease = Lease(r, job, index, owner, ttl_s=0.2)
-    assert lease.acquire()
-    suspects.note_holder(r, job, index, owner)
-    if solo:
-        lease.restart_clock()
-        suspects.start_solo(r, job, index, owner)
-    suspects.note_commit(r, owner)
-    wait_for(lambda: not r.exists(keys.lease(job, index)), 30, "lease expiry")
-    r.delete(keys.requeue_guard(job, index))
-
-
 def test_a_process_lost_with_its_host_is_no_evidence_against_its_chunks(r, store, app, settings, monkeypatch):
     # Given a chunk that vanished twice beside others and twice alone, on two hosts, within seconds of each
     # start, every time with its whole host: no launcher outlived a process to see it die
     monkeypatch.setattr(witness, "WITNESS_WAIT_S", 0.5)
     runs = [("gpu0@a:1", False), ("gpu0@b:1", False), ("gpu0@a:2", True), ("gpu0@b:2", True)]
     for n, (owner, solo) in enumerate(runs, 1):
-        vanished_run(r, "j", 7, owner, solo=solo)
+        lost_run(r, "j", 7, owner, solo=solo, witnessed=False)
         # When the reaper's rounds run, Then the first leaves it for a witness that may still come
         assert requeue_expired(r, store, app, settings) == [] and running(r) == {"j/7"}
         time.sleep(witness.WITNESS_WAIT_S)
@@ -342,7 +330,7 @@ def test_a_witness_that_comes_while_the_reaper_waits_makes_the_death_evidence(r,
     # Given a chunk with a solo death on host b, whose next solo run on host a dies at once
     lost_run(r, "j", 7, "gpu0@b:1", solo=True)
     assert requeue_expired(r, store, app, settings) == ["j/7"]
-    vanished_run(r, "j", 7, "gpu0@a:1", solo=True)
+    lost_run(r, "j", 7, "gpu0@a:1", solo=True, witnessed=False)
     # When the reaper's first round finds no witness yet, and its launcher then says how it died
     assert requeue_expired(r, store, app, settings) == [] and read_failures(store, "j") == []
     witness.note_witnessed(r, "gpu0@a:1", "its launcher saw it killed by SIGSEGV")
