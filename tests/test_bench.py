@@ -49,6 +49,7 @@ def fleet(*args: str, cwd: Path, timeout: float = 300,
                           capture_output=True, text=True, timeout=timeout)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_quick_bench_computes_every_figure(tmp_path):
     # Given a machine with redis-server, moto and torch (no GPU)
     out = tmp_path / "results"
@@ -495,6 +496,7 @@ def test_reference_job_in_hours_and_dollars():
     assert half["extra_usd"] == pytest.approx(REFERENCE.cost(REFERENCE.ideal_hours), abs=1)
 
 
+@pytest.mark.slow
 def test_control_plane_bench_runs_fleets_coordination_for_simulated_workers(tmp_path):
     # Given a real redis-server, a real worker for Celery's own share, and simulated workers
     out = tmp_path / "results"
@@ -581,6 +583,7 @@ def test_preemption_schedule_is_a_seeded_poisson_process_per_host_shared_by_ever
     assert draw(8, 3, 3600.0, 0.0, 120.0, 2_000_000.0) != again
 
 
+@pytest.mark.slow
 def test_preemption_bench_pays_each_gpu_second_to_one_part_and_runs_the_three_resume_modes(tmp_path):
     # Given the reduced sweep: 2 hosts preempted with a 30 s notice (SIGTERM, SIGKILL after it) on a seeded
     # schedule, mean life 30 min

@@ -1,4 +1,5 @@
-"""A failed run's last lines name the test and show its processes' last words (tests/failurelogs.py)."""
+"""A failed run's last lines name the test and show its processes' last words (tests/failurelogs.py); the fast
+tier names a test that runs it past its limit (tests/fasttier.py)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,31 @@ def test_a_failed_tests_logs_come_after_its_traceback(pytester: pytest.Pytester,
     assert "logs/host-b.log" in tail and "Traceback: the engine died" in tail
     assert "host-a line 199" in tail and "host-a line 175" in tail and "host-a line 174" not in tail
     assert "nothing to see" not in out  # a passing test's logs stay out
+
+
+SLOW_INNER = '''
+import time
+
+def test_quick() -> None:
+    pass
+
+def test_dawdles() -> None:
+    time.sleep(2.5)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("markexpr", ["not e2e and not slow", ""], ids=["fast-tier", "whole-suite"])
+def test_the_fast_tier_names_a_test_that_runs_past_its_limit(pytester: pytest.Pytester, markexpr: str) -> None:
+    # Given an unmarked test that takes 2.5 s
+    pytester.makepyfile(test_inner=SLOW_INNER)
+    # When the fast tier runs it (or the whole suite does)
+    result = pytester.runpytest_subprocess("-p", "tests.fasttier", *(["-m", markexpr] if markexpr else []))
+    out = result.stdout.str()
+    assert result.ret == 0
+    # Then the fast tier names it, and only it, to be marked slow; the whole suite does not ask
+    if markexpr:
+        assert "1 test(s) took over 2s: mark them @pytest.mark.slow" in out
+        assert "test_inner.py::test_dawdles" in out and "test_inner.py::test_quick" not in out
+    else:
+        assert "took over" not in out

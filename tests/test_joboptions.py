@@ -159,6 +159,7 @@ def test_two_jobs_on_one_fleet_run_in_priority_order_without_a_restart(tmp_path,
     assert json.loads(st.stdout)["options"].startswith("priority 5, max_attempts (fleet setting)")
 
 
+@pytest.mark.slow
 def test_job_set_refuses_a_bad_option_in_one_line_and_writes_nothing(settings, tmp_path: Path):
     # Given a job in the store
     store = LocalStore(settings.store_url)

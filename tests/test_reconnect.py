@@ -59,6 +59,7 @@ def test_the_consumer_waits_jittered_times_and_connects_once_the_broker_is_back(
         server.stop()
 
 
+@pytest.mark.slow
 def test_the_consumer_gives_up_after_its_retries_when_the_broker_stays_down():
     app = make_celery(Settings(broker_url=f"redis://127.0.0.1:{free_port()}/0"))
     conn = app.connection_for_read()

@@ -305,6 +305,7 @@ def test_the_reaper_reads_the_jobs_own_crash_policy(r, store, app, settings):
     assert queued_messages(r) == []
 
 
+@pytest.mark.slow
 def test_a_process_lost_with_its_host_is_no_evidence_against_its_chunks(r, store, app, settings, monkeypatch):
     # Given a chunk that vanished twice beside others and twice alone, on two hosts, within seconds of each
     # start, every time with its whole host: no launcher outlived a process to see it die

@@ -6,6 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from fleet.model.tinymodel import build_tiny_model
@@ -118,6 +119,7 @@ def test_template_renders_the_qwen36_format(tiny_model: Path) -> None:
     assert inline == text
 
 
+@pytest.mark.slow
 def test_sampled_rows_think_answer_end_and_run_on(tiny_model: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
