@@ -176,3 +176,73 @@ def test_job_set_refuses_a_bad_option_in_one_line_and_writes_nothing(settings, t
     # And a job that does not exist is named
     out = run_fleet("job", "set", "--job", "nope", "priority=1", env=env)
     assert out.returncode == 2 and "no manifest" in out.stdout + out.stderr
+
+
+def test_a_deadline_or_a_spent_budget_holds_chunks_not_started_and_says_why():
+    # Given a job whose budget the tokens made have reached, and one whose deadline has passed
+    budget = JobOptions().changed({"token_budget": "100", "deadline": "6h"})
+    assert budget.held(99) is None
+    assert "token budget is spent (100 of 100 output tokens made)" in (budget.held(100) or "")
+    late = JobOptions().changed({"deadline": "2020-01-01T00:00"})
+    # Then the first is held for its budget only, the second for its deadline (a time without zone is UTC)
+    assert "past its deadline 2020-01-01 00:00:00 UTC" in (late.held(None) or "")
+    assert late.deadline is not None and late.deadline.utcoffset() is not None
+    # And unset, neither holds anything; a bad deadline is one line naming it
+    assert late.changed({"deadline": ""}).held(None) is None
+    with pytest.raises(ConfigError, match="job option deadline=tomorrow"):
+        JobOptions().changed({"deadline": "tomorrow"})
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_spent_budget_and_a_past_deadline_hold_a_job_until_set_again(tmp_path, redis_server, clean_env):
+    # Given one worker (one chunk at a time) and job t with a token budget about one chunk's output
+    store_url = str(tmp_path / "store")
+    env = {**FAST_SIM, "FLEET_SIM__STEP_S": "0.01", "FLEET_SIM__SIGMA": "0", "FLEET_BROKER_URL": redis_server.url,
+           "FLEET_STORE_URL": store_url, "FLEET_CHUNK_SIZE": "2", "FLEET_SLOTS": "1", "FLEET_ASSIST": "false"}
+    store = LocalStore(store_url)
+
+    def done(job: str) -> int:
+        return len(list(store.list(f"{job}/results/")))
+
+    def status(job: str) -> dict:
+        out = run_fleet("status", "--job", job, "--json", env=env)
+        return json.loads(out.stdout)
+
+    t = run_fleet("enqueue", str(write_prompts(tmp_path / "t.jsonl", 16, "t")), "--job", "t", "--token-budget", "40",
+                  env=env)
+    assert t.returncode == 0, t.stderr
+    assert "token_budget 40" in t.stderr
+    manifests = {"t": store.get(manifest_key("t"))}
+    workers = Workers(env, tmp_path / "logs")
+    workers.start("h")
+    try:
+        # When the worker has made the budget's tokens
+        wait_for(lambda: "token budget is spent" in status("t")["held"], 120, "job t held for its budget")
+        # Then the chunks not started wait: none commits meanwhile, and status says why
+        held_at = done("t")
+        assert 1 <= held_at < 8
+        # When job late is enqueued with a deadline already past
+        late = run_fleet("enqueue", str(write_prompts(tmp_path / "late.jsonl", 4, "late")), "--job", "late",
+                         "--deadline", "2020-01-01T00:00", env=env)
+        assert late.returncode == 0, late.stderr
+        manifests["late"] = store.get(manifest_key("late"))
+        wait_for(lambda: workers.logs().count("is past its deadline") >= 2, 60, "late's chunks handed back")
+        # Then none of its chunks starts, and status says why; t stays where its budget stopped it
+        assert done("late") == 0 and done("t") == held_at
+        st = status("late")
+        assert "past its deadline 2020-01-01 00:00:00 UTC" in st["held"] and st["chunks_queued"] == 2
+        # When the deadline is unset and the budget raised, on the same running worker
+        for job, option in (("late", "deadline="), ("t", "token_budget=100000")):
+            s = run_fleet("job", "set", "--job", job, option, env=env)
+            assert s.returncode == 0, s.stderr
+        # Then both jobs finish, nothing made twice, no chunk failed, one worker process throughout
+        wait_for(lambda: done("t") == 8 and done("late") == 2, 120, "both jobs done")
+        assert workers.logs().count("engine ready") == 1
+    finally:
+        workers.stop()
+    for job in ("t", "late"):
+        st = status(job)
+        assert st["done"] and st["held"] == "" and st["chunks_failed"] == 0 and st["tokens_made_twice"] == 0
+        # And the options changed the job's options file only, never its manifest (its identity)
+        assert store.get(manifest_key(job)) == manifests[job]

@@ -63,20 +63,23 @@ PriorityOpt = Annotated[int | None, typer.Option(
 MaxAttemptsOpt = Annotated[int | None, typer.Option(
     "--max-attempts", help="this job's failed attempts before a chunk is quarantined (default: the fleet's "
     "max_attempts setting)")]
+DeadlineOpt = Annotated[str | None, typer.Option(
+    "--deadline", help="no chunk of this job starts after this time: UTC, ISO 8601 (2026-12-07T06:00), or a "
+    "duration from now (90m, 6h, 2d); chunks running then finish")]
+TokenBudgetOpt = Annotated[int | None, typer.Option(
+    "--token-budget", help="output tokens the engines may make for this job, every run counted; once made, no "
+    "further chunk starts (running ones finish)")]
 SetOpt = Annotated[list[str] | None, typer.Option(
     "--set", help=f"a job option NAME=VALUE (again for more): {', '.join(settable())}")]
 
 
-def option_flags(priority: int | None, max_attempts: int | None, assignments: list[str] | None) -> dict[str, object]:
-    """The job options the flags give, by name (fleet.store.options); a bad word is one line."""
+def option_flags(assignments: list[str] | None, **flags: object) -> dict[str, object]:
+    """The job options the flags give, by name (fleet.store.options): `--set` words, then each
+    option flag given (its name the option's); a bad word is one line."""
     from fleet.store.options import parse_assignments
 
     given: dict[str, object] = run_guarded(parse_assignments, assignments or [])
-    if priority is not None:
-        given["priority"] = priority
-    if max_attempts is not None:
-        given["max_attempts"] = max_attempts
-    return given
+    return given | {name: value for name, value in flags.items() if value is not None}
 #: `fleet run`'s CPU workers where --workers is not given
 LOCAL_WORKERS = 2
 
@@ -128,19 +131,21 @@ def enqueue(
     job: JobOpt,
     redo: RedoOpt = None,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="give quarantined chunks another round")] = False,
-    priority: PriorityOpt = None, max_attempts: MaxAttemptsOpt = None, set_options: SetOpt = None,
+    priority: PriorityOpt = None, max_attempts: MaxAttemptsOpt = None, deadline: DeadlineOpt = None,
+    token_budget: TokenBudgetOpt = None, set_options: SetOpt = None,
     engine: EngineOpt = None, model: ModelOpt = None, broker_url: BrokerOpt = None,
     store_url: StoreOpt = None, chunk_size: ChunkOpt = None, max_tokens: MaxTokensOpt = None,
     turns: TurnsOpt = None,
     config: ConfigOpt = None, split: SplitOpt = None, revision: RevisionOpt = None, columns: ColumnsOpt = None,
 ) -> None:
     """Producer: validate, write chunks and manifest, enqueue chunks with no result (idempotent).
-    The job's options (--priority, --max-attempts, --set) are stored beside its manifest, outside
-    its identity: given again, they change; left out, they stay."""
+    The job's options (--priority, --max-attempts, --deadline, --token-budget, --set) are stored
+    beside its manifest, outside its identity: given again, they change; left out, they stay."""
     from fleet.producer.enqueue import enqueue as do_enqueue
 
     check_source(input, redo)
-    options = option_flags(priority, max_attempts, set_options)
+    options = option_flags(set_options, priority=priority, max_attempts=max_attempts, deadline=deadline,
+                           token_budget=token_budget)
     settings = settings_from(engine=engine, model=model, broker_url=broker_url,
                              store_url=store_url, chunk_size=chunk_size, turns=turns, max_tokens=max_tokens,
                              **input_flags(config, split, revision, columns))
@@ -284,6 +289,7 @@ def status_table(st) -> Table:
         ("retractions", retractions_text(st.retractions, st.samples_done)),
         ("$/M out tokens", "-" if st.usd_per_m_tokens is None else f"${st.usd_per_m_tokens:,.3f}"),
         ("options", st.options or "-"),
+        *([("[bold yellow]held[/]", escape(st.held))] if st.held else []),
         ("done", str(st.done)),
     ]
     for k, v in rows:

@@ -53,6 +53,11 @@ def made(r: redis.Redis, job: str) -> dict[int, int]:
     return {int(i): int(n) for i, n in r.hgetall(keys.made(job)).items()}
 
 
+def made_total(r: redis.Redis, job: str) -> int:
+    """Output tokens made for the job, every run of every chunk: what its token budget counts."""
+    return sum(made(r, job).values())
+
+
 def made_by(r: redis.Redis, job: str, index: int) -> int:
     return int(r.hget(keys.made(job), index) or 0)
 

@@ -109,6 +109,9 @@ class JobStatus:
     lost_hosts: dict[str, int] = field(default_factory=dict)
     #: the job's options (fleet.store.options), one line: priority, retry policy
     options: str = ""
+    #: why the job's chunks that have not started wait (its deadline passed, its token budget is
+    #: spent: JobOptions.held, as the workers decide it); "" while they may start
+    held: str = ""
     broker: bool = True
     done: bool = False
 
@@ -259,7 +262,14 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
                      for f in read_failures(store, job, failed)]
     st.done = st.chunks_done == manifest.chunks
     with contextlib.suppress(StoreError):
-        st.options = load_options(store, job).summary()
+        options = load_options(store, job)
+        st.options = options.summary()
+        if not st.done:
+            made = None
+            if r is not None and options.token_budget is not None:
+                with contextlib.suppress(redis.RedisError):
+                    made = figures.made_total(r, job)
+            st.held = options.held(made) or ""
     progress = redo_progress(store, job) if redo else None
     if progress is not None:
         st.redo_jobs, st.redo_finished = progress.jobs, progress.finished

@@ -6,16 +6,19 @@ as dramatiq's message options fall back to actor options, then to defaults: the 
 stays in the settings, and a job overrides only what it names (docs/architecture.md, "Job options").
 
 Readers: the retry policy (the worker's retry middleware and the reaper, `RetryPolicy.for_job`),
-the chunk queue (a job's priority decides which job's chunks a worker takes first), `fleet status`.
+the chunk queue (a job's priority decides which job's chunks a worker takes first), the worker's
+limits gate (a deadline or token budget holds a job's chunks that have not started, `JobOptions.held`),
+`fleet status`.
 Writers: `fleet enqueue` and `fleet job set` (fleet.producer.jobset).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -29,6 +32,9 @@ MIN_PRIORITY, MAX_PRIORITY = -3, 5
 #: seconds a worker or reaper trusts its copy of a job's options before reading them again: how soon
 #: a `fleet job set` reaches the retry policy of a running fleet
 OPTIONS_MAX_AGE_S = 5.0
+#: a deadline given as a duration from now: 90m, 6h, 2d
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class JobOptions(BaseModel):
@@ -48,6 +54,14 @@ class JobOptions(BaseModel):
         None, ge=1, description="deaths of processes that ran a chunk alone, on one host, that quarantine it "
         "(unset: the fleet's max_crashes)"
     )
+    deadline: datetime | None = Field(
+        None, description="no chunk of the job starts after this time (UTC; ISO 8601, or a duration from now "
+        "such as 90m, 6h, 2d); chunks running then finish, the rest wait until it is moved or unset"
+    )
+    token_budget: int | None = Field(
+        None, ge=1, description="output tokens the engines may make for the job, every run counted (what the "
+        "GPUs were paid for); once made, no further chunk starts, running ones finish"
+    )
     #: when the options were last written (for people; no reader decides by it)
     updated: str | None = None
 
@@ -56,6 +70,33 @@ class JobOptions(BaseModel):
     def _unset_priority(cls, value: object) -> object:
         """`priority=` sets it back to every job's, 0."""
         return 0 if value is None else value
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline_from_now(cls, value: object) -> object:
+        """A duration (`6h`) is from now; a time without a zone is UTC."""
+        if isinstance(value, str) and (m := _DURATION.match(value)):
+            return datetime.now(UTC) + timedelta(seconds=float(m[1]) * _UNIT_S[m[2]])
+        return value
+
+    @field_validator("deadline")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+    def held(self, made_tokens: int | None, now: datetime | None = None) -> str | None:
+        """Why no further chunk of the job may start (None: they may): its deadline has passed, or
+        the engines made `made_tokens` (every run of the job's chunks) of its budget or more. The
+        one decision, read by the worker's limits gate and by `fleet status`."""
+        if self.deadline is not None and (now or datetime.now(UTC)) >= self.deadline:
+            return (f"past its deadline {self.deadline:%Y-%m-%d %H:%M:%S} UTC: chunks not started wait "
+                    "(`fleet job set --job JOB deadline=...` moves it)")
+        if self.token_budget is not None and made_tokens is not None and made_tokens >= self.token_budget:
+            return (f"its token budget is spent ({made_tokens:,} of {self.token_budget:,} output tokens made): "
+                    "chunks not started wait (`fleet job set --job JOB token_budget=...` raises it)")
+        return None
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(indent=2).encode()
@@ -77,8 +118,14 @@ class JobOptions(BaseModel):
 
     def summary(self) -> str:
         """One line for `fleet status`: every option, unset ones as the fleet's."""
-        return ", ".join(f"{name} {'(fleet setting)' if value is None else value}"
-                         for name, value in self.model_dump(exclude={"updated"}).items())
+        shown = {**self.model_dump(exclude={"updated"}),
+                 "deadline": None if self.deadline is None else f"{self.deadline:%Y-%m-%dT%H:%M:%SZ}"}
+        return ", ".join(f"{name} {UNSET.get(name, '(fleet setting)') if value is None else value}"
+                         for name, value in shown.items())
+
+
+#: how `summary` names an unset option that has no fleet setting behind it
+UNSET = {"deadline": "(none)", "token_budget": "(none)"}
 
 
 def settable() -> list[str]:

@@ -55,6 +55,8 @@ class Order:
     MANIFEST = 32
     #: the worker's engine configuration against the job's (hands chunks back)
     GATE = 34
+    #: the job's deadline and token budget: after the gates that find nothing to run, before the lease
+    LIMITS = 36
     LEASE = 40
     #: after the lease: a chunk that must run alone holds its lease while the others end
     ADMISSION = 45
