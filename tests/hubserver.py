@@ -26,6 +26,7 @@ HF_HUB_DISABLE_XET, as this serves no Xet storage) with the Hub's edges:
   `parentCommit` that is not the branch's head: 412) and either all of them land in one new
   commit or none does.
 A route the code under test calls and this does not know answers 501, so the test fails loudly.
+`fail` answers matching requests with an error status a number of times (a Hub busy for a moment).
 `hold` keeps matching requests waiting (then drops them unanswered, or answers them), for a test
 to kill its client mid-upload or to commit between its client's steps.
 """
@@ -136,6 +137,8 @@ class HubServer:
         #: uploaded, not yet verified, by (repo, oid)
         self.pending: dict[tuple[str, str], bytes] = {}
         self.holds: list[Hold] = []
+        #: [method, path pattern, answers left, status]: `fail`'s errors still to answer
+        self.failing: list[list] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
@@ -162,6 +165,11 @@ class HubServer:
         with self.lock:
             self.holds.append(hold)
         return hold
+
+    def fail(self, method: str, path: str, times: int, status: int = 503) -> None:
+        """The next `times` requests matching `method` and `path` (a regular expression) get `status`."""
+        with self.lock:
+            self.failing.append([method, re.compile(path), times, status])
 
     def commit(self, repo_id: str, files: dict[str, bytes], branch: str = "main", replace: bool = False) -> str:
         """A commit on `branch` adding (or with `replace`, being only) `files`; its sha."""
@@ -484,6 +492,13 @@ class HubServer:
                 raw = self.body()  # read whatever the answer, or the connection's next request breaks
                 if self.held(line):
                     return
+                with hub.lock:
+                    failing = next((f for f in hub.failing if f[2] > 0 and self.command == f[0]
+                                    and f[1].fullmatch(parsed.path)), None)
+                    if failing is not None:
+                        failing[2] -= 1
+                if failing is not None:
+                    return self.error(failing[3], "ServiceUnavailable", "the Hub stand-in fails this one on purpose")
                 try:
                     self.route(parsed.path, parse_qs(parsed.query), raw)
                 except Refused as e:

@@ -227,3 +227,23 @@ def test_dataset_folders_read_as_their_rows(tmp_path, clean_env):
     bad = run_fleet("validate", str(layout), "--columns", "id=uuid", env=FAST_SIM)
     text = " ".join(bad.stdout.split())
     assert bad.returncode == 1 and "data/train-00001-of-00002.parquet row 6: none of messages" in text, text
+
+
+@pytest.mark.parametrize("tries, reads", [(3, True), (2, False)])
+def test_a_hub_input_is_tried_again_as_often_as_the_store_client_setting_says(tmp_path, hub, clean_env, tries, reads):
+    # Given a Hub dataset whose info the Hub fails to give twice (busy: 503), then gives
+    hub_dataset(hub, [sharegpt(i) for i in range(6)])
+    hub.fail("GET", r"/api/datasets/org/prompts(/revision/.*)?", times=2)
+    env = {"HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_TELEMETRY": "1",
+           "FLEET_STORE_CLIENT__MAX_ATTEMPTS": str(tries)}
+    # When it is read with the fleet's store-client retry setting (as S3's and GCS's clients take it)
+    out = run_fleet("validate", "hf://datasets/org/prompts", "--columns", "id=uuid", env=env, cwd=tmp_path)
+    infos = [line for line in hub.requests if line.startswith("GET /api/datasets/org/prompts")]
+    if reads:
+        # Then 3 tries read it: the two failures were tried again
+        assert out.returncode == 0, out.stderr
+        assert len(infos) >= 3 and "try 2 of 3" in out.stderr
+    else:
+        # Then 2 tries meet two failures: one line naming the Hub's answer, no traceback
+        assert out.returncode != 0 and len(infos) == 2
+        assert "the Hub failed" in out.stderr and "503" in out.stderr and "Traceback" not in out.stderr

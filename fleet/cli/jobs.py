@@ -356,7 +356,8 @@ def export(
     left_out, audited = LeftOut(), AuditCounts()
     with live_progress(console) as progress:
         n = run_guarded(export_job, store_for(settings), job[0], out, fmt, allow_incomplete or partial, stable,
-                        only_finished, left_out, progress, redo_jobs=job[1:], audited=audited)
+                        only_finished, left_out, progress, redo_jobs=job[1:], audited=audited,
+                        max_attempts=settings.store_client.max_attempts)
     console.print(f"wrote {n} records to {'standard output' if out == '-' else out}")
     print_audit(audited)
     for reason, count in left_out.reasons.items():

@@ -83,6 +83,7 @@ def export_job(
     store: Store, job: str, out: Path | str, fmt: str | None = None, allow_incomplete: bool = False,
     stable: bool = False, only_finished: bool = False, left_out: LeftOut | None = None,
     progress: Progress | None = None, redo_jobs: list[str] | None = None, audited: AuditCounts | None = None,
+    max_attempts: int = 10,
 ) -> int:
     """Returns the number of lines written; refuses an unfinished job unless `allow_incomplete`.
 
@@ -92,7 +93,8 @@ def export_job(
     `redo_jobs` (redo jobs of `job`, fleet.export.merge) give each row the version that finished.
     Every row is audited first (fleet.export.audit); a row that fails or cannot be checked is left out,
     and `audited` gets the counts and the named defects: the caller decides what they mean for its exit.
-    A folder format (hf) writes its folder and its dataset card.
+    A folder format (hf) writes its folder and its dataset card; a remote target's client tries each
+    call up to `max_attempts` times (settings.store_client.max_attempts).
     """
     manifest = require_manifest(store, job)
     indexes = done_chunks(store, manifest, allow_incomplete)
@@ -109,7 +111,7 @@ def export_job(
     total = check.expect_samples  # one checked row per sample; unknown for an incomplete export
     report = progress or (lambda phase, done, total: None)
     report("export", 0, total)
-    spots = folder_target(out) if writer_cls.folder else target(out)
+    spots = folder_target(out, max_attempts) if writer_cls.folder else target(out, max_attempts)
     with spots as spot:
         # Only the writer's own calls go through spot.call: an OSError there is the target's
         # (a full disk), while one from reading the store stays the store's.

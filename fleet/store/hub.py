@@ -11,19 +11,32 @@ leaves a shard twice; the commit names the head it was planned on (`parent_commi
 in between is refused, never merged. A re-run after a crash resumes: what the Hub holds already
 is not sent again (an LFS object it has; with hf_xet, chunks it has, and each of the upload's
 commits that landed), and the export's shards are the same bytes each time.
+Retries: huggingface_hub retries some of its requests and not others (a repository's info, a
+commit), each with its own count; every call here goes through `attempted`, which tries a Hub that
+is busy, limiting or unreachable again, up to settings.store_client.max_attempts tries in all, as
+S3 and GCS do.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fleet.errors import ConfigError, StoreError, TargetUnwritable
 from fleet.store.schemes import Fetched, Listing, Scheme, Select, StoreOptions
 
+log = logging.getLogger(__name__)
 PREFIX = "hf://datasets/"
+#: HTTP answers that are the Hub's moment, not the request's fault: worth another try
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+#: seconds before the second try, doubling to BACKOFF_MAX_S
+BACKOFF_S, BACKOFF_MAX_S = 0.5, 8.0
+T = TypeVar("T")
 
 
 def _hub() -> Any:
@@ -54,6 +67,31 @@ def client_errors() -> tuple[type[Exception], ...]:
     return (OSError, ValueError, RuntimeError, hub.errors.HfHubHTTPError, *http)
 
 
+def transient(e: Exception) -> bool:
+    """A failure another try may not meet: a busy, limiting or failing Hub (its HTTP status), or
+    the connection (the HTTP library's transport errors, a timeout). A refusal (401, 404, 412) is not."""
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if status is not None:
+        return status in TRANSIENT_STATUS
+    transport = [lib.TransportError for name in ("httpx2", "httpx") if (lib := sys.modules.get(name)) is not None]
+    return isinstance(e, ConnectionError | TimeoutError | tuple(transport))
+
+
+def attempted(options: StoreOptions, what: str, call: Callable[[], T]) -> T:
+    """`call`, tried up to `options.max_attempts` times while it fails transiently, backing off."""
+    for attempt in range(1, max(1, options.max_attempts) + 1):
+        try:
+            return call()
+        except client_errors() as e:
+            if attempt >= options.max_attempts or not transient(e):
+                raise
+            wait_s = min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (attempt - 1))
+            log.warning("the Hub failed to %s (%s: %s): try %d of %d in %.1fs", what, type(e).__name__, _line(e),
+                        attempt + 1, options.max_attempts, wait_s)
+            time.sleep(wait_s)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 def api() -> Any:
     endpoint = os.environ.get("HF_ENDPOINT")
     return _hub().HfApi(endpoint=endpoint.rstrip("/") if endpoint else None)
@@ -72,14 +110,15 @@ def _refused(url: str, e: Exception) -> Exception:
 
 
 class HubListing(Listing):
-    def __init__(self, url: str, repo: str, sha: str, files: list[str], into: Path):
+    def __init__(self, url: str, repo: str, sha: str, files: list[str], into: Path, options: StoreOptions):
         self.url, self.repo, self.sha, self.files, self.into = url, repo, sha, files, into
+        self.options = options
 
     def download(self, name: str) -> Path:
         try:
-            return Path(_hub().hf_hub_download(
+            return Path(attempted(self.options, f"download {name}", lambda: _hub().hf_hub_download(
                 self.repo, name, repo_type="dataset", revision=self.sha, local_dir=self.into,
-                endpoint=api().endpoint))
+                endpoint=api().endpoint)))
         except client_errors() as e:
             raise _refused(self.url, e) from e
 
@@ -96,10 +135,10 @@ class HubScheme(Scheme):
     def fetch(self, url: str, into: Path, select: Select, options: StoreOptions) -> Fetched:
         repo, revision = parse(url)
         try:
-            info = api().dataset_info(repo, revision=revision or "main")
+            info = attempted(options, f"read {repo}", lambda: api().dataset_info(repo, revision=revision or "main"))
         except client_errors() as e:
             raise _refused(url, e) from e
-        listing = HubListing(url, repo, info.sha, [s.rfilename for s in info.siblings or []], into)
+        listing = HubListing(url, repo, info.sha, [s.rfilename for s in info.siblings or []], into, options)
         for name in select(listing):
             listing.download(name)
         return Fetched(into, f"{PREFIX}{repo}@{info.sha}")
@@ -135,9 +174,10 @@ class HubScheme(Scheme):
         client = api()
         if not src.is_dir():
             raise TargetUnwritable(f"cannot write the export to {url}: a Hub dataset takes a folder (--format hf)")
-        try:
+
+        def upload() -> None:
             client.create_repo(repo, repo_type="dataset", exist_ok=True)
-            head = client.dataset_info(repo).sha
+            head = client.dataset_info(repo).sha  # read again on each try: a landed commit is the new head
             # upload_folder, not upload_large_folder: it has delete_patterns and parent_commit in every
             # huggingface_hub fleet supports (>= 0.30); upload_large_folder has neither, and 2.x dropped
             # it. A re-run resumes: blobs the Hub holds (LFS objects, Xet chunks) are not sent again,
@@ -145,6 +185,9 @@ class HubScheme(Scheme):
             client.upload_folder(
                 repo_id=repo, folder_path=str(src), repo_type="dataset", delete_patterns=["data/*"],
                 parent_commit=head, commit_message=f"fleet export: {_count(src)} data file(s) and the dataset card")
+
+        try:
+            attempted(options, f"upload to {repo}", upload)
         except client_errors() as e:
             raise TargetUnwritable(f"cannot write the export to {url}: {type(e).__name__}: {_line(e)}") from e
 
