@@ -94,6 +94,13 @@ STORE_UNREACHABLE_SINCE = Gauge(
     "fleet_store_unreachable_since_seconds",
     "Unix time since which the store refuses this worker's writes (0: it answers); results wait in its spool",
 )
+STORE_REQUESTS = Counter(
+    "fleet_store_requests",
+    "Requests this worker made of its store by method (PUT, GET, HEAD, LIST, DELETE, DeleteObjects) and kind of "
+    "object (chunks, results, partial, manifest.json ...), as S3 bills them: a listing a request per 1,000 keys, "
+    "a batch delete a request per 1,000 (fleet.store.counted)",
+    ["method", "kind"],
+)
 SPOOLED_RESULTS = Gauge(
     "fleet_spooled_results", "Chunk results this worker keeps on its disk because the store refused them"
 )

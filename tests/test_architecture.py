@@ -160,3 +160,11 @@ def test_one_module_owns_each_part_of_a_chunks_state_in_redis(names, owner):
              if p not in (owner, FLEET / "coord" / "keys.py")}
     assert {p: u for p, u in users.items() if u} == {}, f"only {owner.relative_to(FLEET.parent)} may name these keys"
     assert key_users(owner, names) == set(names)
+
+
+def test_the_benches_drive_the_worker_from_outside():
+    """docs/architecture.md, "Parts": `fleet bench` measures what users run (`fleet` commands,
+    `fleet worker` processes, the store, the metrics endpoint, Redis), never the worker's insides."""
+    inside = sorted(f"{module_name(path)} -> {target}" for path in (FLEET / "bench").rglob("*.py")
+                    for target in imported_modules(path) if target.split(".")[:2] == ["fleet", "worker"])
+    assert inside == [], "fleet.bench imports the worker's internals"

@@ -26,6 +26,7 @@ from fleet.bench.jobstats import ChunkTiming, JobRun, ideal_makespan_s, occupanc
 from fleet.bench.overhead import chunk_cycles, percentile
 from fleet.bench.pairs import SHARED, Lane, Pairs, common_window, front_end_figures, run_pairs, window_prompts
 from fleet.bench.procs import below, broker_of, cpu_seconds
+from fleet.bench.procs import is_worker as seen_as_worker
 from fleet.bench.reference import REFERENCE
 from fleet.bench.series import difference, overlap, value_at
 from fleet.bench.sharedcore import PERIOD_US, SharedCoreUnavailable, cpu_hierarchy, make_pen, open_pens
@@ -404,6 +405,10 @@ def test_worker_processes_are_found_as_started_and_as_celery_retitles_them():
     assert is_worker(b"/venv/bin/python\0-m\0fleet.worker.main\0--name\0cpu0@h\0")
     assert is_worker(b"[celeryd: cpu0@h:MainProcess] -active- (--name cpu0@h --concurrency 2)")
     assert not is_worker(b"VLLM::EngineCore") and not is_worker(b"/usr/bin/redis-server\0127.0.0.1:6379\0")
+    # and the benches, from outside, find them the same way in the command lines psutil gives
+    assert seen_as_worker("/venv/bin/python -m fleet.worker.main --name cpu0@h")
+    assert seen_as_worker("[celeryd: cpu0@h:MainProcess] -active- (--name cpu0@h --concurrency 2)")
+    assert not seen_as_worker("/venv/bin/python -m fleet worker --workers 2")  # the launcher
 
 
 def test_front_end_figures_take_the_bare_loops_cpu_off_fleets_per_token():
@@ -473,6 +478,41 @@ def test_sampler_charges_busy_threads_and_profiles_the_engine_loop(tmp_path):
     assert report["loop_cprofile"]["by_area_self_s"]
 
 
+@pytest.mark.slow
+def test_a_real_fleet_worker_is_profiled_from_outside_the_product(tmp_path):
+    from fleet.bench.workercpu import job_for, profiled, shape_for
+
+    # Given a small sim job for one `fleet worker` of 8 slots
+    job = job_for("prof", shape_for(8, 4000, 60, 8), 64)
+    # When it runs with the profiler's start-up hook on the workers' PYTHONPATH
+    report = profiled(job, tmp_path, tmp_path / "prof.json", 8, 8)
+    # Then the worker process (not its launcher) was sampled over the job: its engine loop's thread
+    # carries CPU, cProfile saw the loop, and the sampler's own CPU is within the process's
+    assert report["samples"] > 10 and report["tokens"] > 0
+    assert report["threads_s"][LOOP_THREAD] > 0 and report["loop_cprofile"]["by_area_self_s"]
+    assert 0 < report["sampler_cpu_s"] < report["process_cpu_s"]
+    assert "cpu0@bench ready." in (tmp_path / "prof" / "workers.log").read_text()
+
+
+@pytest.mark.slow
+def test_the_store_cost_is_counted_from_a_real_workers_metrics(tmp_path):
+    from fleet.bench.storecost import RUN_CHUNKS, requests_per_gpu_hour
+
+    # When the store cost is measured at 16 slots, 128-record chunks, a checkpoint every 30 s
+    cost = requests_per_gpu_hour(tmp_path, 16, 128, 30.0)
+    measured = cost["measured"]["counts"]
+    # Then a real `fleet worker` ran the chunks (its launcher's log says its worker was ready)
+    assert "cpu0@bench ready." in (tmp_path / "storecost" / "workers.log").read_text()
+    # and its metrics counted, per chunk, one input read, one result check and write, one batched
+    # delete of its checkpoints, and the checkpoint flushes the run made
+    assert cost["measured"]["chunks"] == RUN_CHUNKS
+    for request in ("GET chunks", "HEAD results", "PUT results", "DeleteObjects partial"):
+        assert measured[request] == RUN_CHUNKS, (request, measured)
+    assert measured["PUT partial"] >= 2 * RUN_CHUNKS and cost["measured"]["listed"] == ["partial"]
+    # And the hour's flushes are the reference's K chunks flushing every 30 s
+    assert cost["per_gpu_hour"]["PUT partial"] == 16 * 3600 / 30.0 and cost["usd_per_gpu_hour"] > 0
+
+
 def test_profile_names_are_short_and_pools_grouped():
     assert thread_group("ThreadPoolExecutor-0_13") == "ThreadPoolExecutor-N_N"
     assert short("/x/.venv/lib/python3.11/site-packages/celery/app/trace.py") == "celery/app/trace.py"
@@ -525,10 +565,10 @@ def test_control_plane_bench_runs_fleets_coordination_for_simulated_workers(tmp_
     assert last["reconnect"]["beat_back"] == last["reconnect"]["workers"] == 40
     wipe = last["wipe"]
     assert wipe["enqueued"] + wipe["running"] + wipe["done"] == wipe["chunks"]
-    # And the store's requests per GPU-hour came from a counted run of a worker's middleware
+    # And the store's requests per GPU-hour came from a real worker's counts of its store requests
     store = data["store"]
     assert store["measured"]["chunks"] == 4 and store["per_gpu_hour"]["PUT partial"] > 0
-    assert all("/partial/" in prefix for prefix in store["measured"]["listed"])
+    assert store["measured"]["listed"] == ["partial"]
 
 
 @pytest.mark.slow
@@ -537,7 +577,7 @@ def test_proctreecost_prints_each_read_both_ways_and_leaves_no_process_behind():
     mark = f"proctreecost-{os.getpid()}-{time.monotonic_ns()}"
     env = {**os.environ, "FLEET_TEST_MARK": mark}
     # When it measures with no other processes and with 30 held elsewhere
-    out = subprocess.run([sys.executable, "-m", "fleet.bench.proctreecost", "--others", "0,30"], env=env,
+    out = subprocess.run([sys.executable, "-m", "tests.proctreecost", "--others", "0,30"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     # Then each read is timed both ways at each count, with the launcher's tick

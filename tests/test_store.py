@@ -516,3 +516,32 @@ def test_a_store_has_one_id_however_its_url_is_spelled(tmp_path, monkeypatch):
     assert store_id("store") != store_id(str(tmp_path / "other"))
     # And a bucket's prefix is the same with or without empty and trailing parts, but not another prefix
     assert store_id("s3://b/p/q/") == store_id("s3://b//p/q") != store_id("s3://b/p") != store_id("gs://b/p")
+
+
+def counted_requests() -> dict[tuple[str, str], float]:
+    from fleet import metrics
+
+    return {(s.labels["method"], s.labels["kind"]): s.value for m in metrics.STORE_REQUESTS.collect()
+            for s in m.samples if s.name.endswith("_total")}
+
+
+def test_a_workers_store_counts_its_requests_as_an_object_store_bills_them(tmp_path: Path):
+    from fleet.store.counted import PAGE, CountedStore
+
+    # Given a worker's store over a local one holding 2,500 checkpoint objects of one chunk
+    inner = LocalStore(tmp_path / "store")
+    keys = [f"j/partial/00001/{i:06d}" for i in range(2 * PAGE + 500)]
+    for key in keys:
+        inner.put(key, b"x")
+    store, before = CountedStore(inner), counted_requests()
+    # When it lists them, deletes them in one batch call, writes a result and reads it back
+    assert list(store.list("j/partial/00001/")) == keys
+    store.delete_many(keys)
+    store.put("j/results/00001", b"r")
+    assert store.get("j/results/00001") == b"r" and store.exists("j/results/00001")
+    # Then the metric counts three LIST pages and three DeleteObjects requests, by kind of object
+    after = counted_requests()
+    spent = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert spent == {("LIST", "partial"): 3, ("DeleteObjects", "partial"): 3, ("PUT", "results"): 1,
+                     ("GET", "results"): 1, ("HEAD", "results"): 1}
+    assert not list(inner.list("j/partial/")) and store.url == inner.url

@@ -30,13 +30,19 @@ from fleet.bench.sharedcore import Pen
 from fleet.coord import figures
 from fleet.coord.localredis import free_port
 from fleet.errors import FleetError
-from fleet.worker.supervisor.proctree import is_worker
 
 READY_TIMEOUT_S = 90.0
 #: where this fleet was imported from: the processes a benchmark starts (in their own cwd) import
 #: the same code, never an engine venv's installed copy of an older checkout
 FLEET_ROOT = Path(__file__).resolve().parents[2]
 STOP_TIMEOUT_S = 30.0
+
+
+def is_worker(cmdline: str) -> bool:
+    """A worker process, by its command line as `ps` shows it: the launcher starts each worker as
+    `python -m fleet.worker.main`, which Celery retitles `[celeryd: ...]` where setproctitle is
+    installed (vLLM's venv)."""
+    return "fleet.worker.main" in cmdline or cmdline.startswith("[celeryd: ")
 
 
 def clean_env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -174,7 +180,7 @@ def run_fleet_watching_workers(args: list[str], env: dict[str, str], timeout_s: 
                 raise FleetError(f"`fleet {' '.join(args)}` ran past {timeout_s:.0f}s")
             with contextlib.suppress(psutil.Error, redis.RedisError):
                 tree = below(proc.pid)
-                workers = [p for p, cmdline in tree.items() if is_worker(cmdline.encode())]
+                workers = [p for p, cmdline in tree.items() if is_worker(cmdline)]
                 if pen is not None:
                     for p in {*workers, *(c for w in workers for c in below(w))} - adopted:
                         pen.adopt(p)
@@ -203,23 +209,20 @@ def broker_of(cmdlines: Iterable[str]) -> redis.Redis | None:
 
 
 class WorkerHost:
-    """One `fleet worker --workers N` launcher (N supervised worker processes), as one host; or,
-    given `direct` (the argv of one worker process), that worker alone without a launcher."""
+    """One `fleet worker --workers N` launcher (N supervised worker processes), as one host."""
 
-    def __init__(self, env: dict[str, str], workers: int, log_path: Path, host: str = "bench",
-                 direct: list[str] | None = None):  # fmt: skip
+    def __init__(self, env: dict[str, str], workers: int, log_path: Path, host: str = "bench"):
         self.env, self.workers, self.log_path, self.host = env, workers, log_path, host
-        self.direct = direct
         self.proc: subprocess.Popen[bytes] | None = None
 
     def worker_pids(self) -> list[int]:
         """The worker processes (whose children, if any, are their engines)."""
         assert self.proc is not None
-        return [self.proc.pid] if self.direct else sorted(p.pid for p in psutil.Process(self.proc.pid).children())
+        return sorted(p.pid for p in psutil.Process(self.proc.pid).children())
 
     def start(self) -> WorkerHost:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = self.direct or fleet_argv("worker", "--workers", str(self.workers), "--host-name", self.host)
+        argv = fleet_argv("worker", "--workers", str(self.workers), "--host-name", self.host)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 argv,

@@ -71,8 +71,6 @@ class SimJob:
     slots: int | None = None
     store_url: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
-    #: run one worker process by this argv instead of `fleet worker` (a profiler around it)
-    direct: list[str] | None = None
     #: called once the workers are ready, and once every result exists (a profiler's window)
     on_ready: Callable[[], object] | None = None
     on_done: Callable[[], object] | None = None
@@ -116,7 +114,7 @@ def run_sim_job(job: SimJob, workdir: Path, timeout_s: float = 600) -> SimJobRes
             **({"FLEET_SLOTS": str(job.slots)} if job.slots else {}),
             **job.extra_env,
         })
-        host = WorkerHost(env, job.workers, base / "workers.log", direct=job.direct).start()
+        host = WorkerHost(env, job.workers, base / "workers.log").start()
         try:
             startup = host.wait_ready(max(READY_TIMEOUT_S, job.ready_timeout_s))
             pids = host.worker_pids()

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import json
 import math
-import sys
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from fleet.bench.jobstats import JobRun, occupancy
+from fleet.bench.procs import FLEET_ROOT, pythonpath_first, wait_until
 from fleet.bench.profile import Profile
 from fleet.bench.report import Figure
 from fleet.bench.simjob import SimJob, SimShape, run_sim_job
+from fleet.bench.workerprof import OUT_ENV, hook
 from fleet.engines.sim.tokenchain import SimVocab, sim_text_of, sim_tokens
 
 MILLION = 1_000_000
@@ -38,10 +40,9 @@ def shape_for(slots: int, rate: float, mean_tokens: float, chunk_size: int) -> S
                     step_s=slots / rate)
 
 
-def job_for(name: str, shape: SimShape, records: int, direct: list[str] | None = None) -> SimJob:
+def job_for(name: str, shape: SimShape, records: int) -> SimJob:
     chunks = max(1, math.ceil(records / shape.chunk_size))
-    return SimJob(name, shape, chunks, workers=1, extra_env={"FLEET_IN_FLIGHT_FACTOR": str(IN_FLIGHT_FACTOR)},
-                  direct=direct)
+    return SimJob(name, shape, chunks, workers=1, extra_env={"FLEET_IN_FLIGHT_FACTOR": str(IN_FLIGHT_FACTOR)})
 
 
 def sim_cpu_per_token(run: JobRun, samples: int = 400) -> float:
@@ -88,12 +89,19 @@ def profile_worker(profile: Profile, workdir: Path) -> dict[str, Any]:
 
 
 def profiled(job: SimJob, workdir: Path, out: Path, concurrency: int, slots: int) -> dict[str, Any]:
-    """Run `job` with its one worker under fleet.bench.workerprof (counting from the worker's ready to
-    the job's last result); its report, with S, the tokens made and the CPU seconds per M tokens."""
+    """Run `job` on one `fleet worker` of `concurrency` slots, its worker process under
+    fleet.bench.workerprof (counting from the worker's ready to the job's last result); its report,
+    with S, the tokens made and the CPU seconds per M tokens."""
     gate = out.with_suffix(".on")
-    job.direct = [sys.executable, "-m", "fleet.bench.workerprof", str(out), "--name", "cpu0@bench",
-                  "--concurrency", str(concurrency)]
-    job.on_ready, job.on_done = gate.touch, gate.unlink
+    job.slots = concurrency
+    path = pythonpath_first(FLEET_ROOT, os.environ.get("PYTHONPATH", ""))
+    job.extra_env |= {OUT_ENV: str(out), "PYTHONPATH": pythonpath_first(hook(workdir / "workerprof-hook"), path)}
+
+    def window_closed() -> None:
+        gate.unlink()
+        wait_until(out.exists, 60, f"the worker's profile {out}")
+
+    job.on_ready, job.on_done = gate.touch, window_closed
     result = run_sim_job(job, workdir, timeout_s=3600)
     report = json.loads(out.read_text())
     report["S"], report["tokens"] = slots, result.run.tokens

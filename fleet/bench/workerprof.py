@@ -1,7 +1,10 @@
 """Where a worker process's CPU goes: a sampling profiler weighted by each thread's CPU time.
 
-`python -m fleet.bench.workerprof OUT.json --name cpu0@bench --concurrency K` runs one worker
-(fleet.worker.main) with a sampler thread beside it. Every `INTERVAL_S` the sampler reads
+The worker is a real `fleet worker`'s, profiled from outside the product as py-spy would: the
+benchmark puts a folder with a `sitecustomize` (`hook`) first on the workers' PYTHONPATH and names
+the report file in FLEET_BENCH_WORKERPROF, and Python's own start-up runs `start_from_env` in
+each process: in the worker process (its command line, as the launcher starts it) it starts a
+sampler thread beside the worker. Every `INTERVAL_S` the sampler reads
 each Python thread's own CPU clock and charges what it used since the last look to that
 thread's current stack, so a thread blocked in select() costs nothing while the event loop,
 the Celery consumer and the chunk threads are charged for what they ran. cProfile would see
@@ -13,9 +16,8 @@ is its epoll poll, left out; its per-call cost inflates code made of many tiny c
 sim's per-token random draws), so its shares rank places rather than weigh them. It counts only while
 the file OUT.on exists (the benchmark creates it once the worker is ready and removes it at
 the job's last result), so start-up imports and shutdown stay out. The sampler's own CPU is
-reported apart. On exit (SIGTERM: the worker's warm shutdown) it writes OUT.json: CPU by
-thread, by function (self and inclusive), the loop's cProfile, and the process total over the
-same window.
+reported apart. When the window closes it writes OUT.json: CPU by thread, by function (self and
+inclusive), the loop's cProfile, and the process total over the same window.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ from types import FrameType
 from typing import Any
 
 INTERVAL_S = 0.01
+#: names the report file; set, a worker process started with `hook` on its PYTHONPATH profiles itself
+OUT_ENV = "FLEET_BENCH_WORKERPROF"
+#: how a worker process shows on its command line (the launcher starts each so)
+WORKER_COMMAND = b"fleet.worker.main"
 LOOP_THREAD = "fleet-engine-loop"
 TOP = 60
 
@@ -59,8 +65,9 @@ def thread_group(name: str) -> str:
 
 
 class Sampler:
-    def __init__(self, gate: Path, interval_s: float = INTERVAL_S):
-        self.gate, self.interval_s = gate, interval_s
+    def __init__(self, gate: Path, interval_s: float = INTERVAL_S, out: Path | None = None):
+        """Counts while `gate` exists; given `out`, writes its report there when the window closes."""
+        self.gate, self.interval_s, self.out = gate, interval_s, out
         self.self_s: Counter[str] = Counter()
         self.inclusive_s: Counter[str] = Counter()
         self.threads_s: Counter[str] = Counter()
@@ -90,6 +97,10 @@ class Sampler:
                         self.loop.call_soon_threadsafe(self.loop_prof.enable)
                 elif not on and self.window:
                     self._close()
+                    if self.out is not None:
+                        tmp = self.out.with_suffix(".tmp")
+                        tmp.write_text(json.dumps(self.report(), indent=1))
+                        tmp.replace(self.out)  # whole or absent: the benchmark waits for it
                     return
             if self.window:
                 self._sample()
@@ -129,7 +140,8 @@ class Sampler:
 
     def report(self) -> dict[str, Any]:
         self.stopped.set()
-        self.thread.join(1)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(1)
         (cpu0, wall0, own0), (cpu1, wall1, own1) = (self.window + [(0.0, 0.0, 0.0)] * 2)[:2]
         return {
             "process_cpu_s": cpu1 - cpu0, "wall_s": wall1 - wall0, "sampler_cpu_s": own1 - own0,
@@ -200,19 +212,30 @@ def area(name: str) -> str:
     return "builtins (C calls)" if name.startswith("~") else "other (stdlib)"
 
 
-def main() -> None:
-    out, argv = Path(sys.argv[1]), sys.argv[2:]
-    sampler = Sampler(out.with_suffix(".on"))
-    sampler.thread.start()
-    from fleet.worker.main import main as worker_main
-
+def start_from_env() -> Sampler | None:
+    """In a worker process whose environment names a report file (OUT_ENV), a sampler counting
+    while the file's `.on` twin exists; in any other process, nothing."""
+    out = os.environ.get(OUT_ENV)
     try:
-        worker_main(argv)
-    finally:
-        out.write_text(json.dumps(sampler.report(), indent=1))
-        sys.stdout.flush()
-        os._exit(0)  # Celery's exit path may hang on threads the sampler no longer needs
+        cmdline = Path("/proc/self/cmdline").read_bytes()
+    except OSError:
+        return None
+    if not out or WORKER_COMMAND not in cmdline:
+        return None
+    sampler = Sampler(Path(out).with_suffix(".on"), out=Path(out))
+    sampler.thread.start()
+    return sampler
 
 
-if __name__ == "__main__":
-    main()
+def hook(folder: Path) -> Path:
+    """A folder holding the `sitecustomize` that starts the sampler: first on a worker's
+    PYTHONPATH, with OUT_ENV set, it profiles that worker."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(
+        '"""Written by fleet.bench.workerprof: Python runs it at start-up."""\n'
+        "import os\n\n"
+        f"if os.environ.get({OUT_ENV!r}):\n"
+        "    from fleet.bench.workerprof import start_from_env\n\n"
+        "    start_from_env()\n"
+    )
+    return folder

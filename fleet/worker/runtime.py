@@ -30,6 +30,7 @@ from fleet.engines.identity import engine_identity, identity_hash
 from fleet.engines.specs import build_engine
 from fleet.settings import Settings
 from fleet.store import store_for
+from fleet.store.counted import CountedStore
 from fleet.worker.process.assist import Assister
 from fleet.worker.process.context import ManifestCache, WorkerContext
 from fleet.worker.process.enginehost import EngineHost
@@ -60,7 +61,8 @@ class Runtime:
     def __init__(self, settings: Settings, app: Celery, name: str):
         self.settings = settings
         self.name = name
-        store, r = store_for(settings), redis_client(settings)
+        # every request the process makes of its store is counted (fleet_store_requests)
+        store, r = CountedStore(store_for(settings)), redis_client(settings)
         identity = engine_identity(settings)
         spool = Spool(settings.data_dir / "spool" / name.replace("/", "_"), settings.spool.max_mb * 2**20) \
             if settings.spool.max_mb else None

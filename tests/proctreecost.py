@@ -1,10 +1,12 @@
 """What the launcher's process-tree reads cost through fleet's /proc readers and through psutil, side by side.
 
-`python -m fleet.bench.proctreecost [--others 0,400,900]`: this process plays a launcher of 8 workers
-(`sleep`s), while a helper holds `--others` more processes elsewhere on the machine; for each count it
-prints the median time of one call of each read both ways, and what the launcher's reap tick (its
-children, and a look at each) costs in CPU a second at its two ticks a second. The figures behind
-fleet.worker.supervisor.proctree reading /proc itself (docs/architecture.md, "Worker death").
+`python -m tests.proctreecost [--others 0,400,900]` (from the checkout's root): this process plays a
+launcher of 8 workers (`sleep`s), while a helper holds `--others` more processes elsewhere on the
+machine; for each count it prints the median time of one call of each read both ways, and what the
+launcher's reap tick (its children, and a look at each) costs in CPU a second at its two ticks a
+second. The figures behind fleet.worker.supervisor.proctree reading /proc itself
+(docs/architecture.md, "Worker death"). It times the launcher's own functions, so it lives beside
+the tests, not in `fleet bench`, which drives the product only from outside.
 """
 
 from __future__ import annotations
