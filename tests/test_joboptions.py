@@ -5,6 +5,7 @@ shown by `fleet status`; a job's priority decides which job's chunks the workers
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -113,17 +114,21 @@ def test_a_priority_sends_a_job_ahead_and_a_change_moves_its_waiting_chunks(sett
     app.close()
 
 
+def one_slot_fleet(tmp_path: Path, broker_url: str, step_s: float) -> tuple[dict[str, str], Callable[[str], int]]:
+    """The environment of a fleet whose worker runs one 2-record sim chunk at a time, and a count of
+    a job's results in its store."""
+    store_url = str(tmp_path / "store")
+    env = {**FAST_SIM, "FLEET_SIM__STEP_S": str(step_s), "FLEET_SIM__SIGMA": "0", "FLEET_BROKER_URL": broker_url,
+           "FLEET_STORE_URL": store_url, "FLEET_CHUNK_SIZE": "2", "FLEET_SLOTS": "1", "FLEET_ASSIST": "false"}
+    store = LocalStore(store_url)
+    return env, lambda job: len(list(store.list(f"{job}/results/")))
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_two_jobs_on_one_fleet_run_in_priority_order_without_a_restart(tmp_path, redis_server, clean_env):
     # Given one worker running one chunk at a time, each chunk ~0.5 s, busy with job a (priority 0)
-    store_url = str(tmp_path / "store")
-    env = {**FAST_SIM, "FLEET_SIM__STEP_S": "0.02", "FLEET_SIM__SIGMA": "0", "FLEET_BROKER_URL": redis_server.url,
-           "FLEET_STORE_URL": store_url, "FLEET_CHUNK_SIZE": "2", "FLEET_SLOTS": "1", "FLEET_ASSIST": "false"}
-    store = LocalStore(store_url)
-
-    def done(job: str) -> int:
-        return len(list(store.list(f"{job}/results/")))
+    env, done = one_slot_fleet(tmp_path, redis_server.url, step_s=0.02)
 
     a = run_fleet("enqueue", str(write_prompts(tmp_path / "a.jsonl", 32, "a")), "--job", "a", env=env)
     assert a.returncode == 0, a.stderr
@@ -197,13 +202,8 @@ def test_a_deadline_or_a_spent_budget_holds_chunks_not_started_and_says_why():
 @pytest.mark.slow
 def test_a_spent_budget_and_a_past_deadline_hold_a_job_until_set_again(tmp_path, redis_server, clean_env):
     # Given one worker (one chunk at a time) and job t with a token budget about one chunk's output
-    store_url = str(tmp_path / "store")
-    env = {**FAST_SIM, "FLEET_SIM__STEP_S": "0.01", "FLEET_SIM__SIGMA": "0", "FLEET_BROKER_URL": redis_server.url,
-           "FLEET_STORE_URL": store_url, "FLEET_CHUNK_SIZE": "2", "FLEET_SLOTS": "1", "FLEET_ASSIST": "false"}
-    store = LocalStore(store_url)
-
-    def done(job: str) -> int:
-        return len(list(store.list(f"{job}/results/")))
+    env, done = one_slot_fleet(tmp_path, redis_server.url, step_s=0.01)
+    store = LocalStore(env["FLEET_STORE_URL"])
 
     def status(job: str) -> dict:
         out = run_fleet("status", "--job", job, "--json", env=env)

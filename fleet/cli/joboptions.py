@@ -45,7 +45,8 @@ def set_options(
         if r is not None:
             r.close()
     console.print(f"job {job}: {done.after.summary()}" + (f"; {done.moved} waiting chunk(s) moved to the new "
-                                                           "priority" if done.moved else ""), highlight=False)
+                                                           "priority" if done.moved else ""),
+                  highlight=False, soft_wrap=True)  # one line, whatever the terminal's width: scripts read it
     if r is None and done.after.priority != done.before.priority:
         console.print("no broker configured (FLEET_BROKER_URL): waiting chunks keep their place until requeued",
                       highlight=False)

@@ -160,7 +160,7 @@ def enqueue(
     )
     console.print(f"max_tokens {report.max_tokens} ({report.max_tokens_from or 'as stored'})")
     console.print(f"options: {report.options}" + (f"; {report.moved} waiting chunk(s) moved to the new priority"
-                                                  if report.moved else ""), highlight=False)
+                                                  if report.moved else ""), highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -72,8 +72,8 @@ class StoreClientSettings(BaseModel):
 
     max_attempts: int = Field(
         10, ge=1, description="attempts of one store request before it fails, the same for S3 (botocore's "
-        "adaptive retries) and GCS (api_core's retry deadline, 12 s an attempt); the Hub keeps huggingface_hub's "
-        "own retries (old name s3_max_attempts)",
+        "adaptive retries), GCS (api_core's retry deadline, 12 s an attempt) and the Hub (each call tried again "
+        "on a busy, limiting or unreachable Hub, fleet.store.hub.attempted) (old name s3_max_attempts)",
     )
     multipart_threshold_mb: int = Field(64, ge=5, description="objects above this use multipart upload (S3)")
 
