@@ -65,7 +65,8 @@ MODE_NAMES = {"token": "fleet (token)", "notice": "fleet, notice used", "row": "
               "chunk": "chunk restart"}
 #: wall seconds a setting cannot go under on real processes of a loaded machine: the worker polls its
 #: chunks every 0.5 s at the least (a checkpoint is no more frequent), a lease lives a few heartbeats
-WALL_FLOORS = {"checkpoint_interval_s": 0.5, "lease_ttl_s": 2.0, "reaper_interval_s": 0.5, "assist_poll_s": 0.25}
+WALL_FLOORS = {"checkpoint_interval_s": 0.5, "lease_ttl_s": 2.0, "reaper_interval_s": 0.5, "assist_poll_s": 0.25,
+               "witness_wait_s": 1.0}
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class Shape:
     grace_s: float = 3.0
     assist_poll_s: float = 2.0
     crash_window_s: float = 10.0
+    witness_wait_s: float = 3.0
 
     def job_s(self, name: str) -> float:
         """A setting in the job's seconds as it runs: its value, or its wall floor scaled if longer."""
@@ -140,6 +142,7 @@ class Shape:
             **{f"FLEET_{name.upper()}": repr(self.job_s(name) / f) for name in (
                 "checkpoint_interval_s", "lease_ttl_s", "reaper_interval_s", "grace_s", "assist_poll_s",
                 "crash_window_s")},
+            "FLEET_FAILURE__WITNESS_WAIT_S": repr(self.job_s("witness_wait_s") / f),
             "FLEET_RESUME": "token" if mode == "notice" else mode,
             **({"FLEET_NOTICE_S": repr(notice_s / f)} if mode == "notice" else {}),
         }
