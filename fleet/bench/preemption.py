@@ -278,7 +278,7 @@ class Fleet:
                 continue
             run = next(h for h in self.hosts if h.life == life)
             if self.mid_sample and life not in signalled and not self._mid_sample(run):
-                shift[life.slot] += SCRAPE_S
+                shift[life.slot] = time.time() - when + SCRAPE_S  # look again at the next scrape
                 continue
             events.pop(i)
             signalled.add(life)
