@@ -50,7 +50,7 @@ from fleet.bench.report import Figure, Section, at_most
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import FleetError
 from fleet.store import open_store
-from fleet.store.layout import failed_prefix, results_prefix
+from fleet.store.layout import failed_prefix, result_key, results_prefix
 from fleet.store.results import read_result
 
 #: seconds (wall) between two scrapes of every live worker's metrics
@@ -389,6 +389,8 @@ def run_once(shape: Shape, lives: list[HostLife], mode: str, workdir: Path, cap_
     kept = prompt = chunks = continued = 0
     end = fleet.t0
     for index in range(shape.chunks):
+        if not store.exists(result_key("job", index)):
+            continue  # an unfinished run (stopped at its cap, or interrupted): its chunks done so far
         stats, rows = read_result(store, "job", index)
         if stats is None:
             continue
