@@ -306,16 +306,16 @@ def test_the_reaper_reads_the_jobs_own_crash_policy(r, store, app, settings):
 
 
 @pytest.mark.slow
-def test_a_process_lost_with_its_host_is_no_evidence_against_its_chunks(r, store, app, settings, monkeypatch):
+def test_a_process_lost_with_its_host_is_no_evidence_against_its_chunks(r, store, app, settings):
     # Given a chunk that vanished twice beside others and twice alone, on two hosts, within seconds of each
     # start, every time with its whole host: no launcher outlived a process to see it die
-    monkeypatch.setattr(witness, "WITNESS_WAIT_S", 0.5)
+    settings.failure.witness_wait_s = 0.5
     runs = [("gpu0@a:1", False), ("gpu0@b:1", False), ("gpu0@a:2", True), ("gpu0@b:2", True)]
     for n, (owner, solo) in enumerate(runs, 1):
         lost_run(r, "j", 7, owner, solo=solo, witnessed=False)
         # When the reaper's rounds run, Then the first leaves it for a witness that may still come
         assert requeue_expired(r, store, app, settings) == [] and running(r) == {"j/7"}
-        time.sleep(witness.WITNESS_WAIT_S)
+        time.sleep(settings.failure.witness_wait_s)
         assert requeue_expired(r, store, app, settings) == ["j/7"]
         # and then it is requeued with nothing against it: never suspected, no crash, no attempt
         assert suspects.suspicion(r, "j", 7).deaths == 0 and r.hget(keys.crashes("j"), 7) is None
@@ -325,6 +325,24 @@ def test_a_process_lost_with_its_host_is_no_evidence_against_its_chunks(r, store
     assert witness.host_losses(r) == {"a": 2, "b": 2}
     assert r.hgetall(keys.worker_deaths()) == {} and suspects.dying_workers(r) == []
     assert r.hget(keys.lease_holder(), "j/7") is None and r.hget(keys.solo_runs(), "j/7") is None
+
+
+def test_a_vanished_hosts_chunk_is_requeued_as_its_lease_runs_out_not_a_witness_wait_later(r, store, app, redis_server,
+                                                                                           tmp_path, clean_env):
+    # Given fleet's default lease (60 s, renewed every 10 s past the crash window), and a process that vanished
+    # with its host (no witness) after its last renewal 60.5 s ago: its lease ran out 0.5 s ago
+    settings = Settings(broker_url=redis_server.url, store_url=str(tmp_path / "store"), queue=QUEUE)
+    assert settings.lease.ttl_s == 60 and LeaseClock.of(settings).renew_s + settings.failure.witness_wait_s < 60
+    lost_run(r, "j", 7, "gpu0@a:1", witnessed=False)
+    last_ms = int((time.time() - 60.5) * 1000)
+    r.hset(keys.lease_started(), "j/7", last_ms)
+    r.hset(keys.lease_beat(), "j/7", last_ms)
+    # When the reaper's next round runs
+    touched = requeue_expired(r, store, app, settings)
+    # Then the chunk is requeued at once, as a host's loss: a launcher that outlived its process would have said
+    # how it died 47 s ago (its last renewal + 10 s + the 3 s witness wait), so no round more is left to it
+    assert touched == ["j/7"] and len(queued_messages(r)) == 1
+    assert witness.host_losses(r) == {"a": 1} and suspects.suspicion(r, "j", 7).deaths == 0
 
 
 def test_a_witness_that_comes_while_the_reaper_waits_makes_the_death_evidence(r, store, app, settings):

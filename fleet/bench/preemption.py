@@ -50,11 +50,14 @@ from fleet.bench.report import Figure, Section, at_most
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import FleetError
 from fleet.store import open_store
-from fleet.store.layout import failed_prefix, results_prefix
+from fleet.store.layout import failed_prefix, result_key, results_prefix
 from fleet.store.results import read_result
 
 #: seconds (wall) between two scrapes of every live worker's metrics
 SCRAPE_S = 0.1
+#: wall seconds a host must have run samples before a mid-sample preemption (Profile.mid_sample): two of the
+#: worker's 0.5 s polls, so a periodic checkpoint has flushed partial samples even on a busy machine
+MID_SAMPLE_S = 1.0
 MODES = ("token", "row", "chunk")
 #: what each mode stands for in the table; `notice` is fleet told the notice (`notice_s`): it generates on
 #: through it (fleet.worker.process.notice), run where N > 0 and asked for (`--modes`)
@@ -62,7 +65,8 @@ MODE_NAMES = {"token": "fleet (token)", "notice": "fleet, notice used", "row": "
               "chunk": "chunk restart"}
 #: wall seconds a setting cannot go under on real processes of a loaded machine: the worker polls its
 #: chunks every 0.5 s at the least (a checkpoint is no more frequent), a lease lives a few heartbeats
-WALL_FLOORS = {"checkpoint_interval_s": 0.5, "lease_ttl_s": 2.0, "reaper_interval_s": 0.5, "assist_poll_s": 0.25}
+WALL_FLOORS = {"checkpoint_interval_s": 0.5, "lease_ttl_s": 2.0, "reaper_interval_s": 0.5, "assist_poll_s": 0.25,
+               "witness_wait_s": 1.0}
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class Shape:
     grace_s: float = 3.0
     assist_poll_s: float = 2.0
     crash_window_s: float = 10.0
+    witness_wait_s: float = 3.0
 
     def job_s(self, name: str) -> float:
         """A setting in the job's seconds as it runs: its value, or its wall floor scaled if longer."""
@@ -137,6 +142,7 @@ class Shape:
             **{f"FLEET_{name.upper()}": repr(self.job_s(name) / f) for name in (
                 "checkpoint_interval_s", "lease_ttl_s", "reaper_interval_s", "grace_s", "assist_poll_s",
                 "crash_window_s")},
+            "FLEET_FAILURE__WITNESS_WAIT_S": repr(self.job_s("witness_wait_s") / f),
             "FLEET_RESUME": "token" if mode == "notice" else mode,
             **({"FLEET_NOTICE_S": repr(notice_s / f)} if mode == "notice" else {}),
         }
@@ -156,13 +162,18 @@ class Profile:
     modes: tuple[str, ...] = MODES
     #: a run still unfinished after this many times the uninterrupted run's makespan is stopped
     cap: float = 4.0
+    #: schedules drawn from seed, seed + 1, ...: each with its own uninterrupted run, the ratios averaged
+    seeds: int = 1
+    #: hold each host's first signal until its metrics show samples running with tokens made (`Fleet.mid_sample`)
+    mid_sample: bool = False
 
 
 FULL = Profile(Shape(), lifetimes_s=(1200.0, 3600.0, 14400.0), notices_s=(0.0, 30.0, 120.0))
-#: the reduced sweep's preemptions come with a 30 s notice: its SIGTERM flushes every running sample at once, so
-#: a preemption that finds samples running leaves fleet something to continue however late a periodic flush
-#: runs on a busy machine
-QUICK = Profile(replace(Shape(), chunks=6, chunk_size=32, hosts=2), lifetimes_s=(1800.0,), notices_s=(30.0,))
+#: the reduced sweep's preemptions come with a 30 s notice (its SIGTERM flushes every running sample at once) and
+#: land mid-sample by construction (`mid_sample`): whatever the machine's speed, each finds samples running with
+#: tokens made, which fleet continues and the peers make again
+QUICK = Profile(replace(Shape(), chunks=6, chunk_size=32, hosts=2), lifetimes_s=(1800.0,), notices_s=(30.0,),
+                mid_sample=True)
 
 
 @dataclass
@@ -200,8 +211,11 @@ def scrape(port: int) -> dict[str, float] | None:
 class Fleet:
     """The hosts of one run, booted, preempted and replaced on the schedule, and their scraped metrics."""
 
-    def __init__(self, shape: Shape, lives: list[HostLife], env: dict[str, str], logs: Path):
+    def __init__(self, shape: Shape, lives: list[HostLife], env: dict[str, str], logs: Path, mid_sample: bool = False):
         self.shape, self.lives, self.env, self.logs = shape, lives, env, logs
+        #: a host's first signal waits until its metrics have shown samples running for MID_SAMPLE_S with tokens
+        #: made; the rest of its slot's schedule (the SIGKILL after the notice, the next boot) moves with it
+        self.mid_sample = mid_sample
         self.hosts: list[HostRun] = []
         self.t0 = 0.0
         self._lock = threading.Lock()
@@ -250,19 +264,38 @@ class Fleet:
                     events.append((self.at(life.term), 1, life))
                 events.append((self.at(life.kill), 2, life))
         events.sort(key=lambda e: (e[0], e[1]))
-        for when, kind, life in events:
-            if self._stop.wait(max(0.0, when - time.time())):
+        #: wall seconds each slot's events were put off (mid_sample); 0 otherwise
+        shift = dict.fromkeys(range(self.shape.hosts), 0.0)
+        signalled: set[HostLife] = set()
+        while events:
+            i = min(range(len(events)), key=lambda j: (events[j][0] + shift[events[j][2].slot], events[j][1]))
+            when, kind, life = events[i]
+            if self._stop.wait(max(0.0, when + shift[life.slot] - time.time())):
                 return
             if kind == 0:
+                events.pop(i)
                 self._boot(life)
                 continue
             run = next(h for h in self.hosts if h.life == life)
+            if self.mid_sample and life not in signalled and not self._mid_sample(run):
+                shift[life.slot] = time.time() - when + SCRAPE_S  # look again at the next scrape
+                continue
+            events.pop(i)
+            signalled.add(life)
             if kind == 1:
                 run.term = time.time()
                 self._signal(run, signal.SIGTERM)
             else:
                 run.term = run.term or time.time()
                 self._signal(run, signal.SIGKILL)
+
+    def _mid_sample(self, run: HostRun) -> bool:
+        """Whether the host's engine has run samples through the last MID_SAMPLE_S (a periodic checkpoint
+        has had time to flush their tokens) and made tokens."""
+        now = time.time()
+        recent = [r for t, r in run.running if t >= now - MID_SAMPLE_S]
+        return (run.ready is not None and now - run.ready >= MID_SAMPLE_S and len(recent) >= 3
+                and all(r > 0 for r in recent) and run.counters.get("fleet_tokens_made_total", 0.0) > 0)
 
     def _scrape(self) -> None:
         while not self._stop.wait(SCRAPE_S):
@@ -325,7 +358,7 @@ def write_prompts(path: Path, shape: Shape) -> Path:
 
 
 def run_once(shape: Shape, lives: list[HostLife], mode: str, workdir: Path, cap_s: float,
-             lifetime_s: float | None, notice_s: float) -> RunResult:  # fmt: skip
+             lifetime_s: float | None, notice_s: float, mid_sample: bool = False) -> RunResult:  # fmt: skip
     """One job on one schedule, to its last result or `cap_s` wall seconds."""
     workdir.mkdir(parents=True, exist_ok=True)
     prompts = write_prompts(workdir.parent / f"prompts-{shape.records}-{shape.prompt_tokens}.jsonl", shape)
@@ -335,7 +368,7 @@ def run_once(shape: Shape, lives: list[HostLife], mode: str, workdir: Path, cap_
         env = clean_env(workdir, {**shape.env(mode, notice_s), "FLEET_BROKER_URL": redis_server.url,
                                   "FLEET_STORE_URL": store_url})
         run_fleet(["enqueue", str(prompts), "--job", "job"], env, 120, workdir)
-        fleet = Fleet(shape, lives, env, workdir / "logs")
+        fleet = Fleet(shape, lives, env, workdir / "logs", mid_sample)
         fleet.start()
         finished = True
         try:
@@ -356,6 +389,8 @@ def run_once(shape: Shape, lives: list[HostLife], mode: str, workdir: Path, cap_
     kept = prompt = chunks = continued = 0
     end = fleet.t0
     for index in range(shape.chunks):
+        if not store.exists(result_key("job", index)):
+            continue  # an unfinished run (stopped at its cap, or interrupted): its chunks done so far
         stats, rows = read_result(store, "job", index)
         if stats is None:
             continue
@@ -431,50 +466,82 @@ def ideal_makespan_s(shape: Shape, figures: dict[str, Any]) -> float:
 
 
 def sweep(profile: Profile, workdir: Path, log: Callable[[str], object] = print) -> Section:
-    """The uninterrupted run, then every lifetime x notice in each resume mode on one schedule."""
+    """Per seed, the uninterrupted run, then every lifetime x notice in each resume mode on that seed's
+    schedule; each run's ratios are against its own seed's uninterrupted run."""
     shape = profile.shape
     began = time.monotonic()
-    horizon = 1e9
-    base_lives = draw(profile.seed, shape.hosts, None, 0.0, shape.replace_s, horizon)
-    t = time.monotonic()
-    base = account(shape, run_once(shape, base_lives, "token", workdir / "base", 900, None, 0.0))
-    if not base["finished"]:
-        raise FleetError("the uninterrupted run did not finish")
-    base_wall = time.monotonic() - t
-    log(f"uninterrupted: makespan {base['makespan_s']:.0f} s, {base['paid_gpu_s']:.0f} GPU-s ({base_wall:.0f} s wall)")
-    base_tok = per_token(base, True)
-    base_all = per_token(base, False)
-    cap_s = max(60.0, profile.cap * base_wall)
+    bases: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
-    for lifetime in profile.lifetimes_s:
-        for notice in profile.notices_s:
-            lives = draw(profile.seed, shape.hosts, lifetime, notice, shape.replace_s,
-                         profile.cap * base["makespan_s"] * 2)
-            for mode in profile.modes:
-                if mode == "notice" and notice == 0:
-                    continue  # no notice to use: the same run as token's
-                name = f"L{lifetime:g}-N{notice:g}-{mode}"
-                fig = account(shape, run_once(shape, lives, mode, workdir / name, cap_s, lifetime, notice))
-                fig["ratio"] = per_token(fig, True) / base_tok
-                fig["ratio_all"] = per_token(fig, False) / base_all
-                fig["makespan_ratio"] = fig["makespan_s"] / base["makespan_s"]
-                fig["makespan_vs_ideal"] = fig["makespan_s"] / ideal_makespan_s(shape, fig)
-                runs.append(fig)
-                log(f"L={lifetime:g}s N={notice:g}s {MODE_NAMES[mode]}: {fig['ratio']:.3f}x beyond starts "
-                    f"({fig['ratio_all']:.3f}x all in), {fig['preempted']} preempted"
-                    + ("" if fig["finished"] else f", UNFINISHED ({fig['chunks_done']}/{shape.chunks} chunks)"))
-    base["makespan_vs_ideal"] = base["makespan_s"] / ideal_makespan_s(shape, base)
-    data = {"shape": shape.describe(), "seed": profile.seed, "base": base, "runs": runs}
+    for seed in range(profile.seed, profile.seed + profile.seeds):
+        base_lives = draw(seed, shape.hosts, None, 0.0, shape.replace_s, 1e9)
+        t = time.monotonic()
+        base = account(shape, run_once(shape, base_lives, "token", workdir / f"base-s{seed}", 900, None, 0.0))
+        if not base["finished"]:
+            raise FleetError("the uninterrupted run did not finish")
+        base_wall = time.monotonic() - t
+        base["seed"] = seed
+        base["makespan_vs_ideal"] = base["makespan_s"] / ideal_makespan_s(shape, base)
+        bases.append(base)
+        log(f"seed {seed}, uninterrupted: makespan {base['makespan_s']:.0f} s, {base['paid_gpu_s']:.0f} GPU-s "
+            f"({base_wall:.0f} s wall)")
+        base_tok, base_all = per_token(base, True), per_token(base, False)
+        cap_s = max(60.0, profile.cap * base_wall)
+        for lifetime in profile.lifetimes_s:
+            for notice in profile.notices_s:
+                lives = draw(seed, shape.hosts, lifetime, notice, shape.replace_s, profile.cap * base["makespan_s"] * 2)
+                for mode in profile.modes:
+                    if mode == "notice" and notice == 0:
+                        continue  # no notice to use: the same run as token's
+                    name = f"s{seed}-L{lifetime:g}-N{notice:g}-{mode}"
+                    fig = account(shape, run_once(shape, lives, mode, workdir / name, cap_s, lifetime, notice,
+                                                  profile.mid_sample))
+                    fig["seed"] = seed
+                    fig["ratio"] = per_token(fig, True) / base_tok
+                    fig["ratio_all"] = per_token(fig, False) / base_all
+                    fig["makespan_ratio"] = fig["makespan_s"] / base["makespan_s"]
+                    fig["makespan_vs_ideal"] = fig["makespan_s"] / ideal_makespan_s(shape, fig)
+                    runs.append(fig)
+                    log(f"seed {seed} L={lifetime:g}s N={notice:g}s {MODE_NAMES[mode]}: {fig['ratio']:.3f}x beyond "
+                        f"starts ({fig['ratio_all']:.3f}x all in), {fig['preempted']} preempted"
+                        + ("" if fig["finished"] else f", UNFINISHED ({fig['chunks_done']}/{shape.chunks} chunks)"))
+    data = {"shape": shape.describe(), "seed": profile.seed, "seeds": profile.seeds, "base": bases[0],
+            "bases": bases, "runs": runs}
+    data["summary"] = summary(data)
     return Section("preemption", "preemption: GPU-s per token against an uninterrupted run",
                    figures(data), data, seconds=time.monotonic() - began)
 
 
+def summary(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per lifetime x notice x mode, over the seeds: the mean ratio and its range, and the parts' means in %
+    of paid."""
+    out = []
+    keys = sorted({(r["lifetime_s"], r["notice_s"]) for r in data["runs"]})
+    for life, notice in keys:
+        for mode in MODE_NAMES:
+            rs = [r for r in data["runs"] if (r["lifetime_s"], r["notice_s"], r["mode"]) == (life, notice, mode)]
+            if not rs:
+                continue
+            ratios, alls = [r["ratio"] for r in rs], [r["ratio_all"] for r in rs]
+            out.append({
+                "lifetime_s": life, "notice_s": notice, "mode": mode, "n": len(rs),
+                "finished": all(r["finished"] for r in rs), "preempted": [r["preempted"] for r in rs],
+                "ratio": sum(ratios) / len(rs), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                "ratio_all": sum(alls) / len(rs), "ratio_all_min": min(alls), "ratio_all_max": max(alls),
+                "parts_pct": {p: sum(100 * r["parts_gpu_s"][p] / r["paid_gpu_s"] for r in rs) / len(rs)
+                              for p in (*PARTS, "useful")},
+                "makespan_ratio": sum(r["makespan_ratio"] for r in rs) / len(rs),
+            })
+    return out
+
+
 def figures(data: dict[str, Any]) -> list[Figure]:
-    """fleet's ratio at L = 1 h against the issue's targets; every other run informative."""
+    """fleet's ratio at L = 1 h against the issue's targets (over several seeds, their mean); every other
+    run informative."""
     out: list[Figure] = []
-    for r in data["runs"]:
+    for r in data.get("summary") or summary(data):
         name = f"L={r['lifetime_s'] / 60:g} min, N={r['notice_s']:g} s, {MODE_NAMES[r['mode']]}"
-        note = f"all in {r['ratio_all']:.3f}x; makespan {r['makespan_ratio']:.2f}x" + (
+        spread = f" (seeds: {r['n']}, {r['ratio_min']:.3f}-{r['ratio_max']:.3f}x)" if r["n"] > 1 else ""
+        note = f"all in {r['ratio_all']:.3f}x; makespan {r['makespan_ratio']:.2f}x{spread}" + (
             "" if r["finished"] else "; unfinished: a lower bound")
         ours = r["mode"] == "token" or (r["mode"] == "notice" and r["notice_s"] > 0)
         bound = {0.0: 1.05, 30.0: 1.02}.get(r["notice_s"]) if r["lifetime_s"] == 3600 and ours else None
@@ -482,13 +549,22 @@ def figures(data: dict[str, Any]) -> list[Figure]:
             out.append(at_most(name, r["ratio"], bound, "x", note))
         else:
             out.append(Figure(name, r["ratio"], "x", note=note))
+    # Using the notice: fleet's figure at N = 120 s no worse than at N = 30 s (fleet told the notice where run)
+    summ = data.get("summary") or summary(data)
+    for life in sorted({r["lifetime_s"] for r in summ}):
+        # the summary lists token before notice: where both ran, the notice used is fleet's figure
+        ours = {r["notice_s"]: r for r in summ if r["lifetime_s"] == life and r["mode"] in ("token", "notice")}
+        if 30.0 in ours and 120.0 in ours:
+            a, b = ours[120.0], ours[30.0]
+            out.append(at_most(f"L={life / 60:g} min, N=120 s against N=30 s, {MODE_NAMES[a['mode']]}",
+                               a["ratio"], round(b["ratio"], 3), "x", f"N=30 s: {MODE_NAMES[b['mode']]}"))
     return out
 
 
 PARTS = ("engine_starts", "made_twice", "prefill_again", "waiting", "hand_over", "unaccounted")
 
 
-COLUMNS = ("L", "N", "resume", "hosts (preempted)", "GPU-s/token beyond starts", "all in",
+COLUMNS = ("L", "N", "resume", "seed", "hosts (preempted)", "GPU-s/token beyond starts", "all in",
            *(p.replace("_", " ") for p in PARTS), "makespan vs uninterrupted", "vs ideal")
 
 
@@ -496,33 +572,59 @@ def rows(data: dict[str, Any]) -> list[list[str]]:
     """Per run (the uninterrupted one first): GPU-s per token against the uninterrupted run and what
     the paid GPU-seconds went to, in percent of paid."""
     out = []
-    base = {**data["base"], "lifetime_s": None, "ratio": 1.0, "ratio_all": 1.0, "makespan_ratio": 1.0}
-    for r in [base, *data["runs"]]:
+    bases = [{**b, "lifetime_s": None, "ratio": 1.0, "ratio_all": 1.0, "makespan_ratio": 1.0}
+             for b in data.get("bases") or [data["base"]]]
+    for r in [*bases, *data["runs"]]:
         paid = r["paid_gpu_s"]
         life = "never" if r["lifetime_s"] is None else f"{r['lifetime_s'] / 60:g} min"
         mode = MODE_NAMES[r["mode"]] if r["lifetime_s"] is not None else "-"
         star = "" if r["finished"] else " (unfinished: >=)"
-        out.append([life, f"{r['notice_s']:g} s", mode, f"{r['hosts']} ({r['preempted']})",
+        seed = str(r.get("seed", data["seed"]))
+        out.append([life, f"{r['notice_s']:g} s", mode, seed, f"{r['hosts']} ({r['preempted']})",
                     f"{r['ratio']:.3f}x{star}", f"{r['ratio_all']:.3f}x",
                     *(f"{100 * r['parts_gpu_s'][p] / paid:.1f} %" for p in PARTS),
                     f"{r['makespan_ratio']:.2f}x", f"{r['makespan_vs_ideal']:.2f}x"])
     return out
 
 
+SUMMARY_COLUMNS = ("L", "N", "resume", "seeds", "preempted", "GPU-s/token beyond starts: mean (range)",
+                   "all in: mean (range)", "made twice", "prefill again", "waiting", "hand over",
+                   "makespan vs uninterrupted")
+
+
+def summary_rows(data: dict[str, Any]) -> list[list[str]]:
+    """Per lifetime x notice x mode, over the seeds; parts in mean % of paid."""
+    out = []
+    for r in data.get("summary") or summary(data):
+        star = "" if r["finished"] else " (unfinished: >=)"
+        out.append([f"{r['lifetime_s'] / 60:g} min", f"{r['notice_s']:g} s", MODE_NAMES[r["mode"]], str(r["n"]),
+                    ", ".join(map(str, r["preempted"])),
+                    f"{r['ratio']:.3f}x ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}){star}",
+                    f"{r['ratio_all']:.3f}x ({r['ratio_all_min']:.3f}-{r['ratio_all_max']:.3f})",
+                    *(f"{r['parts_pct'][p]:.1f} %" for p in ("made_twice", "prefill_again", "waiting", "hand_over")),
+                    f"{r['makespan_ratio']:.2f}x"])
+    return out
+
+
+def _md(columns: tuple[str, ...], body: list[list[str]]) -> list[str]:
+    head = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return head + ["| " + " | ".join(r) + " |" for r in body]
+
+
 def markdown(data: dict[str, Any]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows(data)]
-    return "\n".join(lines) + "\n"
+    """The summary over the seeds, then every run."""
+    return "\n".join([*_md(SUMMARY_COLUMNS, summary_rows(data)), "", *_md(COLUMNS, rows(data))]) + "\n"
 
 
-def table(data: dict[str, Any]) -> Any:
+def table(data: dict[str, Any], over_seeds: bool = False) -> Any:
+    """Every run (parts in % of paid), or with `over_seeds` the summary over the seeds."""
     from rich.table import Table
 
-    t = Table(title="fleet bench preemption: GPU-seconds per output token against an uninterrupted run; "
-                    "parts in % of paid")
-    for col in COLUMNS:
+    what = "mean over the seeds" if over_seeds else "every run; parts in % of paid"
+    t = Table(title=f"fleet bench preemption: GPU-seconds per output token against an uninterrupted run ({what})")
+    for col in SUMMARY_COLUMNS if over_seeds else COLUMNS:
         t.add_column(col, overflow="fold")
-    for row in rows(data):
+    for row in summary_rows(data) if over_seeds else rows(data):
         t.add_row(*row)
     return t
 
@@ -540,23 +642,28 @@ def plot(data: dict[str, Any], path: Path) -> Path:
     width = 0.8 / len(modes)
     colors = {"made_twice": "tab:red", "prefill_again": "tab:orange", "waiting": "tab:grey",
               "hand_over": "tab:purple", "unaccounted": "tab:olive"}
-    base_tok = per_token(data["base"], True)
+    base_tok = {b.get("seed", data["seed"]): per_token(b, True) for b in data.get("bases") or [data["base"]]}
     for m, mode in enumerate(modes):
         for g, (life, notice) in enumerate(groups):
-            r = next((x for x in runs if (x["lifetime_s"], x["notice_s"], x["mode"]) == (life, notice, mode)), None)
-            if r is None:
+            rs = [x for x in runs if (x["lifetime_s"], x["notice_s"], x["mode"]) == (life, notice, mode)]
+            if not rs:
                 continue
+
+            def share(part: str, rs: list[dict[str, Any]] = rs) -> float:
+                """The part's GPU-s per kept token against the run's own seed's uninterrupted run, over the seeds."""
+                return sum(r["parts_gpu_s"][part] / max(1, r["kept_tokens"]) / base_tok[r.get("seed", data["seed"])]
+                           for r in rs) / len(rs)
+
             x = g + (m - (len(modes) - 1) / 2) * width
-            bottom = 0.0
-            useful = r["parts_gpu_s"]["useful"] / max(1, r["kept_tokens"]) / base_tok
+            useful = share("useful")
             ax.bar(x, useful, width, color="tab:green", label="useful" if g == m == 0 else None)
             bottom = useful
             for part, color in colors.items():
-                h = r["parts_gpu_s"][part] / max(1, r["kept_tokens"]) / base_tok
+                h = share(part)
                 ax.bar(x, h, width, bottom=bottom, color=color, label=part.replace("_", " ") if g == m == 0 else None)
                 bottom += h
-            ax.text(x, r["ratio"] + 0.01, f"{mode}\n{r['ratio']:.2f}", ha="center",
-                    fontsize=7)
+            ratio = sum(r["ratio"] for r in rs) / len(rs)
+            ax.text(x, ratio + 0.01, f"{mode}\n{ratio:.2f}", ha="center", fontsize=7)
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label="uninterrupted")
     ax.set_xticks(range(len(groups)), [f"L={life / 60:g} min\nN={notice:g} s" for life, notice in groups])
     ax.set_ylabel("GPU-s per output token beyond engine starts\n(uninterrupted run = 1)")

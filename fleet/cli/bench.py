@@ -274,6 +274,8 @@ def preemption(
     notices: Annotated[str | None, typer.Option("--notices", help="notice N between SIGTERM and SIGKILL, e.g. "
                                                 "0,30s,120s (the default; 0 is a plain kill -9)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="the schedule's seed")] = 0,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="schedules drawn from --seed on, each with its own "
+                                       "uninterrupted run; the ratios are averaged, with their range")] = 1,
     modes: Annotated[str | None, typer.Option("--modes", help="resume modes to run, of token, notice (fleet told "
                                               "the notice: it generates through it), row, chunk; default "
                                               "token,row,chunk")] = None,
@@ -297,7 +299,7 @@ def preemption(
         profile = dataclasses.replace(profile, lifetimes_s=_seconds(lifetimes))
     if notices is not None:
         profile = dataclasses.replace(profile, notices_s=_seconds(notices))
-    profile = dataclasses.replace(profile, seed=seed)
+    profile = dataclasses.replace(profile, seed=seed, seeds=seeds)
     if modes:
         from fleet.bench.preemption import MODE_NAMES
 
@@ -321,9 +323,11 @@ def preemption(
             shutil.rmtree(workdir, ignore_errors=True)
     from rich.console import Console
 
-    (console if console.is_terminal else Console(width=240)).print(table(section.data))
+    shown = console if console.is_terminal else Console(width=240)
+    shown.print(table(section.data))
+    shown.print(table(section.data, over_seeds=True))
     flags = [(quick, "--quick"), (lifetimes, f"--lifetimes {lifetimes}"), (notices is not None, f"--notices {notices}"),
-             (modes, f"--modes {modes}"), (True, f"--seed {seed}"),
+             (modes, f"--modes {modes}"), (True, f"--seed {seed}"), (seeds > 1, f"--seeds {seeds}"),
              (time_scale, f"--time-scale {time_scale:g}" if time_scale else "")]
     command = " ".join(["fleet bench preemption", *(flag for given, flag in flags if given)])
     target = out or DEFAULT_OUT

@@ -82,7 +82,7 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
         pause = judge.pause(expiries[job, index])
         if pause is not None and judge.holding(pause):
             continue  # its holder, cut off like us, takes the lease back when it reaches the broker
-        if pause is None and awaits_witness(r, expiries[job, index]):
+        if pause is None and awaits_witness(r, expiries[job, index], judge.renew_s + settings.failure.witness_wait_s):
             continue  # its launcher, if it outlived the process, is about to say how it died
         if not leases.claim_recovery(r, job, index, LeaseClock.of(settings).recovery_claim_s):
             continue
@@ -102,12 +102,17 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
     return touched
 
 
-def awaits_witness(r: redis.Redis, expiry: Expiry | None, now: float | None = None) -> bool:
+def awaits_witness(r: redis.Redis, expiry: Expiry | None, wait_s: float, now: float | None = None) -> bool:
     """Whether a lost chunk's death is left for a round more, for a witness: its process is known, none
-    saw it die yet, and its lease ran out less than `witness.WITNESS_WAIT_S` ago."""
+    saw it die yet, and a live launcher could still be about to say how it died. A live holder renews
+    its lease every renewal interval (LeaseClock.renew_s), so it died by its last renewal plus that, and
+    its launcher records the death at once: `wait_s` (that interval plus `failure.witness_wait_s`) counts
+    from its last renewal, not from the lease's run-out, which at fleet's TTLs comes most of a TTL later
+    (a lease of 60 s, renewed every 10 s, has waited 47 s more than the witness needs when it runs out:
+    a vanished host's chunks are requeued in the reaper's next round instead of 3 s after it)."""
     if expiry is None or expiry.holder is None:
         return False
-    if (time.time() if now is None else now) >= expiry.ran_out + witness.WITNESS_WAIT_S:
+    if (time.time() if now is None else now) >= expiry.last_beat + wait_s:
         return False
     return witness.witnessed(r, expiry.holder) is None
 

@@ -17,10 +17,10 @@ from fleet.coord import keys
 
 #: how long a witness lives: longer than any death takes to be judged
 WITNESS_TTL_S = 24 * 3600
-#: seconds past a lease's run-out the reaper waits for a witness before it calls the death a lost host:
-#: a live launcher reaps its dead worker within its poll (0.5 s) and records it at once, while the lease
-#: runs out most of a TTL after the death
-WITNESS_WAIT_S = 3.0
+#: How long the reaper waits for a witness before it calls a death a lost host is the setting
+#: `failure.witness_wait_s` (3 s), counted from the latest moment the process could have died
+#: (fleet.coord.recovery.awaits_witness): a live launcher reaps its dead worker within its poll (0.5 s) and
+#: records it at once, while the lease runs out most of a TTL after the death.
 
 
 def note_witnessed(r: redis.Redis, owner: str, how: str) -> None:

@@ -47,6 +47,11 @@ class FailureSettings(BaseModel):
         0.5, gt=0, description="the crash window is this fraction of the job's median chunk run time so far, "
         "capped by crash_window_s"
     )
+    witness_wait_s: float = Field(
+        3.0, ge=0, description="seconds past the latest moment a lost process could have died (its lease's last "
+        "renewal plus the renewal interval) that the reaper waits for its launcher to say how (a witness) before it "
+        "counts the loss against the host alone (fleet.coord.witness)"
+    )
     suspect_hold_s: float = Field(
         30.0, ge=0, description="seconds a suspected chunk is left to workers other than the one it last died on "
         "(and than benched ones) before they may run it alone again"
