@@ -12,6 +12,9 @@ EVENT_HEARTBEAT_S = 10
 
 
 def main(argv: list[str] | None = None) -> None:
+    from fleet.worker.process.startclock import CLOCK
+
+    CLOCK.mark("main")
     parser = argparse.ArgumentParser(prog="fleet-worker")
     parser.add_argument("--name", required=True, help="Celery node name, e.g. gpu0@host")
     parser.add_argument("--concurrency", type=int, required=True, help="K chunk slots")

@@ -22,6 +22,7 @@ from fleet import metrics
 from fleet.coord import suspects
 from fleet.coord.broker import redis_client
 from fleet.coord.chunkqueue import ChunkQueue
+from fleet.coord.enginestarts import gpus_of, note_engine_start
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.mismatch import clear_mismatch
 from fleet.coord.recovery import Reaper
@@ -35,6 +36,7 @@ from fleet.worker.process.context import ManifestCache, WorkerContext
 from fleet.worker.process.enginehost import EngineHost
 from fleet.worker.process.notice import generate_for
 from fleet.worker.process.spool import Spool
+from fleet.worker.process.startclock import CLOCK
 from fleet.worker.process.storewriter import StoreWriter, outage_reporter
 from fleet.worker.process.watchdog import Watchdog
 from fleet.worker.run.chunk import ChunkRun
@@ -87,7 +89,13 @@ class Runtime:
     def start(self) -> None:
         began = time.monotonic()
         self.host.start()
-        log.info("worker %s: %s engine ready in %.1fs", self.name, self.engine.name, time.monotonic() - began)
+        since_birth = CLOCK.engine_ready()
+        log.info("worker %s: %s engine ready in %.1fs, %.1fs after the process started", self.name,
+                 self.engine.name, time.monotonic() - began, since_birth)
+        try:  # what this start cost the fleet, for `fleet status`; the broker may be restarting
+            note_engine_start(self.ctx.redis, since_birth, gpus_of(os.environ.get("CUDA_VISIBLE_DEVICES")))
+        except redis.RedisError as e:
+            log.warning("could not record the engine start: %s", e)
         self.ctx.heartbeat.start()
         # What an earlier process of this name could not run (another store, other engine settings)
         # is this one's to find again: `fleet status` names only what is still so.
