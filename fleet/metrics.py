@@ -118,8 +118,8 @@ WORKER_BENCHED = Gauge(
 )
 WORKER_START = Gauge(
     "fleet_worker_start_seconds",
-    "Seconds from this process's birth (the kernel's) until each point of its start, in order: main, imported, "
-    "runtime, engine_ready, consuming, first_token (fleet.worker.process.startclock)",
+    "Seconds from this process's birth (the kernel's) until each point of its start, in order: main, engine_begun, "
+    "imported, runtime, engine_ready, consuming, first_token (fleet.worker.process.startclock)",
     ["until"],
 )
 ENGINE_START = Gauge(

@@ -1,6 +1,6 @@
 """A new host's first token: where a worker process's start goes, read from its own start clock.
 
-`python -m fleet.bench.firsttoken [--engine sim|hf] [--model DIR] [--runs N]` starts a local
+`python -m fleet.bench.firsttoken [--engine sim|hf] [--model DIR] [--runs N] [--start-s S]` starts a local
 redis-server and store, enqueues a one-chunk job, then N times starts one worker process
 (`fleet.worker.main`, as its launcher would) and scrapes its metrics until it has made its first
 token: the points of `fleet_worker_start_seconds` (seconds from the process's birth,
@@ -62,12 +62,13 @@ def one_start(env: dict[str, str], work: Path, port: int, n: int) -> dict[str, f
     return seen
 
 
-def measure(engine: str, model: str | None, runs: int, work: Path) -> list[dict[str, float]]:
+def measure(engine: str, model: str | None, runs: int, work: Path, start_s: float = 0.0) -> list[dict[str, float]]:
     server = LocalRedis(work / "redis", persist=False).start()
     try:
         extra = {"FLEET_BROKER_URL": server.url, "FLEET_STORE_URL": str(work / "store"), "FLEET_ENGINE": engine,
                  "FLEET_CHUNK_SIZE": "4", "FLEET_SLOTS": "1", "FLEET_ASSIST": "false", "FLEET_GRACE_S": "0",
-                 "CUDA_VISIBLE_DEVICES": "", "FLEET_SIM__MEAN_OUTPUT_TOKENS": "100000", "FLEET_SIM__STEP_S": "0.01"}
+                 "CUDA_VISIBLE_DEVICES": "", "FLEET_SIM__MEAN_OUTPUT_TOKENS": "100000", "FLEET_SIM__STEP_S": "0.01",
+                 "FLEET_SIM__START_S": str(start_s)}
         if model:
             extra["FLEET_MODEL"] = model
             extra["FLEET_SAMPLING__MAX_TOKENS"] = "4096"
@@ -93,12 +94,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", default="sim", choices=["sim", "hf"])
     parser.add_argument("--model", help="the hf engine's model directory (`fleet tiny-model DIR` builds one)")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--start-s", type=float, default=0.0,
+                        help="the sim engine's own start, as a GPU engine loads its weights in its own processes")
     parser.add_argument("--json", dest="as_json", action="store_true", help="every run's points, then the medians")
     args = parser.parse_args(argv)
     if args.engine == "hf" and not args.model:
         parser.error("--engine hf needs --model DIR")
     with tempfile.TemporaryDirectory(prefix="fleet-firsttoken-") as tmp:
-        results = measure(args.engine, args.model, args.runs, Path(tmp))
+        results = measure(args.engine, args.model, args.runs, Path(tmp), args.start_s)
     medians = report(results)
     if args.as_json:
         print(json.dumps({"runs": results, "median": medians}, indent=2))

@@ -33,7 +33,7 @@ from fleet.settings import Settings
 from fleet.store import store_for
 from fleet.worker.process.assist import Assister
 from fleet.worker.process.context import ManifestCache, WorkerContext
-from fleet.worker.process.enginehost import EngineHost
+from fleet.worker.process.enginehost import EngineHost, take_early
 from fleet.worker.process.notice import generate_for
 from fleet.worker.process.spool import Spool
 from fleet.worker.process.startclock import CLOCK
@@ -62,6 +62,12 @@ class Runtime:
     def __init__(self, settings: Settings, app: Celery, name: str):
         self.settings = settings
         self.name = name
+        # The engine the main module started early (fleet.worker.main) is ready before this thread reads the
+        # model (engine_identity loads its tokenizer): a model library imported by two threads at once can fail,
+        # as transformers' lazy module did ("cannot import name 'AutoTokenizer'").
+        early = take_early()
+        if early is not None:
+            early.start()
         store, r = store_for(settings), redis_client(settings)
         identity = engine_identity(settings)
         spool = Spool(settings.data_dir / "spool" / name.replace("/", "_"), settings.spool.max_mb * 2**20) \
@@ -74,8 +80,8 @@ class Runtime:
             identity=identity, identity_hash=identity_hash(identity), writer=writer,
         )
         self.app = app
-        self.engine = build_engine(settings)
-        self.host = EngineHost(self.engine)
+        self.host = early or EngineHost(build_engine(settings))
+        self.engine = self.host.engine
         self.task = ChunkTask(store, self.host, writer, self.ctx.bell, poll_s_of(settings))
         self.owner = Executor(owner_stack(self.ctx))
         self.assister = Executor(assist_stack(self.ctx))

@@ -16,10 +16,11 @@ import time
 
 from fleet import metrics
 
-#: where a worker's start stands, in order: its main module runs, fleet and Celery imported with the
-#: settings, Celery's worker set up (fleet's runtime begins), the engine ready, Celery consuming, the
-#: first token of any run
-POINTS = ("main", "imported", "runtime", "engine_ready", "consuming", "first_token")
+#: where a worker's start stands, in order: its main module runs, its engine begins to start (before
+#: Celery loads: fleet.worker.main; an engine that does not start early, vLLM's, begins after `runtime`),
+#: fleet and Celery imported with the settings, Celery's worker set up (fleet's runtime begins), the engine
+#: ready, Celery consuming, the first token of any run
+POINTS = ("main", "engine_begun", "imported", "runtime", "engine_ready", "consuming", "first_token")
 
 
 def process_birth() -> float:
