@@ -123,6 +123,24 @@ WORKER_DEATHS = Gauge(
 WORKER_BENCHED = Gauge(
     "fleet_worker_benched", "1 while this worker is benched: its processes keep dying before finishing a batch"
 )
+WORKER_START = Gauge(
+    "fleet_worker_start_seconds",
+    "Seconds from this process's birth (the kernel's) until each point of its start, in order: main, engine_begun, "
+    "imported, runtime, engine_ready, consuming, first_token (fleet.worker.process.startclock)",
+    ["until"],
+)
+ENGINE_START = Gauge(
+    "fleet_engine_start_seconds",
+    "Seconds from this process's birth to its engine ready: what a new host or a restart pays before any token",
+)
+READY_TO_FIRST_TOKEN = Gauge(
+    "fleet_engine_ready_to_first_token_seconds", "Seconds from this process's engine ready to its first token"
+)
+RUN_FIRST_TOKEN = Histogram(
+    "fleet_run_first_token_seconds",
+    "Seconds from a chunk's delivery to this worker (its lease taken at once) to its run's first token",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, float("inf")),
+)
 WORKER = Info("fleet_worker", "Which worker this is: name, gpu, engine, model")
 
 _server: WSGIServer | None = None

@@ -134,8 +134,11 @@ CRASH_EVIDENCE_KEYS = ("lease_holder", "solo_runs", "solo_waits", "suspects", "c
                        "process_committed")
 #: who saw a process die, and the deaths no one saw (docs/architecture.md, "Failures")
 WITNESS_KEYS = ("process_witnessed", "process_lost", "host_losses")
+#: what starting engines cost the fleet, as each worker process adds its own (docs/architecture.md, "A worker's start")
+ENGINE_START_KEYS = ("engine_starts",)
 KEY_FAMILIES = [*((names, FLEET / "coord" / f"{owner}.py") for owner, names in CHUNK_STATE.items()),
-                (CRASH_EVIDENCE_KEYS, FLEET / "coord" / "suspects.py"), (WITNESS_KEYS, FLEET / "coord" / "witness.py")]
+                (CRASH_EVIDENCE_KEYS, FLEET / "coord" / "suspects.py"), (WITNESS_KEYS, FLEET / "coord" / "witness.py"),
+                (ENGINE_START_KEYS, FLEET / "coord" / "enginestarts.py")]
 
 
 def key_users(path: Path, names: tuple[str, ...]) -> set[str]:
@@ -151,7 +154,7 @@ def key_users(path: Path, names: tuple[str, ...]) -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("names", "owner"), KEY_FAMILIES, ids=[*CHUNK_STATE, "suspects", "witness"])
+@pytest.mark.parametrize(("names", "owner"), KEY_FAMILIES, ids=[*CHUNK_STATE, "suspects", "witness", "enginestarts"])
 def test_one_module_owns_each_part_of_a_chunks_state_in_redis(names, owner):
     from fleet.coord import keys
 

@@ -264,6 +264,16 @@ def redo_text(st) -> str:
     return f"{st.redo_finished:,} of {st.samples_unfinished:,} unfinished sample(s) finished since by {jobs}"
 
 
+def engine_starts_text(starts: dict) -> str:
+    """What starting engines has cost the fleet (broker-wide): on spot GPUs, what restarts cost."""
+    if not starts.get("starts"):
+        return "-"
+    since = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(starts["since_ms"] / 1000))
+    return (f"{starts['gpu_seconds']:,.1f} GPU-s over {starts['starts']:,} worker process start(s), "
+            f"{starts['seconds'] / starts['starts']:,.1f}s each from process start to engine ready "
+            f"(fleet-wide, since {since})")
+
+
 def status_table(st) -> Table:
     t = Table(title=f"job {st.job}", show_header=False)
     eta = "-" if st.eta_s is None else f"{st.eta_s / 3600:.2f} h"
@@ -284,6 +294,7 @@ def status_table(st) -> Table:
         ("rate", f"{st.tok_s:,.1f} output tok/s, ETA {eta}"),
         ("cost", f"${st.cost_usd:,.2f} spent" + (f", ${st.projected_cost_usd:,.2f} projected"
                                                   if st.projected_cost_usd is not None else "")),
+        ("engine starts", engine_starts_text(st.engine_starts)),
         ("workers", ", ".join(f"{w} {st.worker_tok_s.get(w, 0):,.0f} tok/s" for w in st.workers) or "-"),
         ("spec accept", "-" if st.spec_accept_length is None else f"{st.spec_accept_length:.2f} tokens/step"),
         ("retractions", retractions_text(st.retractions, st.samples_done)),

@@ -159,6 +159,13 @@ def host_losses() -> str:
     return f"{PREFIX}:host-losses"
 
 
+def engine_starts() -> str:
+    """Hash of what starting engines cost this broker's fleet (fleet.coord.enginestarts): `starts` (worker
+    processes whose engine got ready), `seconds` and `gpu_seconds` (summed from each process's birth to its
+    engine ready, the latter times its GPUs), `since_ms` (the first). One small hash `fleet status` reads whole."""
+    return f"{PREFIX}:engine-starts"
+
+
 def requeue_guard(job: str, index: int) -> str:
     """Short-lived key so that only one reaper re-enqueues an expired chunk."""
     return f"{PREFIX}:{job}:requeued:{index}"

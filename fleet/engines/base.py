@@ -132,6 +132,9 @@ class EngineSpec(ABC):
     ends_before_length: bool = False
     #: `fleet doctor` lists the GPUs for this engine
     needs_gpu: bool = False
+    #: its start may run beside the rest of the worker's start (fleet.worker.main): it forks no Python process
+    #: (a child forked while another thread imports keeps that import's lock, held for ever; spawn is safe)
+    starts_early: bool = True
     #: it reads a model directory (FLEET_MODEL): the tokenizer, the chat template, generation_config.json
     needs_model: bool = True
 

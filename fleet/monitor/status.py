@@ -17,6 +17,7 @@ import redis
 from fleet.coord import figures
 from fleet.coord.chunkqueue import queued_indexes
 from fleet.coord.chunkstate import done_indexes, failed_indexes, read_failures
+from fleet.coord.enginestarts import engine_starts
 from fleet.coord.leases import running_indexes
 from fleet.coord.mismatch import mismatched_workers
 from fleet.coord.storeoutages import store_outages
@@ -107,6 +108,9 @@ class JobStatus:
     #: host -> worker processes lost with it, no one seeing them die (broker-wide): counted against
     #: the host, never the chunks they ran (fleet.coord.witness)
     lost_hosts: dict[str, int] = field(default_factory=dict)
+    #: what starting engines cost (broker-wide, fleet.coord.enginestarts): worker processes whose engine got
+    #: ready, and their seconds and GPU-seconds from process start to engine ready; `since` when the first was
+    engine_starts: dict[str, Any] = field(default_factory=dict)
     #: the job's options (fleet.store.options), one line: priority, retry policy
     options: str = ""
     #: why the job's chunks that have not started wait (its deadline passed, its token budget is
@@ -201,6 +205,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
             st.stalled_workers = stalled_workers(r)
             st.store_outages = store_outages(r)
             st.lost_hosts = host_losses(r)
+            st.engine_starts = asdict(engine_starts(r))
         except redis.RedisError:
             st.broker, r = False, None
     stats = done_stats(store, r, job, done)

@@ -14,12 +14,14 @@ from celery import signals
 
 from fleet.coord.broker import TASK_NAME, make_celery
 from fleet.settings import load_settings
+from fleet.worker.process.startclock import CLOCK
 from fleet.worker.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 settings = load_settings()
 app = make_celery(settings)
+CLOCK.mark("imported")
 _runtime: Runtime | None = None
 
 
@@ -40,6 +42,7 @@ def _boot(sender: str, instance: Any, **_: Any) -> None:
     # Celery logs and swallows a receiver's exception; a worker without its engine must
     # not consume chunks, so exit and let the supervisor restart it with backoff.
     global _runtime
+    CLOCK.mark("runtime")
     try:
         _runtime = Runtime(settings, app, sender)
         _runtime.start()
@@ -47,6 +50,11 @@ def _boot(sender: str, instance: Any, **_: Any) -> None:
         log.exception("worker %s failed to start; exiting for restart", sender)
         logging.shutdown()
         os._exit(3)
+
+
+@signals.worker_ready.connect
+def _consuming(**_: Any) -> None:
+    CLOCK.mark("consuming")
 
 
 @signals.worker_shutting_down.connect

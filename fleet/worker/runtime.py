@@ -22,6 +22,7 @@ from fleet import metrics
 from fleet.coord import suspects
 from fleet.coord.broker import redis_client
 from fleet.coord.chunkqueue import ChunkQueue
+from fleet.coord.enginestarts import gpus_of, note_engine_start
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.mismatch import clear_mismatch
 from fleet.coord.recovery import Reaper
@@ -33,9 +34,10 @@ from fleet.store import store_for
 from fleet.store.counted import CountedStore
 from fleet.worker.process.assist import Assister
 from fleet.worker.process.context import ManifestCache, WorkerContext
-from fleet.worker.process.enginehost import EngineHost
+from fleet.worker.process.enginehost import EngineHost, take_early
 from fleet.worker.process.notice import generate_for
 from fleet.worker.process.spool import Spool
+from fleet.worker.process.startclock import CLOCK
 from fleet.worker.process.storewriter import StoreWriter, outage_reporter
 from fleet.worker.process.watchdog import Watchdog
 from fleet.worker.run.chunk import ChunkRun
@@ -61,6 +63,12 @@ class Runtime:
     def __init__(self, settings: Settings, app: Celery, name: str):
         self.settings = settings
         self.name = name
+        # The engine the main module started early (fleet.worker.main) is ready before this thread reads the
+        # model (engine_identity loads its tokenizer): a model library imported by two threads at once can fail,
+        # as transformers' lazy module did ("cannot import name 'AutoTokenizer'").
+        early = take_early()
+        if early is not None:
+            early.start()
         # every request the process makes of its store is counted (fleet_store_requests)
         store, r = CountedStore(store_for(settings)), redis_client(settings)
         identity = engine_identity(settings)
@@ -74,8 +82,8 @@ class Runtime:
             identity=identity, identity_hash=identity_hash(identity), writer=writer,
         )
         self.app = app
-        self.engine = build_engine(settings)
-        self.host = EngineHost(self.engine)
+        self.host = early or EngineHost(build_engine(settings))
+        self.engine = self.host.engine
         self.task = ChunkTask(store, self.host, writer, self.ctx.bell, poll_s_of(settings))
         self.owner = Executor(owner_stack(self.ctx))
         self.assister = Executor(assist_stack(self.ctx))
@@ -89,7 +97,13 @@ class Runtime:
     def start(self) -> None:
         began = time.monotonic()
         self.host.start()
-        log.info("worker %s: %s engine ready in %.1fs", self.name, self.engine.name, time.monotonic() - began)
+        since_birth = CLOCK.engine_ready()
+        log.info("worker %s: %s engine ready in %.1fs, %.1fs after the process started", self.name,
+                 self.engine.name, time.monotonic() - began, since_birth)
+        try:  # what this start cost the fleet, for `fleet status`; the broker may be restarting
+            note_engine_start(self.ctx.redis, since_birth, gpus_of(os.environ.get("CUDA_VISIBLE_DEVICES")))
+        except redis.RedisError as e:
+            log.warning("could not record the engine start: %s", e)
         self.ctx.heartbeat.start()
         # What an earlier process of this name could not run (another store, other engine settings)
         # is this one's to find again: `fleet status` names only what is still so.

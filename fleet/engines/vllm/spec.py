@@ -21,6 +21,8 @@ VLLM_SPEED_ONLY = frozenset({
 class VllmSpec(ModelEngineSpec):
     name = "vllm"
     tensor_parallel = "tensor_parallel_size"
+    #: its EngineCore is forked where CUDA is not initialised first (docs/architecture.md, vLLM facts)
+    starts_early = False
 
     @property
     def needs_gpu(self) -> bool:  # type: ignore[override]

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from fleet.engines.base import Engine
 from fleet.metrics import ENGINE_MAX_RUNNING
+from fleet.worker.process.startclock import CLOCK
 from fleet.worker.process.watchdog import EngineClock
 
 T = TypeVar("T")
@@ -39,15 +40,24 @@ class EngineHost:
         #: when the engine last made a token while it had requests (fleet.worker.process.watchdog)
         self.clock = EngineClock()
         self._thread = threading.Thread(target=self._run, name="fleet-engine-loop", daemon=True)
+        self._starting: concurrent.futures.Future[None] | None = None
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    def begin(self) -> None:
+        """Start the loop thread and the engine on it, and return at once (once only)."""
+        if self._starting is None:
+            CLOCK.mark("engine_begun")
+            self._thread.start()
+            self._starting = self.submit(self._start())
+
     def start(self, timeout_s: float | None = None) -> None:
-        """Start the loop thread and the engine on it; raises what engine.start() raised."""
-        self._thread.start()
-        self.submit(self._start()).result(timeout=timeout_s)
+        """Start the engine (unless `begin` did) and wait until it is ready; raises what engine.start() raised."""
+        self.begin()
+        assert self._starting is not None
+        self._starting.result(timeout=timeout_s)
 
     async def _start(self) -> None:
         await self.engine.start()
@@ -68,3 +78,25 @@ class EngineHost:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
+
+
+#: this process's engine, started early by the worker's main module (`start_early`), for its runtime to take
+_early: EngineHost | None = None
+
+
+def start_early(engine: Engine) -> EngineHost:
+    """Start this process's engine now, while the rest of the process starts: Celery's imports and setup
+    take a second or more that a GPU would otherwise spend waiting for the engine to begin loading. The
+    runtime takes it (`take_early`) and waits for it to be ready before it reads the model and before
+    Celery consumes (docs/architecture.md, "A worker's start")."""
+    global _early
+    _early = EngineHost(engine)
+    _early.begin()
+    return _early
+
+
+def take_early() -> EngineHost | None:
+    """The engine `start_early` started, once; None where none was (a worker started by `celery -A`)."""
+    global _early
+    host, _early = _early, None
+    return host

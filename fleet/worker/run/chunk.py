@@ -19,6 +19,7 @@ from fleet import metrics
 from fleet.records import InputRecord
 from fleet.store.checkpoints import IdsDigest, Partial, Segment
 from fleet.store.manifest import Manifest
+from fleet.worker.process.startclock import CLOCK
 
 #: numbers the runs of a process: a run's lease owner is its process and this number
 _RUN_SERIALS = itertools.count(1)
@@ -95,6 +96,8 @@ class ChunkRun:
     #: is the lease clock, fleet.coord.leases)
     started: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: unix time of this run's first output token (None before it): the start clock's (fleet.worker.process.startclock)
+    first_token: float | None = None
     #: this run among the process's runs (its lease owner, fleet.coord.leases.run_owner)
     serial: int = field(default_factory=lambda: next(_RUN_SERIALS))
     _inflight: int = 0
@@ -167,7 +170,12 @@ class ChunkRun:
         with self.lock:
             live.ids.extend(ids)
             self.tokens_made += len(ids)
+            first = self.first_token is None
+            if first:
+                self.first_token = time.time()
         metrics.TOKENS_MADE.inc(len(ids))
+        if first:
+            CLOCK.token(self.started)
 
     def segments(self) -> list[tuple[LiveSample, Segment]]:
         """What each running sample made since the last flush (not yet marked stored)."""
