@@ -127,3 +127,11 @@ def test_a_workers_start_is_measured_and_status_shows_what_engine_starts_cost(tm
         assert again["seconds"] >= starts["seconds"] + ENGINE_START_S
     finally:
         workers.stop()
+
+
+def test_the_first_token_bench_reads_every_point_the_worker_marks():
+    """Given the bench's own list of start points (it reads metrics, not the worker's code)
+    Then it is the worker's list, in the worker's order: a point added to one shows in the other."""
+    from fleet.bench import firsttoken
+
+    assert firsttoken.POINTS == POINTS

@@ -2,7 +2,7 @@
 
 `python -m fleet.bench.firsttoken [--engine sim|hf] [--model DIR] [--runs N] [--start-s S]` starts a local
 redis-server and store, enqueues a one-chunk job, then N times starts one worker process
-(`fleet.worker.main`, as its launcher would) and scrapes its metrics until it has made its first
+(`fleet worker --workers 1`, a launcher as a user starts one) and scrapes its metrics until it has made its first
 token: the points of `fleet_worker_start_seconds` (seconds from the process's birth,
 fleet.worker.process.startclock) and the run's delivery-to-first-token, each run's figures and
 their medians. Each worker is stopped with SIGTERM (its chunk handed back) before the next one
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
@@ -23,9 +22,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.bench.procs import WorkerHost, clean_env, run_fleet, wait_until, write_prompts
 from fleet.coord.localredis import LocalRedis, free_port
-from fleet.worker.process.startclock import POINTS
 
-WORKER_NAME = "cpu0@firsttoken"
+# The worker's start points in the order a start passes them (the `until` labels of
+# fleet_worker_start_seconds); read from its metrics, as any user's dashboard would.
+POINTS = ("main", "engine_begun", "imported", "runtime", "engine_ready", "consuming", "first_token")
+
+WORKER_HOST = "firsttoken"
 FIRST_TOKEN_TIMEOUT_S = 300.0
 
 
@@ -47,8 +49,8 @@ def scrape(port: int) -> dict[str, float]:
 
 def one_start(env: dict[str, str], work: Path, port: int, n: int) -> dict[str, float]:
     """Start one worker process, wait for its first token, stop it: its start points."""
-    argv = [sys.executable, "-m", "fleet.worker.main", "--name", WORKER_NAME, "--concurrency", "1"]
-    host = WorkerHost({**env, "FLEET_MONITOR__METRICS_PORT": str(port)}, 1, work / f"worker{n}.log", direct=argv)
+    host = WorkerHost({**env, "FLEET_MONITOR__METRICS_PORT": str(port)}, 1, work / f"worker{n}.log",
+                      host=WORKER_HOST)
     host.start()
     seen: dict[str, float] = {}
     try:
