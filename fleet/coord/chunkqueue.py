@@ -17,12 +17,13 @@ from fleet import metrics
 from fleet.coord import counters, keys, leases
 from fleet.coord.broker import PRIORITY_RECOVERY, chunk_queue, message_priority, send_chunk, store_of
 from fleet.coord.queuescan import PAGE, chunk_of
+from fleet.coord.slices import set_members
 from fleet.errors import JobConflict
 from fleet.settings import Settings
 
 
 def queued_indexes(r: redis.Redis, job: str) -> set[int]:
-    return {int(v) for v in r.smembers(keys.queued(job))}
+    return {int(v) for v in set_members(r, keys.queued(job))}
 
 
 def taken(r: redis.Redis, job: str, index: int) -> None:
