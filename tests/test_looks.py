@@ -13,7 +13,7 @@ import pytest
 import redis
 import redis.client
 
-from fleet.coord import counters, figures, keys, leases
+from fleet.coord import chunkqueue, counters, figures, keys, leases
 from fleet.coord.broker import store_of
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.slices import SLICE
@@ -189,3 +189,14 @@ def test_a_job_metrics_scrape_asks_redis_only_for_the_headers_of_chunks_done_sin
     # Then: the headers it read were the 25 new ones', and its figures count all 625
     assert sum(n for name, n in Counting.replies if name.endswith(keys.chunk_stats(JOB))) == 25
     assert st.records_done == 625 * 256 and st.chunks_done == 625
+
+
+def test_an_idle_workers_queue_look_is_one_exists_over_every_priority_list(redis_server: LocalRedis) -> None:
+    # Given a queue whose ten priority lists are empty
+    r = counting_client(redis_server)
+    # When an idle worker asks whether anything waits. Then: nothing, in one command
+    assert not chunkqueue.waiting(r, "q")
+    assert [name for name, _ in Counting.replies] == ["EXISTS q"]
+    # Given a message waiting at priority 3 (kombu's list for it): then something waits
+    r.lpush(keys.queue_lists("q")[3], "message")
+    assert chunkqueue.waiting(r, "q")

@@ -26,6 +26,12 @@ def queued_indexes(r: redis.Redis, job: str) -> set[int]:
     return {int(v) for v in set_members(r, keys.queued(job))}
 
 
+def waiting(r: redis.Redis, queue: str) -> bool:
+    """Whether any message waits in the queue's lists: one EXISTS over every priority's list
+    (kombu deletes an emptied list), not an LLEN each: idle workers ask every assist poll."""
+    return bool(r.exists(*keys.queue_lists(queue)))
+
+
 def taken(r: redis.Redis, job: str, index: int) -> None:
     """A worker took the chunk's message off the queue: the marker goes."""
     r.srem(keys.queued(job), index)
