@@ -39,9 +39,9 @@ from fleet.bench.report import Section
 from fleet.bench.simfleet import Spec
 from fleet.bench.storecost import requests_per_gpu_hour
 from fleet.coord import figures
-from fleet.coord.broker import make_celery, redis_client
+from fleet.coord.broker import make_celery, redis_client, store_of
 from fleet.coord.heartbeat import Heartbeat
-from fleet.coord.leases import Lease, run_owner, running_indexes
+from fleet.coord.leases import Lease, add_job, run_owner, running_indexes
 from fleet.coord.localredis import LocalRedis
 from fleet.errors import FleetError
 from fleet.monitor.status import job_status
@@ -215,6 +215,8 @@ def write_bench_job(broker: Broker, store_url: str, job: str, total: int, done: 
     manifest = Manifest(job=job, input="bench", chunk_size=shape.records, chunks=total, records=total * shape.records,
                         samples=total * shape.records, config={"sampling": {}}, config_hash="bench")
     store.put(manifest_key(job), manifest.to_bytes())
+    # enqueued: the store's job set holds it (idle workers' assist polls read each known job's stragglers)
+    add_job(broker.admin, job, store_of(Settings(store_url=store_url)))
     now = time.time()
     with broker.admin.pipeline(transaction=False) as p:
         for index in range(done):
