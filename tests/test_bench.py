@@ -540,7 +540,7 @@ def test_reference_job_in_hours_and_dollars():
 def test_control_plane_bench_runs_fleets_coordination_for_simulated_workers(tmp_path):
     # Given a real redis-server, a real worker for Celery's own share, and simulated workers
     out = tmp_path / "results"
-    # When the quick control-plane bench runs (two levels, another K, a restart and a wipe)
+    # When the quick control-plane bench runs (two levels, another K, a restart and a wipe, the looks, an idle end)
     done = fleet("bench", "control-plane", "--quick", "--out", str(out), cwd=tmp_path, timeout=900)
     # Then it prints the table and writes every figure, each a number
     assert done.returncode == 0, done.stderr[-4000:]
@@ -565,6 +565,16 @@ def test_control_plane_bench_runs_fleets_coordination_for_simulated_workers(tmp_
     assert last["reconnect"]["beat_back"] == last["reconnect"]["workers"] == 40
     wipe = last["wipe"]
     assert wipe["enqueued"] + wipe["running"] + wipe["done"] == wipe["chunks"]
+    # And beside the largest level and the other K, the job exporter was scraped and a real Flower knew
+    # every simulated worker from its events, through the restart, none of the broker's connections refused
+    for level in (last, *data["by_k"]):
+        looks = level["looks"]
+        assert looks["scrapes"] >= 1 and looks["flower_workers"] == level["workers"] and looks["refreshes"] >= 1
+        assert 0 < looks["peak_connections"] <= level["connections"]["maxclients"] // 2
+    assert last["restart"]["refused"] == 0 and last["lost_in_restart"] == 0
+    # And at a job's end the idle workers polled for a straggler (one EXISTS over the queue's lists each)
+    idle = data["idle"]
+    assert idle["idle"] and idle["broker"]["by_command"]["exists"] >= idle["workers"] / 2 * 0.5
     # And the store's requests per GPU-hour came from a real worker's counts of its store requests
     store = data["store"]
     assert store["measured"]["chunks"] == 4 and store["per_gpu_hour"]["PUT partial"] > 0

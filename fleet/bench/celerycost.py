@@ -199,11 +199,11 @@ def measure_celery(workdir: Path, seconds: float = 30.0) -> CeleryCost:
     return CeleryCost(idle, busy, startup[0], dict(clients))
 
 
-def replay_mix(cost: CeleryCost) -> list[tuple[str, float]]:
-    """The stand-in's steady-state schedule per worker: (command, per second) of the busy phase,
-    PUBLISH kept (its cost grows with pattern subscriptions), every other command sent as a PING."""
+def replay_mix(cost: CeleryCost, phase: str = "busy") -> list[tuple[str, float]]:
+    """The stand-in's steady-state schedule per worker: (command, per second) of the phase (busy or
+    idle), PUBLISH kept (its cost grows with pattern subscriptions), every other command sent as a PING."""
     out: dict[str, float] = {}
-    for label, rate in cost.busy.celery.items():
+    for label, rate in getattr(cost, phase).celery.items():
         kind = "PUBLISH" if label.startswith("PUBLISH") else "PING"
         out[kind] = out.get(kind, 0.0) + rate
     return sorted(out.items())

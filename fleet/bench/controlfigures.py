@@ -61,6 +61,8 @@ def level_figures(level: dict[str, Any], largest: bool) -> list[Figure]:
                     note=f"{level['chunks']:,} chunks, {level['chunks_done_before']:,} done; Redis "
                          f"{level['status']['redis_cpu_ms']} ms a call")
     if largest:
+        figures.append(at_most(f"{n} workers: leases lost", level.get("lost_before_wipe", level.get("lost", 0)), 0,
+                               note="warm-up, window, looks and restart (the wipe takes every lease on purpose)"))
         core = at_most(core.name, core.value or 0.0, REDIS_CORE_PCT, "%", core.note)
         p99 = at_most(p99.name, p99.value or 0.0, P99_MS, "ms", p99.note)
         status = at_most(status.name, status.value or 0.0, STATUS_S, "s", status.note)
@@ -86,8 +88,58 @@ def k_figures(level: dict[str, Any]) -> list[Figure]:
     return [
         at_most(f"K={k}, {n} workers: commands sent per worker", round(level["sent_per_s"] / n, 2), SENT_PER_WORKER,
                 "/s"),
+        at_most(f"K={k}, {n} workers: commands Redis ran per worker", round(ran, 2), SENT_PER_WORKER, "/s",
+                note="scripts' own commands counted"),
         at_most(f"K={k}, {n} workers: Redis CPU per worker", round(cpu_ms, 4), CPU_MS_PER_WORKER, "ms/s",
-                note="; ".join(filter(None, [f"{ran:.1f} commands run per worker", probe_note(level)]))),
+                note="; ".join(filter(None, [probe_note(level)]))),
+        at_most(f"K={k}, {n} workers: lease renewal p99", level["probe_ms"]["p99"] or 0.0, P99_MS, "ms",
+                note=f"p50 {level['probe_ms']['p50']} ms"),
+        at_most(f"K={k}, {n} workers: leases lost", level.get("lost_before_wipe", level.get("lost", 0)), 0),
+        *look_figures(level),
+    ]
+
+
+def look_figures(level: dict[str, Any]) -> list[Figure]:
+    """The job exporter and Flower beside the level (fleet.bench.looks): did they hold the broker."""
+    looks, slow = level.get("looks"), level.get("slowlog")
+    if not looks:
+        return []
+    n, k = level["workers"], level["k"]
+    held = level.get("connections") or {}
+    maxclients = held.get("maxclients") or 1
+    tag = f"K={k}, {n} workers" if k != 16 else f"{n} workers"
+    out = [
+        Figure(f"{tag}: job-metrics scrapes beside the fleet", looks["scrapes"], "",
+               note=f"{looks['scrape_errors']} failed (broker away), longest {looks['scrape_s_max']} s"),
+        at_most(f"{tag}: peak Redis connections, share of the shipped maxclients",
+                round(looks["peak_connections"] * 100 / maxclients, 1), CONNECTIONS_PCT, "%",
+                note=f"{looks['peak_connections']:,} of {maxclients:,} (sampled every 0.5 s, restart included)"),
+    ]
+    if looks.get("flower"):
+        out.append(at_least_workers(tag, looks["flower_workers"], n, looks))
+    if slow:
+        out.append(Figure(f"{tag}: longest command Redis ran in the window", slow["longest_ms"], "ms",
+                          note=f"{slow['longest']} ({slow['client'] or 'unnamed'}); {slow['count']} over "
+                               f"{slow['over_ms']} ms (slow log, every client)"))
+    return out
+
+
+def at_least_workers(tag: str, known: int, n: int, looks: dict[str, Any]) -> Figure:
+    return at_most(f"{tag}: workers Flower does not know of (from their events)", max(0, n - known), 0,
+                   note=f"{known} known; {looks['refreshes']} workers-page refreshes (inspect broadcasts), "
+                        f"{looks['refresh_errors']} failed, longest {looks['refresh_s_max']} s")
+
+
+def idle_figures(level: dict[str, Any]) -> list[Figure]:
+    """The end of a job: idle workers' assist polls and Celery's idle consumer."""
+    n = level["workers"]
+    ran, cpu_ms = per_worker(level)
+    return [
+        at_most(f"idle at a job's end, {n} workers: commands Redis ran per worker", round(ran, 2), SENT_PER_WORKER,
+                "/s", note=f"sent {level['sent_per_s'] / n:.2f}/s, Celery's idle stand-in "
+                           f"{level['celery_sent_per_s'] / n:.2f}/s of it; {probe_note(level)}"),
+        at_most(f"idle at a job's end, {n} workers: Redis CPU per worker", round(cpu_ms, 4), CPU_MS_PER_WORKER,
+                "ms/s"),
     ]
 
 
@@ -124,8 +176,11 @@ def section(data: dict[str, Any]) -> Section:
     ratio = (last["sent_per_s"] / last["workers"]) / max(1e-9, first["sent_per_s"] / first["workers"])
     figures.append(at_most(f"commands sent per worker, {last['workers']} over {first['workers']} workers",
                            round(ratio, 3), LINEAR_WITHIN, note="1.0: the broker's load grows linearly"))
+    figures += look_figures(last)
     if "restart" in last:
         figures += demo_figures(last)
+    if data.get("idle"):
+        figures += idle_figures(data["idle"])
     for level in data.get("by_k", []):
         figures += k_figures(level)
     celery = data["celery"]

@@ -31,6 +31,7 @@ import redis
 from fleet.bench.celerycost import CeleryCost, measure_celery, replay_mix
 from fleet.bench.connections import connection_kinds
 from fleet.bench.controlfigures import section
+from fleet.bench.looks import Looks
 from fleet.bench.overhead import percentile
 from fleet.bench.procs import FLEET_ROOT, clean_env, cpu_seconds, wait_until
 from fleet.bench.reference import REFERENCE
@@ -38,9 +39,9 @@ from fleet.bench.report import Section
 from fleet.bench.simfleet import Spec
 from fleet.bench.storecost import requests_per_gpu_hour
 from fleet.coord import figures
-from fleet.coord.broker import make_celery, redis_client
+from fleet.coord.broker import make_celery, redis_client, store_of
 from fleet.coord.heartbeat import Heartbeat
-from fleet.coord.leases import Lease, run_owner, running_indexes
+from fleet.coord.leases import Lease, add_job, run_owner, running_indexes
 from fleet.coord.localredis import LocalRedis
 from fleet.errors import FleetError
 from fleet.monitor.status import job_status
@@ -58,6 +59,8 @@ STATUS_CALLS = 3
 WORKERS_PER_PROCESS = 200
 #: the simulated workers' niceness (the broker and the probe run at 0)
 SIM_NICE = 10
+#: done chunks the bench writes to a level's job at most (the default K at 1,000 workers)
+DONE_CAP = 16_000
 #: seconds between the probe's beats: many round trips to read a p99 from in a window
 PROBE_BEAT_S = 0.1
 
@@ -114,11 +117,18 @@ class CPProfile:
     watch_s: float = 40.0
     lease_ttl_s: float = LeaseSettings.model_fields["ttl_s"].default
     reaper_interval_s: float = LeaseSettings.model_fields["reaper_interval_s"].default
+    #: the job exporter and Flower beside the largest level and each K (fleet.bench.looks): Prometheus's
+    #: scrape interval, and how often a person refreshes Flower's workers page (its inspect broadcasts)
+    looks: bool = True
+    scrape_s: float = 15.0
+    inspect_s: float = 30.0
+    #: the end of a job at the largest level: idle workers' assist polls and Celery's idle consumer
+    idle: bool = True
 
 
 FULL = CPProfile()
 QUICK = CPProfile(workers=(10, 40), more_k=(32,), k_workers=10, warmup_s=15.0, window_s=20.0, celery_s=10.0,
-                  probe_alone_s=3.0,
+                  probe_alone_s=3.0, scrape_s=5.0, inspect_s=8.0,
                   down_s=2.0, watch_s=20.0)
 
 
@@ -205,6 +215,8 @@ def write_bench_job(broker: Broker, store_url: str, job: str, total: int, done: 
     manifest = Manifest(job=job, input="bench", chunk_size=shape.records, chunks=total, records=total * shape.records,
                         samples=total * shape.records, config={"sampling": {}}, config_hash="bench")
     store.put(manifest_key(job), manifest.to_bytes())
+    # enqueued: the store's job set holds it (idle workers' assist polls read each known job's stragglers)
+    add_job(broker.admin, job, store_of(Settings(store_url=store_url)))
     now = time.time()
     with broker.admin.pipeline(transaction=False) as p:
         for index in range(done):
@@ -268,7 +280,7 @@ def _readline(proc: subprocess.Popen[bytes], timeout_s: float) -> bytes:
 
 
 def specs_for(n: int, profile: CPProfile, shape: Shape, broker: Broker, store_url: str, job: str, first: int,
-              total: int, celery: CeleryCost, workdir: Path) -> list[Spec]:  # fmt: skip
+              total: int, celery: CeleryCost, workdir: Path, idle: bool = False) -> list[Spec]:  # fmt: skip
     procs = max(1, math.ceil(n / WORKERS_PER_PROCESS))
     span = (total - first) // procs
     specs = []
@@ -278,8 +290,10 @@ def specs_for(n: int, profile: CPProfile, shape: Shape, broker: Broker, store_ur
                           workers=workers, k=shape.k, first=first + p * span, last=first + (p + 1) * span,
                           chunk_s=shape.chunk_s, chunk_tok_s=shape.chunk_tok_s, chunk_records=shape.records,
                           lease_ttl_s=profile.lease_ttl_s, reaper_interval_s=profile.reaper_interval_s,
-                          celery_mix=replay_mix(celery), publish_bytes=int(celery.busy.publish_bytes),
-                          patterns=celery.patterns, out=str(workdir / f"result{p}.json")))
+                          celery_mix=replay_mix(celery, "idle" if idle else "busy"),
+                          publish_bytes=int(celery.busy.publish_bytes), patterns=celery.patterns,
+                          out=str(workdir / f"result{p}.json"), idle=idle,
+                          assist_poll_s=Settings.model_fields["assist_poll_s"].default))
     return specs
 
 
@@ -313,21 +327,28 @@ def probe_alone(broker: Broker, k: int, ttl_s: float, seconds: float) -> dict[st
 
 
 def run_level(n: int, profile: CPProfile, shape: Shape, broker: Broker, celery: CeleryCost, workdir: Path,
-              demos: bool) -> dict[str, Any]:  # fmt: skip
-    """N simulated workers at steady state: the window's figures (and, with `demos`, a restart and a wipe)."""
+              demos: bool, looks: bool = False, idle: bool = False) -> dict[str, Any]:  # fmt: skip
+    """N simulated workers at steady state: the window's figures (and, with `demos`, a restart and a wipe;
+    with `looks`, the job exporter and Flower beside them through the window and the restart; with
+    `idle`, the end of a job: no chunk left to take)."""
     workdir.mkdir(parents=True, exist_ok=True)
     broker.admin.flushall()
     probe_cost = probe_alone(broker, shape.k, profile.lease_ttl_s, profile.probe_alone_s)
     store_url, job = str(workdir / "store"), f"cp{n}"
     total = 4 * n * shape.k
-    done = n * shape.k
+    # a committed result costs the store a file (~7 ms on a busy VM): past DONE_CAP the job is no bigger a look
+    done = min(n * shape.k, DONE_CAP)
     manifest = write_bench_job(broker, store_url, job, total, done, shape)
-    fleet = Fleet(workdir, specs_for(n, profile, shape, broker, store_url, job, done, total, celery, workdir))
+    fleet = Fleet(workdir, specs_for(n, profile, shape, broker, store_url, job, done, total, celery, workdir, idle))
     out: dict[str, Any] = {"workers": n, "k": shape.k, "chunks": total, "chunks_done_before": done,
-                           "probe_broker": probe_cost}
+                           "probe_broker": probe_cost, "idle": idle}
+    watching: Looks | None = None
     try:
-        fleet.wait_ready(300)
+        fleet.wait_ready(900)
         time.sleep(profile.warmup_s)
+        if looks:
+            watching = Looks(broker, store_url, QUEUE, workdir, profile.scrape_s, profile.inspect_s).__enter__()
+            watching.slowlog_reset()
         with Probe(broker.url, shape.k, profile.lease_ttl_s) as probe:
             fleet.signal(signal.SIGUSR1)
             before, began, cpu0, mine0 = broker.info(), time.monotonic(), fleet.cpu(), time.process_time()
@@ -337,6 +358,9 @@ def run_level(n: int, profile: CPProfile, shape: Shape, broker: Broker, celery: 
             fleet.signal(signal.SIGUSR2)
         out["broker"] = delta(before, after, seconds)
         out["connections"] = connections_held(broker, n)
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        if watching is not None:
+            out["slowlog"] = watching.slowlog()
         out["probe_ms"] = probe.ms()
         out["seconds"] = round(seconds, 1)
         out["client_cpu"] = (cpu1 - cpu0 + mine1 - mine0) / seconds
@@ -345,10 +369,18 @@ def run_level(n: int, profile: CPProfile, shape: Shape, broker: Broker, celery: 
         if demos:
             time.sleep(1)
             out["restart"] = restart_demo(broker, profile, job, n * shape.k)
+        if watching is not None:
+            watching.__exit__(None, None, None)
+            out["looks"], watching = watching.close(), None
+        if demos:
+            out["wipe_at"] = time.time()
             out["wipe"] = wipe_demo(broker, profile, store_url, manifest, n * shape.k)
     finally:
+        if watching is not None:
+            watching.__exit__(None, None, None)
+            watching.close()
         results = fleet.stop()
-    return out | process_figures(results, out.get("restart", {}))
+    return out | process_figures(results, out.get("restart", {}), out.get("wipe_at", math.inf))
 
 
 def connections_held(broker: Broker, workers: int) -> dict[str, Any]:
@@ -398,8 +430,10 @@ def wipe_demo(broker: Broker, profile: CPProfile, store_url: str, manifest: Mani
             "done": report.done, "chunks": manifest.chunks, "status_after_s": round(status_s, 3)}
 
 
-def process_figures(results: list[dict[str, Any]], restart: dict[str, Any]) -> dict[str, Any]:
-    """The processes' own figures: commands they sent, beats, rounds, lost leases, reconnections."""
+def process_figures(results: list[dict[str, Any]], restart: dict[str, Any], wipe_at: float = math.inf
+                    ) -> dict[str, Any]:  # fmt: skip
+    """The processes' own figures: commands they sent, beats, rounds, lost leases (all, and before a
+    wipe, which takes every lease on purpose), reconnections."""
     window = {k: sum(r.get("window", {}).get(k, 0) for r in results) for k in ("sent", "celery", "ended")}
     seconds = max((r.get("window", {}).get("t", 0) for r in results), default=0) or 1.0
     beats = [b for r in results for b in r.get("beats", [])]
@@ -411,6 +445,7 @@ def process_figures(results: list[dict[str, Any]], restart: dict[str, Any]) -> d
         "round_s": {"p50": percentile(rounds, 50) if rounds else None, "max": max(rounds, default=None),
                     "n": len(rounds)},
         "lost": sum(r.get("lost", 0) for r in results), "retaken": sum(r.get("retaken", 0) for r in results),
+        "lost_before_wipe": sum(1 for r in results for t in r.get("lost_at", []) if t < wipe_at),
     }
     if restart:
         up_at = restart["up_at"]
@@ -444,20 +479,29 @@ def measure_levels(profile: CPProfile, workdir: Path, log: Any = print) -> dict[
     broker = Broker(workdir / "broker")
     levels = []
     try:
+        largest = max(profile.workers)
         for n in profile.workers:
-            log(f"control plane: {n} simulated workers x K={shape.k}")
+            log(f"control plane: {n} simulated workers x K={shape.k}" + (", job-metrics and Flower beside"
+                                                                          if profile.looks and n == largest else ""))
             levels.append(run_level(n, profile, shape, broker, celery, workdir / f"n{n}",
-                                    demos=n == max(profile.workers)))
+                                    demos=n == largest, looks=profile.looks and n == largest))
+        idle = None
+        if profile.idle:
+            log(f"control plane: {largest} simulated workers idle at a job's end (assist polls, Celery idle)")
+            idle = run_level(largest, profile, shape, broker, celery, workdir / f"n{largest}idle", demos=False,
+                             idle=True)
         by_k = []
-        at = min(profile.k_workers, max(profile.workers))
+        at = min(profile.k_workers, largest)
         for k in profile.more_k:
             log(f"control plane: {at} simulated workers x K={k}")
-            by_k.append(run_level(at, profile, Shape(k), broker, celery, workdir / f"n{at}k{k}", demos=False))
+            by_k.append(run_level(at, profile, Shape(k), broker, celery, workdir / f"n{at}k{k}", demos=False,
+                                  looks=profile.looks))
     finally:
         broker.stop()
     return {"shape": {"k": shape.k, "records": shape.records, "chunk_s": round(shape.chunk_s, 1),
                       "chunk_tok_s": round(shape.chunk_tok_s, 1)},
-            "celery": celery.to_json(), "levels": levels, "by_k": by_k, "machine_cpus": os.cpu_count()}
+            "celery": celery.to_json(), "levels": levels, "by_k": by_k, "idle": idle, "machine_cpus": os.cpu_count(),
+            "load_average": os.getloadavg()}
 
 
 def measure_control_plane(profile: CPProfile, workdir: Path, log: Any = print) -> Section:

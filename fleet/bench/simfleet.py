@@ -12,6 +12,11 @@ on JitteredConnection's schedule. A simulated worker holds a real one's connecti
 (fleet.bench.connections): its pool (fleet's commands and kombu's PUBLISHes), the consumer's
 and the subscription.
 
+Its events are Celery's worker-heartbeat envelopes (`heartbeat_event`), so a Flower beside the
+simulated fleet sees its workers. With `idle`, the end of a job: no chunk to take, each worker's
+assist poll (the assist policy's own read, fleet.worker.process.assist.straggler) every
+assist_poll_s, and Celery's idle consumer.
+
 What is not a worker's: the loops. A worker has a heartbeat thread and a reaper thread; here
 one scheduler per process calls each worker's beat every heartbeat and its reaper's turn every
 round, each at its own random phase, on a few threads: a thousand workers' worth of idle
@@ -23,6 +28,7 @@ opens the measured window, SIGUSR2 closes it, SIGTERM writes the results (SPEC's
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import heapq
 import json
@@ -31,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -52,6 +59,7 @@ from fleet.settings import Settings
 from fleet.store import open_store
 from fleet.store.layout import result_key
 from fleet.store.results import ChunkStats, encode_result
+from fleet.worker.process.assist import straggler
 
 #: seconds between the timers' looks at every run: the progress middleware reports every assist_poll_s / 2,
 #: but only every FIGURES_EVERY-th beat (10 s) carries figures to the broker, so a slower timer changes
@@ -119,6 +127,10 @@ class Spec:
     publish_bytes: int
     patterns: list[str]
     out: str
+    #: the end of a job: no chunk to take, every worker's assist poll (every assist_poll_s) and Celery's
+    #: idle consumer (`celery_mix` then carries the idle phase's commands)
+    idle: bool = False
+    assist_poll_s: float = 2.0
 
 
 @dataclass
@@ -167,8 +179,16 @@ class SimWorker:
         self.owed: list[tuple[int, int]] = []
 
     def start(self) -> None:
+        if self.spec.idle:
+            return
         for _ in range(self.spec.k):
             self.begin(age=random.uniform(0, self.spec.chunk_s))
+
+    def assist_poll(self) -> None:
+        """An idle worker's assist poll (fleet.worker.process.assist): is anything queued, and if
+        not, which running chunk lags most."""
+        if not chunkqueue.waiting(self.r, self.spec.queue):
+            straggler(self.r, self.reaper.store_id, self.owner, set())
 
     def next_run(self) -> None:
         """A slot freed: begin its next chunk now, or at a later tick if the broker refuses."""
@@ -257,7 +277,6 @@ class CeleryStandIn:
 
     def __init__(self, spec: Spec, workers: list[SimWorker], stats: Stats):
         self.spec, self.workers, self.stats = spec, workers, stats
-        self.payload = "x" * max(1, spec.publish_bytes)
         self.subs: dict[int, Any] = {}
         #: worker -> the jittered waits left before its next reconnection attempt (down while present)
         self.down: dict[int, Iterator[float]] = {}
@@ -321,8 +340,10 @@ class CeleryStandIn:
             self.stats.celery_sent += 1
 
     def _publish(self, n: int) -> None:
+        worker = self.workers[n]
         try:
-            self.workers[n].events.publish("/0.celeryev/worker.heartbeat", self.payload)
+            worker.events.publish("/0.celeryev/worker.heartbeat",
+                                  heartbeat_event(worker.name, worker.owner, len(worker.runs), self.stats.ended))
         except redis.ConnectionError:
             return  # the consumer's own connection (the PINGs above) finds the broker gone and reconnects
         with self.lock:
@@ -341,6 +362,21 @@ class CeleryStandIn:
         self.down.pop(n, None)
         self.subscribe(n)
         self.stats.celery_reconnects.append(time.time())
+
+
+def heartbeat_event(hostname: str, owner: str, active: int, processed: int) -> str:
+    """A worker-heartbeat event as kombu's Redis fanout carries it (Celery's event dispatcher): what
+    Flower reads, so a Flower beside the simulated fleet sees its workers."""
+    now = time.time()
+    body = {"hostname": hostname, "utcoffset": 0, "pid": int(owner.rsplit(":", 1)[-1]), "clock": int(now),
+            "freq": 10.0, "active": active, "processed": processed, "loadavg": [0.5, 0.5, 0.5],
+            "sw_ident": "py-celery", "sw_ver": "5.5.0", "sw_sys": "Linux", "timestamp": now,
+            "type": "worker-heartbeat"}
+    return json.dumps({
+        "body": base64.b64encode(json.dumps(body).encode()).decode(), "content-encoding": "utf-8",
+        "content-type": "application/json", "headers": {"hostname": hostname},
+        "properties": {"delivery_mode": 1, "delivery_info": {"exchange": "celeryev", "routing_key": "worker.heartbeat"},
+                       "priority": 0, "body_encoding": "base64", "delivery_tag": str(uuid.uuid4())}})
 
 
 class Process:
@@ -365,6 +401,22 @@ class Process:
         threading.Thread(target=self._schedule, daemon=True).start()
         threading.Thread(target=self._tick, daemon=True).start()
         threading.Thread(target=self.celery.run, args=(self.stop,), daemon=True).start()
+        if self.spec.idle:
+            threading.Thread(target=self._assist_polls, daemon=True).start()
+
+    def _assist_polls(self) -> None:
+        """Every idle worker's assist poll, each at its own phase of assist_poll_s."""
+        period = self.spec.assist_poll_s
+        now = time.monotonic()
+        heap = [(now + random.uniform(0, period), n) for n in range(len(self.workers))]
+        heapq.heapify(heap)
+        while not self.stop.is_set():
+            when, n = heap[0]
+            if self.stop.wait(max(0.0, when - time.monotonic())):
+                return
+            heapq.heapreplace(heap, (when + period, n))
+            with contextlib.suppress(redis.RedisError):
+                self.workers[n].assist_poll()
 
     def _schedule(self) -> None:
         """Each worker's heartbeat and reaper turn at its own period and random phase, on LOOPS

@@ -209,6 +209,9 @@ def control_plane(
     more_k: Annotated[str | None, typer.Option("--more-k", callback=counts,
                                                help="other K to run at the largest level, e.g. "
                                                "4,32 (none: '')")] = None,
+    k_workers: Annotated[int | None, typer.Option("--k-workers", min=1,
+                                                  help="simulated workers at each other K (at most the largest "
+                                                  "level)")] = None,
 ) -> None:
     """Broker load, lease renewals, recovery rounds and `fleet status` for N simulated workers on one
     redis-server (fleet's own coordination code; Celery's consumer measured from a real worker)."""
@@ -227,6 +230,8 @@ def control_plane(
         profile = dataclasses.replace(profile, window_s=window_s)
     if more_k is not None:
         profile = dataclasses.replace(profile, more_k=tuple(int(k) for k in more_k.split(",") if k))
+    if k_workers:
+        profile = dataclasses.replace(profile, k_workers=k_workers)
     workdir = Path(tempfile.mkdtemp(prefix="fleet-bench-cp-"))
     try:
         section = measure_control_plane(profile, workdir, log=console.print)
@@ -237,6 +242,8 @@ def control_plane(
             shutil.rmtree(workdir, ignore_errors=True)
     print_table([section])
     command = "fleet bench control-plane" + (" --quick" if quick else "") + (f" --workers {workers}" if workers else "")
+    command += f" --more-k '{more_k}'" if more_k is not None else ""
+    command += f" --k-workers {k_workers}" if k_workers else ""
     path = write_json((out or DEFAULT_OUT) / "control-plane.json", [section], {"command": command})
     console.print(f"wrote {path}")
 

@@ -17,12 +17,19 @@ from fleet import metrics
 from fleet.coord import counters, keys, leases
 from fleet.coord.broker import PRIORITY_RECOVERY, chunk_queue, message_priority, send_chunk, store_of
 from fleet.coord.queuescan import PAGE, chunk_of
+from fleet.coord.slices import set_members
 from fleet.errors import JobConflict
 from fleet.settings import Settings
 
 
 def queued_indexes(r: redis.Redis, job: str) -> set[int]:
-    return {int(v) for v in r.smembers(keys.queued(job))}
+    return {int(v) for v in set_members(r, keys.queued(job))}
+
+
+def waiting(r: redis.Redis, queue: str) -> bool:
+    """Whether any message waits in the queue's lists: one EXISTS over every priority's list
+    (kombu deletes an emptied list), not an LLEN each: idle workers ask every assist poll."""
+    return bool(r.exists(*keys.queue_lists(queue)))
 
 
 def taken(r: redis.Redis, job: str, index: int) -> None:

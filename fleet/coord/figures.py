@@ -14,6 +14,7 @@ from typing import NamedTuple
 import redis
 
 from fleet.coord import keys
+from fleet.coord.slices import SLICE, hash_items
 from fleet.store.results import ChunkStats
 
 
@@ -50,7 +51,7 @@ def end_run(r: redis.Redis, job: str, index: int, tokens: int, owner: bool) -> N
 
 def made(r: redis.Redis, job: str) -> dict[int, int]:
     """Output tokens made per chunk over all its runs (committed chunks included)."""
-    return {int(i): int(n) for i, n in r.hgetall(keys.made(job)).items()}
+    return {int(i): int(n) for i, n in hash_items(r, keys.made(job)).items()}
 
 
 def made_total(r: redis.Redis, job: str) -> int:
@@ -64,13 +65,22 @@ def made_by(r: redis.Redis, job: str, index: int) -> int:
 
 def paces(r: redis.Redis, job: str) -> dict[int, dict[str, int]]:
     """The current runs' {made, started_ms, at_ms} by chunk."""
-    return {int(i): json.loads(v) for i, v in r.hgetall(keys.pace(job)).items()}
+    return {int(i): json.loads(v) for i, v in hash_items(r, keys.pace(job)).items()}
 
 
 def cache_stats(r: redis.Redis, job: str, index: int, stats: ChunkStats) -> None:
     r.hset(keys.chunk_stats(job), index, stats.model_dump_json(exclude_unset=True))
 
 
-def cached_stats(r: redis.Redis, job: str) -> dict[int, ChunkStats]:
-    return {int(i): ChunkStats.model_validate_json(v) for i, v in r.hgetall(keys.chunk_stats(job)).items()}
+def cached_stats(r: redis.Redis, job: str, indexes: set[int] | None = None) -> dict[int, ChunkStats]:
+    """The cached headers of `indexes` (an HMGET a slice), or of every chunk (an HSCAN a slice)."""
+    if indexes is None:
+        raw = hash_items(r, keys.chunk_stats(job))
+    else:
+        wanted = sorted(indexes)
+        raw = {}
+        for start in range(0, len(wanted), SLICE):
+            part = wanted[start:start + SLICE]
+            raw.update({i: v for i, v in zip(part, r.hmget(keys.chunk_stats(job), part), strict=True) if v})
+    return {int(i): ChunkStats.model_validate_json(v) for i, v in raw.items()}
 

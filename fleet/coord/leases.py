@@ -32,6 +32,7 @@ import redis
 
 from fleet.coord import keys
 from fleet.coord.figures import figure_keys
+from fleet.coord.slices import hash_items, set_members
 
 log = logging.getLogger(__name__)
 
@@ -405,7 +406,7 @@ def assisted(r: redis.Redis, job: str, index: int) -> bool:
 
 def running_indexes(r: redis.Redis, job: str) -> set[int]:
     """Chunks whose lease is live right now."""
-    members = [keys.parse_member(m.decode()) for m in r.smembers(keys.running())]
+    members = [keys.parse_member(m.decode()) for m in set_members(r, keys.running())]
     mine = [(j, i) for j, i in members if j == job]
     return {i for (_, i), ok in zip(mine, leased_of(r, mine), strict=True) if ok}
 
@@ -423,13 +424,13 @@ def leased_of(r: redis.Redis, chunks_: list[tuple[str, int]]) -> list[bool]:
 def watched_indexes(r: redis.Redis, job: str) -> set[int]:
     """Chunks of the job in the running set, leased or not: a reaper still has to decide those
     whose lease ran out."""
-    members = [keys.parse_member(m.decode()) for m in r.smembers(keys.running())]
+    members = [keys.parse_member(m.decode()) for m in set_members(r, keys.running())]
     return {i for j, i in members if j == job}
 
 
 def scan_leases(r: redis.Redis) -> tuple[list[tuple[str, int]], int]:
     """The running set's chunks whose lease is gone, every job, and how many have a live one."""
-    members = [keys.parse_member(raw.decode()) for raw in r.smembers(keys.running())]
+    members = [keys.parse_member(raw.decode()) for raw in set_members(r, keys.running())]
     alive = leased_of(r, members)
     return [m for m, ok in zip(members, alive, strict=True) if not ok], sum(alive)
 
@@ -490,7 +491,7 @@ def job_store(r: redis.Redis, job: str) -> str | None:
 
 def known_jobs(r: redis.Redis, store: str) -> list[str]:
     """The store's jobs this broker knows (enqueued, or relearned from a running chunk's lease)."""
-    return sorted(_text(job) or "" for job, owner in r.hgetall(keys.job_stores()).items() if _text(owner) == store)
+    return sorted(_text(job) or "" for job, owner in hash_items(r, keys.job_stores()).items() if _text(owner) == store)
 
 
 def drop_job(r: redis.Redis, job: str, store: str) -> bool:

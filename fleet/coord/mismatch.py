@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from fleet.coord import keys
+from fleet.coord.slices import hash_items
 
 
 def record_mismatch(
@@ -41,7 +42,7 @@ def clear_mismatch(r: redis.Redis, worker: str) -> None:
 def mismatched_workers(r: redis.Redis, job: str | None = None) -> list[dict[str, Any]]:
     """Recorded mismatches, of one job or all, each with its worker name, by worker."""
     out = []
-    for name, raw in sorted(r.hgetall(keys.mismatched_workers()).items()):
+    for name, raw in sorted(hash_items(r, keys.mismatched_workers()).items()):
         try:
             entry = json.loads(raw)
         except ValueError:

@@ -10,6 +10,7 @@ import redis
 
 from fleet.coord import keys
 from fleet.coord.leases import now_ms
+from fleet.coord.slices import hash_items
 
 
 def note_store_outage(r: redis.Redis, worker: str, since_ms: int, waiting: int) -> None:
@@ -24,7 +25,7 @@ def store_outages(r: redis.Redis) -> list[dict[str, Any]]:
     """{worker, unreachable_s, results_waiting} for each worker the store refuses now."""
     now = now_ms()
     out = []
-    for worker, raw in r.hgetall(keys.store_outages()).items():
+    for worker, raw in hash_items(r, keys.store_outages()).items():
         data = json.loads(raw)
         out.append({"worker": worker.decode(), "unreachable_s": round((now - data["since_ms"]) / 1000, 1),
                     "results_waiting": data["waiting"]})

@@ -22,6 +22,7 @@ import redis
 
 from fleet.coord import counters, keys
 from fleet.coord.leases import now_ms
+from fleet.coord.slices import hash_items
 
 #: how long the per-process marks (dead, committed) live: longer than any process's death takes to be seen
 PROCESS_MARK_TTL_S = 24 * 3600
@@ -255,7 +256,7 @@ def healthy_others(r: redis.Redis, worker: str, within_s: float = HEALTHY_RECENT
     against the worker rather than its chunks (alone, a machine cannot tell the two apart,
     and its poison chunk must still be quarantined)."""
     since = now_ms() - within_s * 1000
-    return any(w.decode() != worker and int(ms) >= since for w, ms in r.hgetall(keys.worker_last_commit()).items())
+    return any(w.decode() != worker and int(ms) >= since for w, ms in hash_items(r, keys.worker_last_commit()).items())
 
 
 def worker_health(r: redis.Redis, worker: str) -> WorkerHealth:
@@ -269,7 +270,7 @@ def worker_health(r: redis.Redis, worker: str) -> WorkerHealth:
 
 def dying_workers(r: redis.Redis) -> list[WorkerHealth]:
     """Workers with deaths in a row before finishing a batch, worst first (`fleet status`)."""
-    streaks = {k.decode(): int(v) for k, v in r.hgetall(keys.worker_streak()).items() if int(v) > 0}
+    streaks = {k.decode(): int(v) for k, v in hash_items(r, keys.worker_streak()).items() if int(v) > 0}
     out = [worker_health(r, w) for w in streaks]
     return sorted(out, key=lambda h: (-h.streak, h.worker))
 
@@ -294,7 +295,7 @@ def stalled_workers(r: redis.Redis) -> list[dict[str, Any]]:
     """Workers whose engine stalled since they last committed (`fleet status`): {worker, stalls,
     stalled_s (how long it had made no token when declared hung), at}."""
     out = []
-    for worker, raw in r.hgetall(keys.worker_stalls()).items():
+    for worker, raw in hash_items(r, keys.worker_stalls()).items():
         data = json.loads(raw)
         out.append({"worker": worker.decode(), "stalls": data["stalls"], "stalled_s": data["stalled_s"],
                     "at": data["at_ms"] / 1000})

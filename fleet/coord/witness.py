@@ -14,6 +14,7 @@ from __future__ import annotations
 import redis
 
 from fleet.coord import keys
+from fleet.coord.slices import hash_items
 
 #: how long a witness lives: longer than any death takes to be judged
 WITNESS_TTL_S = 24 * 3600
@@ -50,4 +51,4 @@ def note_host_loss(r: redis.Redis, owner: str, host: str) -> int:
 
 def host_losses(r: redis.Redis) -> dict[str, int]:
     """Processes lost with no witness, by host (`fleet status`)."""
-    return {k.decode(): int(v) for k, v in sorted(r.hgetall(keys.host_losses()).items())}
+    return {k.decode(): int(v) for k, v in sorted(hash_items(r, keys.host_losses()).items())}

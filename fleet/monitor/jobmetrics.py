@@ -19,6 +19,7 @@ from fleet.coord.leases import known_jobs
 from fleet.monitor.status import JobStatus, job_status
 from fleet.settings import Settings
 from fleet.store import Store
+from fleet.store.results import ChunkStats
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ class JobCollector(Collector):
     def __init__(self, store: Store, r: redis.Redis, settings: Settings) -> None:
         self.store, self.r, self.settings = store, r, settings
         self._cache: tuple[float, list[JobStatus]] = (0.0, [])
+        #: each job's done chunks' headers read so far: a committed result never changes, so a
+        #: scrape asks Redis only for the chunks done since the last (issue 48: no look holds the broker)
+        self._known: dict[str, dict[int, ChunkStats]] = {}
 
     def statuses(self) -> list[JobStatus]:
         at, cached = self._cache
@@ -55,9 +59,11 @@ class JobCollector(Collector):
         except redis.RedisError as e:  # the broker is down: say so in the log, serve the last figures
             log.warning("no job list from the broker: %s: %s", type(e).__name__, e)
             return cached
+        self._known = {job: self._known.get(job, {}) for job in jobs}
         for job in jobs:
             try:
-                out.append(job_status(self.store, self.r, job, self.settings.monitor.usd_per_gpu_hour))
+                out.append(job_status(self.store, self.r, job, self.settings.monitor.usd_per_gpu_hour,
+                                      known_stats=self._known.setdefault(job, {})))
             except Exception as e:  # one unreadable job must not blank the others
                 log.warning("job %s: no metrics: %s: %s", job, type(e).__name__, e)
         self._cache = (time.monotonic(), out)

@@ -127,19 +127,24 @@ class JobStatus:
 MAX_DEFECTS_SHOWN = 10
 
 
-def done_stats(store: Store, r: redis.Redis | None, job: str, done: set[int]) -> list[ChunkStats]:
+def done_stats(store: Store, r: redis.Redis | None, job: str, done: set[int],
+               known: dict[int, ChunkStats] | None = None) -> list[ChunkStats]:
     """Result headers of done chunks: cached in Redis, read from the store when missing
-    (a result written without a header counts as done, with no figures)."""
-    cached = figures.cached_stats(r, job) if r is not None else {}
+    (a result written without a header counts as done, with no figures). A committed result
+    never changes: a caller that looks again (job-metrics) passes `known`, the headers it read
+    before, and only the chunks done since are asked of Redis (and added to it)."""
+    known = {} if known is None else known
+    cached = figures.cached_stats(r, job, done - known.keys()) if r is not None else {}
     out = []
     for index in sorted(done):
-        stats = cached.get(index)
+        stats = known.get(index) or cached.get(index)
         if stats is None:
             stats = read_result(store, job, index)[0]
             if stats is None:
                 continue
             if r is not None:
                 figures.cache_stats(r, job, index, stats)
+        known[index] = stats
         out.append(stats)
     return out
 
@@ -184,9 +189,11 @@ def recent_rate(stats: list[ChunkStats], now: float, window_s: float = RATE_WIND
 
 
 def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: float = 0.0,
-               manifest: Manifest | None = None, bench_after: int = BENCH_AFTER, redo: bool = False) -> JobStatus:
+               manifest: Manifest | None = None, bench_after: int = BENCH_AFTER, redo: bool = False,
+               known_stats: dict[int, ChunkStats] | None = None) -> JobStatus:
     """`manifest` saves a read of it per call where the caller polls (fleet run, --watch); `redo`
-    adds what redo jobs finished of this job's unfinished samples (reads their results)."""
+    adds what redo jobs finished of this job's unfinished samples (reads their results);
+    `known_stats`, the done chunks' headers a caller that polls read before (done_stats)."""
     manifest = manifest or require_manifest(store, job)
     done = done_indexes(store, job)
     failed = failed_indexes(store, job) - done
@@ -208,7 +215,7 @@ def job_status(store: Store, r: redis.Redis | None, job: str, usd_per_gpu_hour: 
             st.engine_starts = asdict(engine_starts(r))
         except redis.RedisError:
             st.broker, r = False, None
-    stats = done_stats(store, r, job, done)
+    stats = done_stats(store, r, job, done, known_stats)
     now = time.time()
     live = None
     if r is not None:

@@ -110,7 +110,10 @@ class _Settings(BaseSettings):
     model: str | None = Field(None, description="model directory (or hub id where a hub is reachable)")
     chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1, description="records per chunk")
     slots: int | None = Field(None, ge=1, description="K chunks a worker runs at once; default derived")
-    max_slots: int = Field(32, ge=1, description="upper bound of the derived K")
+    max_slots: int = Field(
+        32, ge=1, description="upper bound of the derived K (past ~67 a worker's broker cost crosses its "
+        "targets: docs/architecture.md, Scaling)"
+    )
     in_flight_factor: float = Field(
         IN_FLIGHT_FACTOR, gt=0, description="derived K = ceil(factor x S / C): requests in flight per engine slot"
     )

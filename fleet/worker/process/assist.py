@@ -8,7 +8,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from fleet.coord import figures, keys, leases, suspects
+import redis
+
+from fleet.coord import chunkqueue, figures, leases, suspects
 from fleet.worker.process.context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,7 @@ class Assister:
                     continue
                 if self.inflight() >= self.max_running:
                     continue
-                if any(self.ctx.redis.llen(q) for q in keys.queue_lists(self.ctx.queue.queue)):
+                if chunkqueue.waiting(self.ctx.redis, self.ctx.queue.queue):
                     continue
                 target = self.straggler()
                 if target is not None:
@@ -54,19 +56,7 @@ class Assister:
         (it may kill its helper, and it runs alone to settle that). Reads each job's top few
         (figures.stragglers), not every running chunk: the fleet's idle workers ask this every
         assist poll at a job's end."""
-        r, best = self.ctx.redis, None
-        for job in leases.known_jobs(r, self.ctx.queue.store):
-            suspected = suspects.suspected_indexes(r, job)
-            for index, unstarted in figures.stragglers(r, job, STRAGGLERS_READ):
-                if (best and unstarted <= best[0]) or (job, index) in self._assisted:
-                    continue
-                if index in suspected:
-                    continue
-                owner = leases.holder(r, job, index)
-                if owner is None or owner == self.ctx.owner or leases.assisted(r, job, index):
-                    continue
-                best = (unstarted, job, index)
-        return (best[1], best[2]) if best else None
+        return straggler(self.ctx.redis, self.ctx.queue.store, self.ctx.owner, self._assisted)
 
     @property
     def assisting(self) -> bool:
@@ -92,3 +82,20 @@ class Assister:
         self._assisted.add((job, index))
         log.info("queue empty: assisting straggler chunk %s/%d", job, index)
         self.run_assist(job, index)
+
+
+def straggler(r: redis.Redis, store: str, owner: str, assisted: set[tuple[str, int]]) -> tuple[str, int] | None:
+    """Assister.straggler's read, on its own (the control-plane bench's idle workers ask it too)."""
+    best = None
+    for job in leases.known_jobs(r, store):
+        suspected = suspects.suspected_indexes(r, job)
+        for index, unstarted in figures.stragglers(r, job, STRAGGLERS_READ):
+            if (best and unstarted <= best[0]) or (job, index) in assisted:
+                continue
+            if index in suspected:
+                continue
+            holder = leases.holder(r, job, index)
+            if holder is None or holder == owner or leases.assisted(r, job, index):
+                continue
+            best = (unstarted, job, index)
+    return (best[1], best[2]) if best else None
