@@ -14,7 +14,7 @@ and the subscription.
 
 Its events are Celery's worker-heartbeat envelopes (`heartbeat_event`), so a Flower beside the
 simulated fleet sees its workers. With `idle`, the end of a job: no chunk to take, each worker's
-assist poll (the assist policy's own read, fleet.worker.process.assist.straggler) every
+assist poll (the assist policy's own read, fleet.coord.stragglers.straggler) every
 assist_poll_s, and Celery's idle consumer.
 
 What is not a worker's: the loops. A worker has a heartbeat thread and a reaper thread; here
@@ -55,11 +55,11 @@ from fleet.coord.leases import Lease, run_owner
 from fleet.coord.pool import KOMBU_NAME, new_pool
 from fleet.coord.reconnect import jittered_waits
 from fleet.coord.recovery import Reaper
+from fleet.coord.stragglers import straggler
 from fleet.settings import Settings
 from fleet.store import open_store
 from fleet.store.layout import result_key
 from fleet.store.results import ChunkStats, encode_result
-from fleet.worker.process.assist import straggler
 
 #: seconds between the timers' looks at every run: the progress middleware reports every assist_poll_s / 2,
 #: but only every FIGURES_EVERY-th beat (10 s) carries figures to the broker, so a slower timer changes

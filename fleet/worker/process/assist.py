@@ -8,16 +8,11 @@ import logging
 import threading
 from collections.abc import Callable
 
-import redis
-
-from fleet.coord import chunkqueue, figures, leases, suspects
+from fleet.coord import chunkqueue
+from fleet.coord.stragglers import straggler
 from fleet.worker.process.context import WorkerContext
 
 log = logging.getLogger(__name__)
-
-#: running chunks per job an idle worker considers for assist, those lacking the most samples
-STRAGGLERS_READ = 16
-
 
 class Assister:
     """One background loop per worker process; one assist at a time, each chunk at most once."""
@@ -82,20 +77,3 @@ class Assister:
         self._assisted.add((job, index))
         log.info("queue empty: assisting straggler chunk %s/%d", job, index)
         self.run_assist(job, index)
-
-
-def straggler(r: redis.Redis, store: str, owner: str, assisted: set[tuple[str, int]]) -> tuple[str, int] | None:
-    """Assister.straggler's read, on its own (the control-plane bench's idle workers ask it too)."""
-    best = None
-    for job in leases.known_jobs(r, store):
-        suspected = suspects.suspected_indexes(r, job)
-        for index, unstarted in figures.stragglers(r, job, STRAGGLERS_READ):
-            if (best and unstarted <= best[0]) or (job, index) in assisted:
-                continue
-            if index in suspected:
-                continue
-            holder = leases.holder(r, job, index)
-            if holder is None or holder == owner or leases.assisted(r, job, index):
-                continue
-            best = (unstarted, job, index)
-    return (best[1], best[2]) if best else None
