@@ -455,7 +455,7 @@ def process_figures(results: list[dict[str, Any]], restart: dict[str, Any], wipe
                   for r in results for times in r.get("beat_times", [])]
         celery = sorted(t - up_at for r in results for t in r.get("celery_reconnects", []) if t > up_at)
         back = sorted(f for f in firsts if math.isfinite(f))
-        out["reconnect"] = {"workers": len(firsts), "beat_back": len(back),
+        out["reconnect"] = {"workers": len(firsts), "beat_back": len(back), "celery_back": len(celery),
                             "fleet_s": _spread(back), "celery_s": _spread(celery)}
     return out
 
