@@ -160,3 +160,16 @@ def load_folder(folder: Path, cache: Path) -> list[dict]:
     import datasets
 
     return list(datasets.load_dataset(str(folder), split="train", cache_dir=str(cache)))
+
+
+@pytest.fixture(scope="session")
+def vllm_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """One real `vllm serve` of the tiny model for the whole session (tests/vllmserve.py): the served tests of
+    tests/test_engines_vllm.py and the stream contract's server-real-vllm share it, for a start is a minute of
+    the vLLM stage on 2 cores. Only in vLLM's venv; elsewhere the tests that ask for it skip."""
+    pytest.importorskip("vllm")
+    from tests.modelkit import tiny_model_at
+    from tests.vllmserve import served_vllm
+
+    with served_vllm(tiny_model_at(tmp_path_factory), tmp_path_factory.mktemp("serve") / "serve.log") as served:
+        yield served

@@ -136,33 +136,26 @@ def gone_before_successor(launcher: int, worker: int, pid: int, timeout: float =
 
 @dataclass
 class LauncherKilled:
-    """What `kill_the_launcher` saw: the engine's processes below the worker (pid, command line) before the
+    """What `kill_launcher` saw: the engine's processes below the worker (pid, command line) before the
     SIGKILL, and seconds from it until the worker and every one of them had ended."""
 
     engine: list[tuple[int, str]]
     gone_s: float
 
 
-def kill_the_launcher(env: dict[str, str], log_dir: Path, command: str, expected: tuple[str, ...],
-                      timeout: float = 600) -> LauncherKilled:
-    """A `fleet worker` launcher of one worker, its engine up (a process below the worker whose command line
-    holds `command`); then `kill -9` of the launcher, as an operator would, and a wait until the worker and
-    every process below it have ended (a zombie has ended: its memory, the GPU's too, is freed). Checks that
-    the engine's processes named in `expected` were there, and were gone within 30 s."""
-    workers = Workers(env, log_dir)
-    try:
-        launcher, worker, _ = worker_with(workers, "k", command, ready="engine ready", timeout=timeout)
-        below = [(pid, cmdline(pid)) for pid in processes_below(worker, "")]
-        os.kill(launcher.pid, signal.SIGKILL)
-        launcher.wait()
-        began = time.monotonic()
-        left = [worker, *(pid for pid, _ in below)]
-        wait_for(lambda: not any(running(pid) for pid in left), 60,
-                 f"the worker and its engine's processes to end: {[(p, cmdline(p)) for p in left if running(p)]}",
-                 interval=0.05)
-        killed = LauncherKilled(below, time.monotonic() - began)
-    finally:
-        workers.stop(timeout=120)
+def kill_launcher(launcher: subprocess.Popen[bytes], worker: int, expected: tuple[str, ...]) -> LauncherKilled:
+    """`kill -9` of a `fleet worker` launcher whose one worker's engine is up, as an operator would, and a wait
+    until the worker and every process below it have ended (a zombie has ended: its memory, the GPU's too, is
+    freed). Checks that the engine's processes named in `expected` were there, and were gone within 30 s."""
+    below = [(pid, cmdline(pid)) for pid in processes_below(worker, "")]
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    began = time.monotonic()
+    left = [worker, *(pid for pid, _ in below)]
+    wait_for(lambda: not any(running(pid) for pid in left), 60,
+             f"the worker and its engine's processes to end: {[(p, cmdline(p)) for p in left if running(p)]}",
+             interval=0.05)
+    killed = LauncherKilled(below, time.monotonic() - began)
     print(f"\nengine processes {killed.engine} ended {killed.gone_s:.2f}s after the launcher's SIGKILL")
     assert all(any(name in line for _, line in killed.engine) for name in expected), killed.engine
     assert killed.gone_s < 30
@@ -308,13 +301,16 @@ def memory_dir(tmp: Path, name: str) -> Path:
 
 
 def frozen_engine_job(tmp: Path, env: dict[str, str], host: str, command: str, records: list[dict],
-                      stall_s: float, lease_s: float) -> list[dict]:
+                      stall_s: float, lease_s: float, launcher_kill: tuple[str, ...]) -> list[dict]:
     """A greedy job of two chunks on one `fleet worker` host whose engine process (`command`) is frozen
     mid-generation (`freeze_engine`), checked as issue #25 asks: the worker is named stalled once
     stall_s has passed (never sooner; how much later is printed: a busy machine delays it), the
     frozen process is killed (a stopped process ends only by SIGKILL) once the chunks are back,
     nothing stays stopped, the job ends on the restarted engine, no attempt is spent, every record
     comes exactly once, some continued from what the frozen engine made.
+    Then, its restarted engine up and idle, the launcher is killed with SIGKILL (`kill_launcher`): the
+    engine's processes named in `launcher_kill` die with it. One engine start serves both checks (an
+    engine start is most of a real-engine test's time on 2 cores).
     Returns the exported rows, in input order, for the caller to compare with its bare engine."""
     from fleet.coord import keys
     from tests.conftest import run_fleet
@@ -331,6 +327,9 @@ def frozen_engine_job(tmp: Path, env: dict[str, str], host: str, command: str, r
     workers = Workers(env, tmp / "logs")
     try:
         frozen = freeze_engine(workers, host, command, env, prompts, "fz", chunks=2, made=10 * len(records))
+        [launcher] = workers.procs
+        [successor] = worker_pids(launcher.pid)
+        kill_launcher(launcher, successor, launcher_kill)
     finally:
         workers.stop(timeout=120)
     print(f"\nfrozen {command}: stall declared {frozen.declared:.1f}s after SIGSTOP (stall_s {stall_s}), "

@@ -30,14 +30,20 @@ def tiny_sampling(rid: str, **sampling: Any) -> Sampling:
     return Sampling(**TINY_SAMPLING | {"max_tokens": FALLBACK_MAX_TOKENS, "seed": derive_seed(0, rid, 0)} | sampling)
 
 
-@pytest.fixture(scope="session", name="tiny_model")
-def tiny_model_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_model_at(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's tiny model, built on first use (also for conftest's fixtures, which cannot ask for
+    `tiny_model`: a module imports it)."""
     from fleet.model.tinymodel import build_tiny_model
 
     path = tmp_path_factory.getbasetemp() / "tiny-model"
     if not (path / "model.safetensors").is_file():
         build_tiny_model(path, seed=0)
     return path
+
+
+@pytest.fixture(scope="session", name="tiny_model")
+def tiny_model_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_at(tmp_path_factory)
 
 
 @pytest.fixture(scope="session", name="loop_model")

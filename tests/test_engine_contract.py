@@ -24,10 +24,13 @@ from fleet.model.reasoning import split_reasoning
 from fleet.records import GenRequest
 from fleet.settings import RepetitionSettings, Settings
 from tests.modelkit import LoopThread, raw, tiny_model_fixture, tiny_sampling  # noqa: F401
+from tests.vllmserve import SERVED_VLLM
 
 FAKE = Path(__file__).parent / "fake_sglang"
 ENGINES = ["sim", "hf", "sglang-stand-in", "server-vllm", "server-sglang", "vllm", "server-real-vllm"]
-#: the real vLLM's engine in these tests, embedded or behind `vllm serve`: the CPU build, bounded
+#: the embedded real vLLM's engine in these tests: the CPU build, bounded, compiled (the default). The server engine
+#: runs on the session's `vllm serve` of the tiny model (tests/vllmserve.py, SERVED_VLLM: the same but eager and
+#: 24 at once), which test_engines_vllm's served tests share: one server start for both
 REAL_VLLM = {"dtype": "float32", "kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 8, "stream_interval": 4}
 
 
@@ -67,8 +70,7 @@ def request(rid: str, max_tokens: int = 40, **sampling: Any) -> GenRequest:
 
 
 @pytest.fixture(params=ENGINES, scope="module")
-def harness(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[Harness]:
+def harness(request: pytest.FixtureRequest, tiny_model: Path) -> Iterator[Harness]:
     """Each engine started once for every test of this module (vLLM's take a minute each on 2 cores)."""
     name = request.param
     lt = LoopThread()
@@ -101,16 +103,16 @@ def harness(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: 
         elif name == "vllm":
             pytest.importorskip("vllm")
             settings = Settings(engine="vllm", model=str(tiny_model), vllm=REAL_VLLM)
-        else:  # the server engine on a real `vllm serve`
+        else:  # the server engine on a real `vllm serve`: the session's (tests/conftest.py), which tells its
+            # max_num_seqs and logs the requests it aborts
             pytest.importorskip("vllm")
-            from fleet.engines.vllm.plan import engine_kwargs
-            from tests.vllmserve import vllm_server
+            from tests.vllmserve import SERVED_KEY
 
-            kwargs = engine_kwargs(Settings(engine="vllm", model=str(tiny_model), vllm=REAL_VLLM))
-            log = tmp_path_factory.mktemp("serve") / "serve.log"
-            server = vllm_server(kwargs, log, log_requests=True, dev_mode=True)  # it tells max_num_seqs
-            url, _ = server.__enter__()
-            settings = Settings(engine="server", model=str(tiny_model), server={"base_url": url})
+            served = request.getfixturevalue("vllm_served")
+            log = served.log
+            patch.setenv("FLEET_TEST_VLLM_KEY", SERVED_KEY)
+            settings = Settings(engine="server", model=str(tiny_model),
+                                server={"base_url": served.url, "api_key_env": "FLEET_TEST_VLLM_KEY"})
         engine = build_engine(settings)
         lt.run(engine.start(), timeout=900)
         harness = Harness(name, engine, lt, stub, fake)
@@ -118,10 +120,8 @@ def harness(request: pytest.FixtureRequest, tiny_model: Path, tmp_path_factory: 
         yield harness
         lt.run(engine.shutdown(), timeout=120)
     finally:
-        if server is not None and hasattr(server, "shutdown"):
+        if server is not None:  # a stand-in's (the session's `vllm serve` lives on)
             server.shutdown()
-        elif server is not None:
-            server.__exit__(None, None, None)
         lt.close()
         if fake is not None:  # the stand-in leaves no module behind for tests that check sglang is not imported
             for mod in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
@@ -300,7 +300,7 @@ def test_the_server_engine_runs_no_more_at_once_than_its_server_says(harness: Ha
     effective max running requests on /server_info: a worker keeps no more in flight than that."""
     if not harness.name.startswith("server-"):
         pytest.skip("the embedded engines' read-back is theirs (their own test modules)")
-    told = REAL_VLLM["max_num_seqs"] if harness.stub is None else harness.stub.running
+    told = SERVED_VLLM["max_num_seqs"] if harness.stub is None else harness.stub.running
     assert harness.engine.asked_running > told
     assert harness.engine.max_running == told and harness.engine.kv_tokens
 

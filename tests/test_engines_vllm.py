@@ -15,9 +15,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import NamedTuple
 from unittest import mock
 
 import pytest
@@ -48,6 +47,7 @@ from tests.fleetproc import (
     worker_with,
 )
 from tests.modelkit import LoopThread, chat, loop_model_fixture, tiny_model_fixture, tiny_sampling  # noqa: F401
+from tests.vllmserve import SERVED_KEY, SERVED_VLLM, Served
 
 #: real engines on 2 cores shared with other work: a module's job and its bare engine (a first test's
 #: setup) may take many minutes beside a busy machine's load
@@ -249,18 +249,6 @@ EAGER = {"FLEET_VLLM__ENFORCE_EAGER": "true"}
 #: the dense model's engine in every dense test, and in their bare reference
 DENSE_ENV = {"FLEET_VLLM__DTYPE": "float32", "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES),
              "FLEET_VLLM__MAX_NUM_SEQS": "8", **EAGER}
-#: the dense tests' reference length (a greedy answer cut at fewer max tokens is a prefix of it)
-DENSE_BARE_TOKENS = 1500
-
-
-@pytest.fixture(scope="module")
-def dense_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """A bare vllm.LLM's greedy answers to the six chat records, DENSE_BARE_TOKENS long: the reference of
-    every dense test (a greedy answer cut at fewer max tokens is a prefix of it), one engine start for all."""
-    tmp = tmp_path_factory.mktemp("dense-bare")
-    lines = chat_lines(6, DENSE_BARE_TOKENS)
-    return bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, DENSE_ENV)), prompt_ids(tiny_model, lines),
-                        DENSE_BARE_TOKENS, tmp)
 
 
 def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int,
@@ -299,7 +287,7 @@ def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int
 def test_real_vllm_fleet_run_on_the_dense_model_equals_bare_vllm(
     real_vllm, tmp_path, tiny_model, dense_bare, clean_env
 ):
-    rows = run_and_compare(tmp_path, tiny_model, DENSE_ENV, max_tokens=24, bare=dense_bare)
+    rows = run_and_compare(tmp_path, tiny_model, DENSE_ENV, max_tokens=24, bare=dense_bare[:6])
     assert all(r["spec_accept_length"] is None for r in rows)  # no MTP head, no speculation
 
 
@@ -350,20 +338,6 @@ def test_real_vllm_engine_core_never_outlives_its_sigkilled_worker(
     assert "killed by SIGKILL" in workers.logs()
 
 
-@pytest.mark.e2e
-def test_real_vllm_engine_processes_die_with_a_sigkilled_launcher(
-    real_vllm, tmp_path, tiny_model, redis_server, clean_env
-):
-    from tests.fleetproc import kill_the_launcher
-
-    # Given `fleet worker --engine vllm` with its engine up: the EngineCore and its own worker below it;
-    # when the launcher is killed with SIGKILL (its worker dies with it, by its parent-death signal), then no
-    # process of the engine outlives them: each dies with the process that started it
-    env = {"FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
-           "FLEET_STORE_URL": str(tmp_path / "s"), **DENSE_ENV}
-    kill_the_launcher(env, tmp_path / "logs", "EngineCore", ("VLLM::EngineCore", "VLLM::Worker"))
-
-
 #: the hand-over's long records: ~30,000 tokens, ~6 s of a free 2-core box. The EngineCore runs in slices until
 #: host A's metrics count 4 x 48 tokens (tests/fleetproc.hand_over): a look at the worker came 7 s late on 2 busy
 #: cores, when 12 of the 16 had run to their end
@@ -390,11 +364,15 @@ HANDOVER_ENGINE = {**DENSE_ENV, "FLEET_VLLM__MAX_NUM_SEQS": str(HANDOVER_RUNNING
 
 
 @pytest.fixture(scope="module")
-def handover_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """A bare vllm.LLM's greedy answers to the hand-over's long records: the reference of both hand-overs."""
+def dense_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """A bare vllm.LLM's greedy answers to the hand-over's long chat records, HANDOVER_TOKENS long, under the
+    hand-over's engine args: one engine start for the reference of every dense test. The hand-overs and the
+    frozen engine run these very records; the dense job tests' six are the first six (the same prompts: a
+    greedy answer cut at fewer max tokens is a prefix of it), run with max_num_seqs 8 (a batch of another
+    size makes the same float32 ids, as the served tests, whose server runs 24 at once, always showed)."""
     lines = chat_lines(HANDOVER_RECORDS, HANDOVER_TOKENS, prefix="c")
     return bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, HANDOVER_ENGINE)),
-                        prompt_ids(tiny_model, lines), HANDOVER_TOKENS, tmp_path_factory.mktemp("handover-bare"))
+                        prompt_ids(tiny_model, lines), HANDOVER_TOKENS, tmp_path_factory.mktemp("dense-bare"))
 
 
 def handover_job(tmp: Path, env: dict[str, str], redis_port: int, bare: list[dict], model: Path,
@@ -424,46 +402,37 @@ def handover_job(tmp: Path, env: dict[str, str], redis_port: int, bare: list[dic
 
 @pytest.mark.e2e
 def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_token_for_token(
-    real_vllm, tmp_path, tiny_model, redis_server, handover_bare, clean_env
+    real_vllm, tmp_path, tiny_model, redis_server, dense_bare, clean_env
 ):
     env = {**HANDOVER_ENGINE, "FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model),
            "FLEET_BROKER_URL": redis_server.url}  # the store: tests/fleetproc.memory_dir
-    handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model, engine_below("EngineCore"))
+    handover_job(tmp_path, env, redis_server.port, dense_bare, tiny_model, engine_below("EngineCore"))
 
 
 # -- the server engine on a real `vllm serve` (the same engine args: its records must be the embedded one's) --
 
-#: the key the served tests' server asks for, handed to fleet in the environment (server.api_key_env)
-SERVER_KEY = "fleet-test-key"
-
-
-class Served(NamedTuple):
-    """A `vllm serve` for the tests: its base URL and its process (the EngineCore runs below it)."""
-
-    url: str
-    pid: int
-
-
 @pytest.fixture(scope="module")
-def served(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """One `vllm serve` of the dense model with the hand-over's engine args (24 requests at once), behind
-    an API key."""
-    from tests.vllmserve import vllm_server
+def served(real_vllm, vllm_served: Served, tiny_model: Path) -> Served:
+    """The session's `vllm serve` of the dense model (tests/conftest.py), behind an API key: it runs the
+    hand-over's engine args (24 requests at once), those of the bare reference its records must equal."""
+    def args(kwargs: dict) -> dict:
+        return {k: v for k, v in kwargs.items() if k != "stream_interval"}  # a delta's size changes no id
 
-    kwargs = engine_kwargs(settings_of(tiny_model, HANDOVER_ENGINE))
-    with vllm_server(kwargs, tmp_path_factory.mktemp("serve") / "serve.log", api_key=SERVER_KEY) as (url, proc):
-        yield Served(url, proc.pid)
+    assert args(engine_kwargs(Settings(engine="vllm", model=str(tiny_model), vllm=SERVED_VLLM))) == args(
+        engine_kwargs(settings_of(tiny_model, HANDOVER_ENGINE)))
+    return vllm_served
 
 
 def served_env(served: Served) -> dict[str, str]:
-    return {"FLEET_SERVER__BASE_URL": served.url, "OPENAI_API_KEY": SERVER_KEY,
+    return {"FLEET_SERVER__BASE_URL": served.url, "OPENAI_API_KEY": SERVED_KEY,
             "FLEET_SERVER__MAX_RUNNING": str(HANDOVER_RUNNING)}
 
 
 @pytest.mark.e2e
 def test_real_vllm_served_fleet_run_equals_bare_vllm(real_vllm, tmp_path, tiny_model, served, dense_bare, clean_env):
     # Given `fleet run --engine server` against a real vllm serve of the dense model (its key from the environment)
-    rows = run_and_compare(tmp_path, tiny_model, served_env(served), max_tokens=24, bare=dense_bare, engine="server")
+    rows = run_and_compare(tmp_path, tiny_model, served_env(served), max_tokens=24, bare=dense_bare[:6],
+                           engine="server")
     # Then every greedy record is the bare engine's (and so the embedded engine's) token for token
     assert all(r["finish_reason"] in ("stop", "length") for r in rows)
     status = run_fleet("status", "--job", "v", "--json", env={"FLEET_DATA_DIR": str(tmp_path / "data")})
@@ -504,13 +473,13 @@ def test_real_vllm_served_prompts_cut_inside_a_character_keep_what_their_ids_say
 
 @pytest.mark.e2e
 def test_real_vllm_served_records_stopped_by_sigterm_are_continued_token_for_token(
-    real_vllm, tmp_path, tiny_model, served, redis_server, handover_bare, clean_env
+    real_vllm, tmp_path, tiny_model, served, redis_server, dense_bare, clean_env
 ):
     # Given the hand-over's job through the server engine: host A's SIGTERM closes its requests' connections
     # (the server aborts them), host B continues every record from its checkpointed ids, sent as token ids
     env = {"FLEET_ENGINE": "server", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
            **served_env(served)}
-    handover_job(tmp_path, env, redis_server.port, handover_bare, tiny_model,  # its engine makes host A's tokens
+    handover_job(tmp_path, env, redis_server.port, dense_bare, tiny_model,  # its engine makes host A's tokens
                  lambda _: engine_of(served.pid, "EngineCore"))
 
 
@@ -597,32 +566,27 @@ def test_real_vllm_engine_reads_back_clips_aborts_and_shuts_down(real_vllm, tiny
 
 
 STALL_S = 10  #: FLEET_STALL_S of the frozen-engine test: longer than a prefill of its prompts here
-#: its records: ~32,000 tokens, all 16 running at once for ~6 s of a free 2-core box, so that the freeze lands
-#: while they run (once 160 tokens were published, at the worker's first polls, which came up to 1.7 s late
-#: on 2 cores that vLLM's processes keep busy)
-STALL_RECORDS, STALL_TOKENS = 16, 2000
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(2400)  # three engine starts: ~2 min each on 2 loaded cores, more beside other work
-def test_real_vllm_frozen_engine_core_is_declared_stalled_and_the_job_finishes_on_the_restarted_engine(
-    real_vllm, tmp_path, tiny_model, redis_server, clean_env
+@pytest.mark.timeout(2400)  # two engine starts: ~2 min each on 2 loaded cores, more beside other work
+def test_real_vllm_frozen_engine_core_is_declared_stalled_the_job_ends_on_its_restart_and_it_dies_with_its_launcher(
+    real_vllm, tmp_path, tiny_model, redis_server, dense_bare, clean_env
 ):
-    # Given a greedy job of two chunks on one `fleet worker --engine vllm` host; raw prompts, after
-    # which the tiny model writes no EOS for 600 tokens and more
+    # Given a greedy job of two chunks on one `fleet worker --engine vllm` host: the hand-over's 16 long chat
+    # records (~30,000 tokens), all running at once (no record waits for another's end), under its engine args
     env = {"FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model), "FLEET_BROKER_URL": redis_server.url,
-           "FLEET_VLLM__DTYPE": "float32", "FLEET_VLLM__KV_CACHE_MEMORY_BYTES": str(KV_BYTES),
-           "FLEET_VLLM__MAX_NUM_SEQS": str(STALL_RECORDS), **EAGER}  # all at once: no record waits for another's end
-    lines = [{"id": f"r{i}", "prompt": f"class A{i}:\n    def run(self):",
-              "sampling": {"temperature": 0, "max_tokens": STALL_TOKENS}} for i in range(STALL_RECORDS)]
+           **HANDOVER_ENGINE}
+    lines = chat_lines(HANDOVER_RECORDS, HANDOVER_TOKENS, prefix="c")
     # When its EngineCore is frozen (SIGSTOP) mid-generation; then it is declared stalled, killed,
-    # and the job ends on the restarted engine, each record once (tests/fleetproc.py)
-    rows = frozen_engine_job(tmp_path, env, "v", "EngineCore", lines, STALL_S, lease_s=10)
-    # and the greedy records equal a bare vllm.LLM's uninterrupted ones
-    bare = [b["ids"] for b in bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, env)),
-                                           prompt_ids(tiny_model, lines, rows),
-                                           STALL_TOKENS, tmp_path)]
-    assert [row["output_ids"] for row in rows] == bare
+    # and the job ends on the restarted engine, each record once (tests/fleetproc.py);
+    # and when the launcher is then killed with SIGKILL (its worker dies with it, by its parent-death signal),
+    # no process of the restarted engine, its EngineCore and the Worker below it, outlives them
+    rows = frozen_engine_job(tmp_path, env, "v", "EngineCore", lines, STALL_S, lease_s=10,
+                             launcher_kill=("VLLM::EngineCore", "VLLM::Worker"))
+    # and the greedy records equal a bare vllm.LLM's uninterrupted ones, for the very ids fleet sent
+    prompt_ids(tiny_model, lines, rows)
+    assert [row["output_ids"] for row in rows] == [b["ids"] for b in dense_bare]
 
 
 @pytest.mark.e2e

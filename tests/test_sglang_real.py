@@ -291,23 +291,11 @@ def test_real_sglang_sync_server_info_fails_on_a_running_loop(real_job: dict[str
     assert failed is not None and failed["type"] == "RuntimeError", failed
 
 
-def test_real_sglang_engine_processes_die_with_a_sigkilled_launcher(
-    tmp_path: Path, tiny_model: Path, redis_server: Any, clean_env: None
-) -> None:
-    from tests.fleetproc import kill_the_launcher
-
-    # Given `fleet worker --engine sglang` with its engine up: its scheduler and detokenizer below the worker;
-    # when the launcher is killed with SIGKILL, then no process of the engine outlives it
-    env = process_env({**CPU_SETTINGS_ENV, "FLEET_ENGINE": "sglang", "FLEET_MODEL": str(tiny_model),
-                       "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "s")})
-    kill_the_launcher(env, tmp_path / "logs", "sglang::scheduler", ("sglang::scheduler", "sglang::detokenizer"))
-
-
 # -- a frozen scheduler: the engine watchdog (fleet.worker.process.watchdog) -----------------------------
 
 
 @pytest.mark.timeout(2400)  # three engine starts (the bare one in real_job): 20-45 s each, minutes on loaded cores
-def test_real_sglang_frozen_scheduler_is_declared_stalled_and_the_job_finishes_on_the_restarted_engine(
+def test_real_sglang_frozen_scheduler_is_declared_stalled_the_job_ends_on_its_restart_and_it_dies_with_its_launcher(
     tmp_path: Path, tiny_model: Path, redis_server: Any, clean_env: None, real_job: dict[str, Any]
 ) -> None:
     from tests.fleetproc import frozen_engine_job
@@ -316,8 +304,11 @@ def test_real_sglang_frozen_scheduler_is_declared_stalled_and_the_job_finishes_o
     env = process_env({**CPU_SETTINGS_ENV, "FLEET_ENGINE": "sglang", "FLEET_MODEL": str(tiny_model),
                        "FLEET_BROKER_URL": redis_server.url, "FLEET_SAMPLING__TEMPERATURE": "0"})  # fmt: skip
     # When its scheduler is frozen (SIGSTOP) mid-generation; then it is declared stalled, killed, and
-    # the job ends on the restarted engine, each record once (tests/fleetproc.py)
-    rows = frozen_engine_job(tmp_path, env, "s", "sglang::scheduler", CONTINUED, STALL_S, lease_s=10)
+    # the job ends on the restarted engine, each record once (tests/fleetproc.py);
+    # and when the launcher is then killed with SIGKILL, no process of the restarted engine (its scheduler and
+    # detokenizer below the worker) outlives it
+    rows = frozen_engine_job(tmp_path, env, "s", "sglang::scheduler", CONTINUED, STALL_S, lease_s=10,
+                             launcher_kill=("sglang::scheduler", "sglang::detokenizer"))
     # and the greedy records equal the bare engine's uninterrupted ones
     bare = real_job["bare"]["greedy"][GREEDY + 2 :]
     assert [row["output_ids"] for row in rows] == [g["output_ids"] for g in bare]

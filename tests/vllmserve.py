@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -82,3 +82,32 @@ def vllm_server(kwargs: dict[str, Any], log: Path, api_key: str | None = None, l
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+#: the key the shared server asks for (handed to fleet in the environment: server.api_key_env)
+SERVED_KEY = "fleet-test-key"
+#: the shared server's engine args, as fleet's vllm settings: the hand-overs' (tests/test_engines_vllm.py: float32,
+#: a 64 MiB KV cache, eager, 24 requests at once), whose bare reference its records must equal; a delta every 4
+#: tokens, which changes no id (the stream contract asks for several deltas a sample)
+SERVED_VLLM: dict[str, Any] = {"dtype": "float32", "kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 24,
+                               "enforce_eager": True, "stream_interval": 4}
+
+
+class Served(NamedTuple):
+    """A `vllm serve` for the tests: its base URL, its process (the EngineCore runs below it), its log."""
+
+    url: str
+    pid: int
+    log: Path
+
+
+@contextmanager
+def served_vllm(model: Path, log: Path) -> Iterator[Served]:
+    """The one `vllm serve` of the tiny model that the vLLM stage's tests share (tests/conftest.py): behind an
+    API key, naming each request it aborts in its log, telling its max_num_seqs on /server_info."""
+    from fleet.engines.vllm.plan import engine_kwargs
+    from fleet.settings import Settings
+
+    kwargs = engine_kwargs(Settings(engine="vllm", model=str(model), vllm=SERVED_VLLM))
+    with vllm_server(kwargs, log, api_key=SERVED_KEY, log_requests=True, dev_mode=True) as (url, proc):
+        yield Served(url, proc.pid, log)

@@ -10,7 +10,6 @@ OUT: what the engine answered, as JSON. Run it with tests/sglang_cpu on PYTHONPA
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -53,18 +52,19 @@ async def probes(engine: Any, spec: dict[str, Any]) -> dict[str, Any]:
             out["refusals"][name] = {"type": None, "finish_reason": res["meta_info"]["finish_reason"]}
         except BaseException as e:  # noqa: BLE001
             out["refusals"][name] = error(e)
-    # An abort while the request is generating, as tokenizer_manager.abort_request does it
-    task = asyncio.ensure_future(
-        engine.async_generate(input_ids=spec["greedy"][0][0], sampling_params={**greedy, "max_new_tokens": 1500})
-    )
-    while not engine.tokenizer_manager.rid_to_state:
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.3)
-    for rid in list(engine.tokenizer_manager.rid_to_state):
-        engine.tokenizer_manager.abort_request(rid=rid)
+    # An abort while the request is generating, as tokenizer_manager.abort_request does it: sent once its stream
+    # has given a first output (it is generating then, whatever the machine's speed; no sleep decides it)
     try:
-        res = await task
-        out["aborted"] = {"meta_info": res["meta_info"], "output_tokens": len(res.get("output_ids") or [])}
+        stream = await engine.async_generate(input_ids=spec["greedy"][0][0], stream=True,
+                                             sampling_params={**greedy, "max_new_tokens": 1500})
+        last: dict[str, Any] = {}
+        async for chunk in stream:
+            if not last:
+                for rid in list(engine.tokenizer_manager.rid_to_state):
+                    engine.tokenizer_manager.abort_request(rid=rid)
+            last = chunk
+        meta = last["meta_info"]
+        out["aborted"] = {"meta_info": meta, "output_tokens": meta["completion_tokens"]}
     except BaseException as e:  # noqa: BLE001
         out["aborted"] = error(e)
     return out
