@@ -12,9 +12,8 @@ import time
 
 import psutil
 import pytest
-import requests
-from prometheus_client.parser import text_string_to_metric_families
 
+from fleet.bench.firsttoken import scrape as start_metrics
 from fleet.coord.enginestarts import engine_starts, gpus_of
 from fleet.coord.localredis import free_port
 from fleet.worker.process.startclock import POINTS, StartClock, process_birth
@@ -25,22 +24,6 @@ from tests.fleetproc import FAST_SIM, Workers, made_tokens, wait_for, worker_pid
 ENGINE_START_S = 0.5
 
 
-def start_metrics(port: int) -> dict[str, float]:
-    """A worker's start figures from its metrics endpoint: the points, the engine's start, ready to first
-    token, and its runs' first-token count and sum; {} until it serves them."""
-    try:
-        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    except requests.RequestException:
-        return {}
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "fleet_worker_start_seconds":
-                out[s.labels["until"]] = s.value
-            elif s.name in ("fleet_engine_start_seconds", "fleet_engine_ready_to_first_token_seconds",
-                            "fleet_run_first_token_seconds_count", "fleet_run_first_token_seconds_sum"):
-                out[s.name] = s.value
-    return out
 
 
 def test_process_birth_is_the_kernels():

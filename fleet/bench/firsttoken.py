@@ -32,7 +32,8 @@ FIRST_TOKEN_TIMEOUT_S = 300.0
 
 
 def scrape(port: int) -> dict[str, float]:
-    """The worker's start points and its runs' delivery-to-first-token sum; {} until it serves them."""
+    """A worker's start figures from its metrics endpoint: the points, the engine's start, ready to first
+    token, and its runs' first-token count and sum; {} until it serves them."""
     try:
         text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     except requests.RequestException:
@@ -42,8 +43,9 @@ def scrape(port: int) -> dict[str, float]:
         for s in family.samples:
             if s.name == "fleet_worker_start_seconds":
                 out[s.labels["until"]] = s.value
-            elif s.name == "fleet_run_first_token_seconds_sum":
-                out["run_first_token"] = s.value
+            elif s.name in ("fleet_engine_start_seconds", "fleet_engine_ready_to_first_token_seconds",
+                            "fleet_run_first_token_seconds_count", "fleet_run_first_token_seconds_sum"):
+                out[s.name] = s.value
     return out
 
 
@@ -56,7 +58,7 @@ def one_start(env: dict[str, str], work: Path, port: int, n: int) -> dict[str, f
     try:
         def first_token() -> bool:
             seen.update(scrape(port))
-            return "first_token" in seen and "run_first_token" in seen
+            return "first_token" in seen and "fleet_run_first_token_seconds_sum" in seen
 
         wait_until(first_token, FIRST_TOKEN_TIMEOUT_S, f"worker {n}'s first token (log {host.log_path})", 0.05)
     finally:
@@ -87,7 +89,7 @@ def report(results: list[dict[str, float]]) -> dict[str, float]:
     first token."""
     spans = {p: [r[p] for r in results if p in r] for p in POINTS}
     spans["ready_to_first_token"] = [r["first_token"] - r["engine_ready"] for r in results]
-    spans["delivery_to_first_token"] = [r["run_first_token"] for r in results]
+    spans["delivery_to_first_token"] = [r["fleet_run_first_token_seconds_sum"] for r in results]
     return {k: round(statistics.median(v), 3) for k, v in spans.items() if v}
 
 
