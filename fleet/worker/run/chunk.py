@@ -96,8 +96,6 @@ class ChunkRun:
     #: is the lease clock, fleet.coord.leases)
     started: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: unix time of this run's first output token (None before it): the start clock's (fleet.worker.process.startclock)
-    first_token: float | None = None
     #: this run among the process's runs (its lease owner, fleet.coord.leases.run_owner)
     serial: int = field(default_factory=lambda: next(_RUN_SERIALS))
     _inflight: int = 0
@@ -169,10 +167,8 @@ class ChunkRun:
         """New output ids of a running sample, as its stream delivers them (engine loop)."""
         with self.lock:
             live.ids.extend(ids)
+            first = self.tokens_made == 0 and bool(ids)  # this run's first tokens, for the start clock (startclock)
             self.tokens_made += len(ids)
-            first = self.first_token is None
-            if first:
-                self.first_token = time.time()
         metrics.TOKENS_MADE.inc(len(ids))
         if first:
             CLOCK.token(self.started)
