@@ -5,6 +5,7 @@ shown by `fleet status`; a job's priority decides which job's chunks the workers
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from fleet.settings import Settings
 from fleet.store.layout import manifest_key, options_key
 from fleet.store.local import LocalStore
 from fleet.store.options import JobOptions, OptionsCache, load_options, parse_assignments, write_options
+from fleet.worker.run.middleware.limits import MADE_MAX_AGE_S
 from tests.conftest import run_fleet
 from tests.fleetproc import FAST_SIM, Workers, wait_for, write_prompts
 
@@ -219,6 +221,19 @@ def test_a_spent_budget_and_a_past_deadline_hold_a_job_until_set_again(tmp_path,
     try:
         # When the worker has made the budget's tokens
         wait_for(lambda: "token budget is spent" in status("t")["held"], 120, "job t held for its budget")
+        # and the chunks that had started meanwhile have finished: a worker trusts its sum of the job's
+        # tokens for MADE_MAX_AGE_S, so a chunk may start just after the budget is spent; two looks more
+        # than that apart, with nothing running and nothing more done, say none can start now
+        looks: list[tuple[int, float]] = []
+
+        def settled() -> bool:
+            st = status("t")
+            if st["chunks_running"] or (looks and looks[-1][0] != done("t")):
+                looks.clear()
+            else:
+                looks.append((done("t"), time.monotonic()))
+            return len(looks) >= 2 and looks[-1][1] - looks[0][1] > MADE_MAX_AGE_S
+        wait_for(settled, 60, "job t's running chunks finished")
         # Then the chunks not started wait: none commits meanwhile, and status says why
         held_at = done("t")
         assert 1 <= held_at < 8
