@@ -210,6 +210,16 @@ def clean_reference(tmp: Path, sim: dict[str, str], job: str, records: int) -> t
     return prompts, out.read_bytes()
 
 
+def shared_reference(tmp_path_factory, name: str, sim: dict[str, str], job: str,
+                     records: int) -> tuple[Path, bytes]:
+    """`clean_reference` made once for the whole run (tests/runshared.py): a module's tests on several
+    xdist workers read the one export."""
+    from tests.runshared import built_once
+
+    tmp = built_once(tmp_path_factory, name, lambda path: clean_reference(path, sim, job, records))
+    return tmp / "prompts.jsonl", (tmp / "ref.jsonl").read_bytes()
+
+
 @dataclass
 class Frozen:
     """What `freeze_engine` saw, its times in seconds after the SIGSTOP."""

@@ -19,6 +19,7 @@ import pytest
 from fleet.model.outputlen import FALLBACK_MAX_TOKENS
 from fleet.model.tinymodel import SAMPLING
 from fleet.records import NEUTRAL, GenRequest, Message, Sampling, derive_seed
+from tests.runshared import built_once
 
 #: a tiny model's job sampling, as its manifest resolves it (engines fill nothing: requests come final)
 TINY_SAMPLING = {k: v for k, v in SAMPLING.items() if k in NEUTRAL}
@@ -31,14 +32,11 @@ def tiny_sampling(rid: str, **sampling: Any) -> Sampling:
 
 
 def tiny_model_at(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The session's tiny model, built on first use (also for conftest's fixtures, which cannot ask for
-    `tiny_model`: a module imports it)."""
+    """The run's tiny model, built on first use by one of its xdist workers (tests/runshared.py; also for
+    conftest's fixtures, which cannot ask for `tiny_model`: a module imports it)."""
     from fleet.model.tinymodel import build_tiny_model
 
-    path = tmp_path_factory.getbasetemp() / "tiny-model"
-    if not (path / "model.safetensors").is_file():
-        build_tiny_model(path, seed=0)
-    return path
+    return built_once(tmp_path_factory, "tiny-model", lambda path: build_tiny_model(path, seed=0))
 
 
 @pytest.fixture(scope="session", name="tiny_model")
@@ -53,11 +51,11 @@ def loop_model_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     from fleet.cli import app
 
-    path = tmp_path_factory.getbasetemp() / "tiny-loop"
-    if not (path / "model.safetensors").is_file():
+    def build(path: Path) -> None:
         result = CliRunner().invoke(app, ["tiny-model", str(path), "--loop"])
         assert result.exit_code == 0, result.output
-    return path
+
+    return built_once(tmp_path_factory, "tiny-loop", build)
 
 
 class LoopThread:

@@ -25,7 +25,7 @@ from fleet.coord.leases import process_of
 from fleet.store import open_store
 from fleet.store.layout import failed_prefix, results_prefix
 from tests.conftest import run_fleet
-from tests.fleetproc import Workers, clean_reference, job_on_two_hosts, wait_for
+from tests.fleetproc import Workers, job_on_two_hosts, shared_reference, wait_for
 
 pytestmark = [pytest.mark.e2e]
 RECORDS, CHUNK = 200, 10  # 20 chunks of ~3 s each
@@ -97,7 +97,7 @@ class CrashLoop:
 
 @pytest.fixture(scope="module")
 def clean_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
-    return clean_reference(tmp_path_factory.mktemp("crash-reference"), SIM, "loop", RECORDS)
+    return shared_reference(tmp_path_factory, "crash-reference", SIM, "loop", RECORDS)
 
 
 def status_json(env: dict[str, str], job: str) -> dict:

@@ -25,7 +25,7 @@ from fleet.store.results import read_result
 from fleet.worker.supervisor.proctree import children
 from tests.conftest import run_fleet
 from tests.faultproxy import FaultProxy
-from tests.fleetproc import Workers, clean_reference, wait_for, write_prompts
+from tests.fleetproc import Workers, shared_reference, wait_for, write_prompts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RECORDS, CHUNK = 400, 4  # 100 chunks
@@ -52,7 +52,7 @@ def aws_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
     """A clean run of the job with `fleet run`, exported with --stable."""
-    return clean_reference(tmp_path_factory.mktemp("reference"), SIM, "faults", RECORDS)
+    return shared_reference(tmp_path_factory, "faults-reference", SIM, "faults", RECORDS)
 
 
 def export_bytes(env: dict[str, str], tmp: Path) -> bytes:

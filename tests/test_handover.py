@@ -33,6 +33,7 @@ from tests.fleetproc import (
     write_prompts,
 )
 from tests.modelkit import tiny_model_fixture  # noqa: F401
+from tests.runshared import built_once
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -260,22 +261,43 @@ def storm_records(tmp: Path) -> Path:
     return path
 
 
+def storm_hf(model: Path) -> dict[str, str]:
+    """The storm job's settings on the hf engine, the clean run's and the stopped runs' alike."""
+    return {"FLEET_ENGINE": "hf", "FLEET_MODEL": str(model), "FLEET_CHUNK_SIZE": "9", "FLEET_HF__THREADS": "1",
+            "FLEET_SAMPLING__MAX_TOKENS": "256"}
+
+
+@pytest.fixture(scope="module")
+def storm_reference(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """The storm job's clean run on the hf engine, exported with --stable: made once for the run
+    (tests/runshared.py), for both the SIGTERM and the SIGKILL case compare with the same run (it was
+    made once by each: ~40% of each case's time). Holds `storm.jsonl` and `ref.jsonl`."""
+
+    def build(tmp: Path) -> None:
+        prompts = storm_records(tmp)
+        env = {**storm_hf(tiny_model), "FLEET_DATA_DIR": str(tmp / "data")}
+        for k in os.environ:
+            if k.startswith("FLEET_"):
+                env.setdefault(k, "")
+        done = run_fleet("run", str(prompts), "--job", "hs", env=env, timeout=900, cwd=tmp)
+        assert done.returncode == 0, done.stderr[-3000:]
+        exported = run_fleet("export", "--job", "hs", "--out", str(tmp / "ref.jsonl"), "--stable", env=env, cwd=tmp)
+        assert exported.returncode == 0, exported.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "storm-reference", build)
+
+
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize(("signum", "every_tokens"), [(signal.SIGTERM, 1000), (signal.SIGKILL, 1500)],
                          ids=["sigterm", "sigkill"])
 def test_a_sampled_hf_job_stopped_every_few_seconds_exports_what_one_run_makes(
-        tmp_path, redis_server, clean_env, tiny_model, signum, every_tokens):
+        tmp_path, redis_server, clean_env, tiny_model, storm_reference, signum, every_tokens):
     """The tiny model under its own sampling (temperature 1: rows end at different lengths inside a
     batch that runs on), its workers stopped every few seconds until the job is done: every record is
     what one uninterrupted run makes, token for token, and none holds an end id before its last position."""
-    prompts = storm_records(tmp_path)
-    hf = {"FLEET_ENGINE": "hf", "FLEET_MODEL": str(tiny_model), "FLEET_CHUNK_SIZE": "9", "FLEET_HF__THREADS": "1",
-          "FLEET_SAMPLING__MAX_TOKENS": "256"}
     # Given the job's clean run
-    ref_env = {**hf, "FLEET_DATA_DIR": str(tmp_path / "ref")}
-    assert run_fleet("run", str(prompts), "--job", "hs", env=ref_env, timeout=900).returncode == 0
-    assert run_fleet("export", "--job", "hs", "--out", str(tmp_path / "ref.jsonl"), "--stable",
-                     env=ref_env).returncode == 0
+    prompts = storm_reference / "storm.jsonl"
+    hf = storm_hf(tiny_model)
     # When its workers are stopped every few seconds of work (each after its engine is up; SIGKILL of a
     # host's whole process group, checkpoints every second, and no crash blame for an operator's kills)
     env = {**hf, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(memory_dir(tmp_path, "hs")),
@@ -296,7 +318,7 @@ def test_a_sampled_hf_job_stopped_every_few_seconds_exports_what_one_run_makes(
     assert run_fleet("export", "--job", "hs", "--out", str(out), "--stable", env=env).returncode == 0
     full = tmp_path / "full.jsonl"  # with the run facts --stable leaves out (continued_at)
     assert run_fleet("export", "--job", "hs", "--out", str(full), env=env).returncode == 0
-    rows, ref = read_jsonl(out), read_jsonl(tmp_path / "ref.jsonl")
+    rows, ref = read_jsonl(out), read_jsonl(storm_reference / "ref.jsonl")
     eos = {0, 2}  # the tiny model's generation_config.json
     assert not [r["id"] for r in rows if eos & set(r["output_ids"][:-1])]
     continued = [r for r in read_jsonl(full) if r.get("continued_at")]

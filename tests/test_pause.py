@@ -20,7 +20,7 @@ from fleet.coord import keys
 from fleet.coord.leases import process_of
 from fleet.store.layout import failed_prefix, results_prefix
 from tests.conftest import run_fleet
-from tests.fleetproc import clean_reference, job_on_two_hosts, read_jsonl, wait_for
+from tests.fleetproc import job_on_two_hosts, read_jsonl, shared_reference, wait_for
 
 pytestmark = [pytest.mark.e2e]
 RECORDS, CHUNK = 120, 10  # 12 chunks of ~15-20 s each: they outlast the freeze
@@ -46,7 +46,7 @@ JOB_TIMEOUT_S = 120
 
 @pytest.fixture(scope="module")
 def clean_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
-    return clean_reference(tmp_path_factory.mktemp("pause-reference"), SIM, "pause", RECORDS)
+    return shared_reference(tmp_path_factory, "pause-reference", SIM, "pause", RECORDS)
 
 
 def lease_holders(r: redis.Redis) -> set[str]:

@@ -21,7 +21,7 @@ from fleet.store import open_store
 from fleet.store.layout import checkpoints_prefix, failed_prefix, results_prefix
 from fleet.worker.supervisor.proctree import children
 from tests.conftest import run_fleet
-from tests.fleetproc import Workers, clean_reference, wait_for
+from tests.fleetproc import Workers, shared_reference, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RECORDS, CHUNK = 600, 10  # 60 chunks of a few seconds each
@@ -45,7 +45,7 @@ SIM = {
 
 @pytest.fixture(scope="module")
 def clean_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
-    return clean_reference(tmp_path_factory.mktemp("soak-reference"), SIM, "soak", RECORDS)
+    return shared_reference(tmp_path_factory, "soak-reference", SIM, "soak", RECORDS)
 
 
 def test_random_kills_and_a_broker_wipe_lose_nothing_and_quarantine_nothing(tmp_path, redis_server, clean_export,

@@ -135,8 +135,10 @@ def test_delete_prefix(store):
 
 @pytest.mark.slow
 def test_delete_many_removes_exactly_the_keys_given(store):
-    # Given 1,001 checkpoints of a chunk (more than one S3 request holds) and objects beside them
-    keys = [f"j/partial/000001/{i:06d}-w" for i in range(1001)]
+    # Given checkpoints of a chunk and objects beside them: on S3, 1,001 (more than one DeleteObjects
+    # request holds); a backend that deletes one by one (base.Store.delete_many) has no such edge, and its
+    # 1,001 puts and deletes took GCS's case 99 s of the main suite on 2 busy cores
+    keys = [f"j/partial/000001/{i:06d}-w" for i in range(1001 if isinstance(store, S3Store) else 5)]
     for key in keys:
         store.put(key, b"c")
     store.put("j/partial/000002/000000-w", b"other")
