@@ -1,10 +1,10 @@
 """The vllm engine: pure engine args and identity (no vllm needed), then the real vLLM (CPU build).
 
 The `real_vllm` tests need vllm installed (ops/vllm-venv.sh); .ci/run runs them in that venv with
-`-k real_vllm`. They run `fleet run --engine vllm` through real worker processes on the dense
-tiny model (float32) and the hybrid one (bf16, MTP on, greedy), and compare every record token
-for token with a bare `vllm.LLM` given the same prompt ids (tests/vllm_bare.py); one more job is
-stopped mid-generation on one worker and continued on another, and compared the same way.
+`-k real_vllm`. They run jobs through real worker processes on the dense tiny model (float32: a job
+stopped mid-generation on one worker and continued on another) and the hybrid one (bf16, MTP on,
+greedy: `fleet run --engine vllm`), and compare every record token for token with a bare `vllm.LLM`
+given the same prompt ids (tests/vllm_bare.py).
 """
 
 from __future__ import annotations
@@ -284,14 +284,6 @@ def run_and_compare(tmp: Path, model: Path, env: dict[str, str], max_tokens: int
 
 
 @pytest.mark.e2e
-def test_real_vllm_fleet_run_on_the_dense_model_equals_bare_vllm(
-    real_vllm, tmp_path, tiny_model, dense_bare, clean_env
-):
-    rows = run_and_compare(tmp_path, tiny_model, DENSE_ENV, max_tokens=24, bare=dense_bare[:6])
-    assert all(r["spec_accept_length"] is None for r in rows)  # no MTP head, no speculation
-
-
-@pytest.mark.e2e
 def test_real_vllm_fleet_run_on_the_hybrid_model_speculates_and_equals_bare_vllm(
     real_vllm, tmp_path, hybrid_model, clean_env
 ):
@@ -367,19 +359,20 @@ HANDOVER_ENGINE = {**DENSE_ENV, "FLEET_VLLM__MAX_NUM_SEQS": str(HANDOVER_RUNNING
 def dense_bare(real_vllm, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """A bare vllm.LLM's greedy answers to the hand-over's long chat records, HANDOVER_TOKENS long, under the
     hand-over's engine args: one engine start for the reference of every dense test. The hand-overs and the
-    frozen engine run these very records; the dense job tests' six are the first six (the same prompts: a
-    greedy answer cut at fewer max tokens is a prefix of it), run with max_num_seqs 8 (a batch of another
-    size makes the same float32 ids, as the served tests, whose server runs 24 at once, always showed)."""
+    frozen engine run these very records; the served dense job test's six are the first six (the same prompts: a
+    greedy answer cut at fewer max tokens is a prefix of it), on a server that runs 24 at once (a batch of
+    another size makes the same float32 ids, as the served tests always showed)."""
     lines = chat_lines(HANDOVER_RECORDS, HANDOVER_TOKENS, prefix="c")
     return bare_outputs(tiny_model, engine_kwargs(settings_of(tiny_model, HANDOVER_ENGINE)),
                         prompt_ids(tiny_model, lines), HANDOVER_TOKENS, tmp_path_factory.mktemp("dense-bare"))
 
 
 def handover_job(tmp: Path, env: dict[str, str], redis_port: int, bare: list[dict], model: Path,
-                 engine: Callable[[subprocess.Popen[bytes]], list[int]]) -> None:
+                 engine: Callable[[subprocess.Popen[bytes]], list[int]]) -> list[dict]:
     """A greedy job of long records in two chunks, with rows that end early, sampled ones and one that must
     restart: host A gets SIGTERM while the records are generating (its `engine` stepped until then), host B
-    finishes the job (tests/fleetproc.hand_over, which audits every record); checked against the bare engine."""
+    finishes the job (tests/fleetproc.hand_over, which audits every record); checked against the bare engine.
+    Returns the long greedy rows."""
     lines = chat_lines(HANDOVER_RECORDS, HANDOVER_TOKENS, prefix="c")
     half = HANDOVER_RECORDS // 2
     records = [*HANDOVER_EXTRA[0], *lines[:half], *HANDOVER_EXTRA[1], *lines[half:]]
@@ -398,6 +391,7 @@ def handover_job(tmp: Path, env: dict[str, str], redis_port: int, bare: list[dic
     for row, b in zip(rows, bare, strict=True):
         if row.get("continued_at"):
             assert (row["reasoning"], row["output"]) == split_reasoning(b["text"], True), row["id"]
+    return rows
 
 
 @pytest.mark.e2e
@@ -406,7 +400,14 @@ def test_real_vllm_records_stopped_by_sigterm_are_continued_by_another_worker_to
 ):
     env = {**HANDOVER_ENGINE, "FLEET_ENGINE": "vllm", "FLEET_MODEL": str(tiny_model),
            "FLEET_BROKER_URL": redis_server.url}  # the store: tests/fleetproc.memory_dir
-    handover_job(tmp_path, env, redis_server.port, dense_bare, tiny_model, engine_below("EngineCore"))
+    rows = handover_job(tmp_path, env, redis_server.port, dense_bare, tiny_model, engine_below("EngineCore"))
+    # And the dense model's records on the embedded engine (their `fleet run` test, an engine start of its own
+    # for six of these very records, went: this job's 16 equal the bare engine's above, through workers): no
+    # MTP head, no speculation; the prompt opened <think>, the split ran, and a row is flagged as ended in its
+    # thinking exactly when the model never wrote </think>
+    assert all(r["spec_accept_length"] is None and r["reasoning"] is not None for r in rows)
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    assert [r["in_thinking"] for r in rows] == ["</think>" not in tok.decode(r["output_ids"]) for r in rows]
 
 
 # -- the server engine on a real `vllm serve` (the same engine args: its records must be the embedded one's) --
