@@ -3,10 +3,13 @@
 Without a known notice a SIGTERM is a hand-over at once (after `grace_s`). With one (`notice_s`:
 GCP's and Azure's spot VMs give 30 s, AWS's 120 s), the worker flushes every running chunk at once as
 before, so a SIGKILL that comes early still loses nothing, times that flush, and keeps generating
-until the last moment that leaves room for the hand-over: one poll of its chunks (the longest a
-chunk's thread may take to look, `poll_s`), then one more flush of every running chunk and the
-hand-back, each given as long as the flush just measured took (`HANDOVER_FLUSHES`), so the margin is
-what this host takes now, under its own load, not a guess.
+until the last moment that leaves room for the hand-over: one more flush of every running chunk and
+the hand-back, each given as long as the flush just measured took (`HANDOVER_FLUSHES`), so the margin
+is what this host takes now, under its own load, not a guess. No poll is reserved: the stop rings
+the bell (fleet.worker.process.bell), which wakes every chunk's thread at once, and the measured
+flush already holds that wake-up (it was rung by the SIGTERM's drain the same way). The notice counts
+from the worker's own SIGTERM (its first: a second restarts nothing), which its launcher passes on
+the moment it gets its own (fleet.worker.supervisor.launcher).
 """
 
 from __future__ import annotations
@@ -46,9 +49,9 @@ class DrainClock:
             return time.monotonic() - self.began
 
 
-def generate_for(notice_s: float, since_term_s: float, flush_s: float | None, poll_s: float) -> float:
-    """Seconds from now to keep generating: the notice left, less one poll and the measured hand-over.
-    A flush that did not end in time (None) leaves no room: the hand-over begins at once."""
+def generate_for(notice_s: float, since_term_s: float, flush_s: float | None) -> float:
+    """Seconds from now to keep generating: the notice left, less the measured hand-over. A flush
+    that did not end in time (None) leaves no room: the hand-over begins at once."""
     if flush_s is None:
         return 0.0
-    return max(0.0, notice_s - since_term_s - poll_s - HANDOVER_FLUSHES * flush_s)
+    return max(0.0, notice_s - since_term_s - HANDOVER_FLUSHES * flush_s)
