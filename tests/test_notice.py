@@ -6,16 +6,16 @@ from __future__ import annotations
 import threading
 import time
 
-from fleet.worker.process.notice import HANDOVER_FLUSHES, DrainClock, generate_for
+from fleet.worker.process.notice import HANDOVER_FLOOR_S, HANDOVER_FLUSHES, DrainClock, generate_for
 
 
 def test_the_generation_ends_the_measured_hand_over_before_the_kill():
     # Given a 30 s notice, 0.2 s already gone, a flush of every running chunk measured at 0.3 s
     # When the worker asks how long to generate on
     left = generate_for(30.0, 0.2, 0.3)
-    # Then it is what is left of the notice less the hand-over (in flushes as measured), and no poll: the
-    # stop's bell wakes every chunk at once
-    assert left == 30.0 - 0.2 - HANDOVER_FLUSHES * 0.3
+    # Then it is what is left of the notice less the hand-over (in flushes as measured, and its floor), and
+    # no poll: the stop's bell wakes every chunk at once
+    assert left == 30.0 - 0.2 - HANDOVER_FLUSHES * 0.3 - HANDOVER_FLOOR_S
     # And a notice too short for the hand-over, or a flush that did not end in time, hands over at once
     assert generate_for(0.5, 0.0, 0.3) == 0.0
     assert generate_for(120.0, 1.0, None) == 0.0

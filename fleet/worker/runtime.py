@@ -174,6 +174,12 @@ class Runtime:
                  "more than half the notice" if flush_s is None else f"{flush_s:.2f}s", left)
         self.ctx.stopping.wait(left)
         self.ctx.stopping.set()
+        stop, end = time.monotonic(), term + notice_s
+        while self.active and time.monotonic() < end:
+            time.sleep(0.005)
+        now = time.monotonic()
+        log.info("worker %s: %s %.3fs after the stop, %.3fs before the notice's end", self.name,
+                 "still handing back" if self.active else "handed back", now - stop, end - now)
 
     def stalled(self, seconds: float) -> None:
         """The engine made no token for `seconds` while requests ran: it is hung. Hand every chunk
