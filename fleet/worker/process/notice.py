@@ -7,11 +7,10 @@ until the last moment that leaves room for the hand-over: one more flush of ever
 the hand-back, each given as long as the flush just measured took (`HANDOVER_FLUSHES`), so the margin
 is what this host takes now, under its own load, plus `HANDOVER_FLOOR_S` for what does not grow with
 a flush: a busy host's scheduler holding the threads back, the cloud's SIGKILL a little early. No poll
-is reserved: the stop rings
-the bell (fleet.worker.process.bell), which wakes every chunk's thread at once, and the measured
-flush already holds that wake-up (it was rung by the SIGTERM's drain the same way). The notice counts
-from the worker's own SIGTERM (its first: a second restarts nothing), which its launcher passes on
-the moment it gets its own (fleet.worker.supervisor.launcher).
+is reserved: the stop rings the bell (fleet.worker.process.bell), which wakes every chunk's thread at
+once, and the measured flush already holds that wake-up (the SIGTERM's drain rang it the same way).
+The notice counts from the worker's own SIGTERM (its first: a second restarts nothing), which its
+launcher passes on the moment it gets its own (fleet.worker.supervisor.launcher).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import time
 #: SIGTERM: its last flush, then the hand-back (a requeue and a lease release per chunk, no slower)
 HANDOVER_FLUSHES = 2.0
 #: seconds added to the measured hand-over. A flush of a few ms measured at the SIGTERM left 2x that: on
-#: the 2-core bench machine at load 3-5 the hand-back after it took 14-40 ms (flush, requeue, lease release,
+#: the 2-core bench machine at load 2-7 the hand-back after it took 14-48 ms (flush, requeue, lease release,
 #: each thread waiting for a core) and all 4 hand-overs of a 120 s notice run at 200x (0.6 s) missed the
 #: SIGKILL, their notice's tokens made twice; 0.25 s is under 1 % of a 30 s notice
 HANDOVER_FLOOR_S = 0.25
