@@ -19,7 +19,7 @@ import redis
 from fleet.coord import keys
 from fleet.coord.localredis import free_port
 from fleet.store import open_store
-from fleet.store.layout import results_prefix
+from fleet.store.layout import checkpoint_prefix, results_prefix
 from fleet.store.results import read_result
 from tests.conftest import run_fleet
 from tests.fleetproc import (
@@ -30,6 +30,7 @@ from tests.fleetproc import (
     read_jsonl,
     tokens_made_by,
     wait_for,
+    worker_pids,
     write_prompts,
 )
 from tests.modelkit import tiny_model_fixture  # noqa: F401
@@ -183,6 +184,50 @@ def test_a_known_notice_is_spent_generating_and_its_hand_over_ends_before_the_ki
     # And its hand-over ended before the kill: host B continued every sample where host A stopped
     assert made - completion == 0
     assert "generating for" in (tmp_path / "logs" / "hostA.log").read_text()
+
+
+def test_a_short_notice_is_spent_generating_up_to_the_measured_hand_over(tmp_path, redis_server, clean_env):
+    # Given one worker told a 3 s notice (a 120 s notice at 40x), holding K=4 chunks with 16 requests running
+    # and no checkpoint due for 30 s
+    notice, port = 3.0, free_port()
+    prompts = write_prompts(tmp_path / "p.jsonl", 16)
+    store_url = str(tmp_path / "store")
+    env = {**SIM, "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url,
+           "FLEET_SIM__MEAN_OUTPUT_TOKENS": "1000", "FLEET_CHECKPOINT_INTERVAL_S": "30",
+           "FLEET_NOTICE_S": str(notice), "FLEET_METRICS_PORT": str(port)}
+    assert run_fleet("enqueue", str(prompts), "--job", "short", env=env).returncode == 0
+    workers = Workers(env, tmp_path / "logs")
+    store = open_store(store_url)
+    a = workers.start("hostA")
+    try:
+        wait_for(lambda: tokens_made_by(port) > 16 * 60, 60, "requests running")
+        # When the host shuts down: SIGTERM to every process of it (the launcher, which passes it on, and the
+        # worker: systemd's control-group stop), and SIGKILL to them all when the notice ends
+        [worker] = worker_pids(a.pid)
+        term = time.time()
+        a.send_signal(signal.SIGTERM)
+        os.kill(worker, signal.SIGTERM)
+        time.sleep(max(0.0, term + notice - time.time()))
+        os.killpg(a.pid, signal.SIGKILL)
+        a.wait(timeout=30)
+        # (a checkpoint is named by the nanosecond it was flushed at: fleet.store.layout.checkpoint_key)
+        flushed = [int(key.rsplit("/", 1)[1].split("-")[0]) / 1e9 - term for i in range(4)
+                   for key in store.list(checkpoint_prefix("short", i))]
+        workers.start("hostB")
+        wait_for(lambda: len(list(store.list(results_prefix("short")))) == 4, 120, "all results")
+    finally:
+        workers.stop()
+    results = [read_result(store, "short", i) for i in range(4)]
+    made = sum(s.tokens_made for s, _ in results if s)
+    completion = sum(s.completion_tokens for s, _ in results if s)
+    print(f"\nnotice {notice:g} s: host A's flushes at {', '.join(f'{t:.2f}' for t in sorted(flushed))}s after "
+          f"the SIGTERM; made twice {made - completion}")
+    # Then host A generated until within 0.4 s of the kill (its hand-over's measured flushes and floor), its
+    # last flush of every chunk then: no reserve for a poll (the stop's bell wakes every chunk at once), and the
+    # second SIGTERM, its launcher's, restarted nothing
+    assert len([t for t in flushed if notice - 0.4 <= t < notice]) == 4, flushed
+    # And its last flush ended before the kill: host B continued every sample where host A stopped
+    assert made - completion == 0
 
 
 def test_status_counts_tokens_in_flight_before_anything_commits(tmp_path, redis_server, clean_env):

@@ -6,18 +6,19 @@ from __future__ import annotations
 import threading
 import time
 
-from fleet.worker.process.notice import HANDOVER_FLUSHES, DrainClock, generate_for
+from fleet.worker.process.notice import HANDOVER_FLOOR_S, HANDOVER_FLUSHES, DrainClock, generate_for
 
 
-def test_the_generation_ends_one_poll_and_the_measured_hand_over_before_the_kill():
-    # Given a 30 s notice, 0.2 s already gone, a flush of every running chunk measured at 0.3 s, a 0.5 s poll
+def test_the_generation_ends_the_measured_hand_over_before_the_kill():
+    # Given a 30 s notice, 0.2 s already gone, a flush of every running chunk measured at 0.3 s
     # When the worker asks how long to generate on
-    left = generate_for(30.0, 0.2, 0.3, 0.5)
-    # Then it is what is left of the notice less a poll and the hand-over (in flushes as measured)
-    assert left == 30.0 - 0.2 - 0.5 - HANDOVER_FLUSHES * 0.3
+    left = generate_for(30.0, 0.2, 0.3)
+    # Then it is what is left of the notice less the hand-over (in flushes as measured, and its floor), and
+    # no poll: the stop's bell wakes every chunk at once
+    assert left == 30.0 - 0.2 - HANDOVER_FLUSHES * 0.3 - HANDOVER_FLOOR_S
     # And a notice too short for the hand-over, or a flush that did not end in time, hands over at once
-    assert generate_for(0.5, 0.0, 0.3, 0.5) == 0.0
-    assert generate_for(120.0, 1.0, None, 0.5) == 0.0
+    assert generate_for(0.5, 0.0, 0.3) == 0.0
+    assert generate_for(120.0, 1.0, None) == 0.0
 
 
 def test_the_drain_clock_times_every_running_chunks_flush_and_gives_up_after_its_timeout():

@@ -285,6 +285,11 @@ class Fleet:
             if kind == 1:
                 run.term = time.time()
                 self._signal(run, signal.SIGTERM)
+                # The notice counts from the SIGTERM sent, as a cloud's does: a term sent late (this thread
+                # waited for the GIL or a core) moves its SIGKILL with it rather than shortening the notice
+                assert life.kill is not None and life.term is not None
+                events = [(max(w, run.term + self.shape.wall(life.kill - life.term) - shift[life.slot]), k, lf)
+                          if lf == life and k == 2 else (w, k, lf) for w, k, lf in events]
             else:
                 run.term = run.term or time.time()
                 self._signal(run, signal.SIGKILL)
@@ -452,6 +457,9 @@ def account(shape: Shape, run: RunResult) -> dict[str, Any]:
         "kept_tokens": run.kept_tokens * shape.token_scale,
         "made_tokens": made * shape.token_scale, "continued_tokens": run.continued_tokens * shape.token_scale,
         "schedule": [asdict(h.life) for h in run.hosts if h.boot < end],
+        #: job seconds each preempted host had from its SIGTERM to its SIGKILL, as the bench sent them
+        "notices_given_s": [round((h.kill - h.term) * f, 1) for h in run.hosts
+                            if h.term is not None and h.kill is not None and h.term < end],
     }
 
 

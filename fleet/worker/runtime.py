@@ -148,6 +148,9 @@ class Runtime:
         ids at once (a SIGKILL that follows loses nothing), samples about to finish get `grace_s`,
         then the chunks are handed back with what they made, for the next worker to continue."""
         notice = self.settings.notice_s
+        if self.ctx.draining.is_set():  # a second SIGTERM (a host's shutdown and the launcher's both send one)
+            log.info("worker %s: SIGTERM again; the first one's hand-over goes on", self.name)
+            return
         self.ctx.drain_clock.begin()
         runs = len(self.active)
         self.ctx.draining.set()
@@ -165,12 +168,18 @@ class Runtime:
         """A known notice (fleet.worker.process.notice): generate on until the last moment that leaves
         room for the hand-over this host's flush just took, then hand over."""
         flush_s = self.ctx.drain_clock.wait(runs, notice_s / 2)
-        left = generate_for(notice_s, time.monotonic() - term, flush_s, self.task.poll_s)
+        left = generate_for(notice_s, time.monotonic() - term, flush_s)
         log.info("worker %s stopping with %.1fs of notice: %d running chunk(s) flushed in %s; generating for %.1fs "
                  "more, then handing them back", self.name, notice_s, runs,
                  "more than half the notice" if flush_s is None else f"{flush_s:.2f}s", left)
         self.ctx.stopping.wait(left)
         self.ctx.stopping.set()
+        stop, end = time.monotonic(), term + notice_s
+        while self.active and time.monotonic() < end:
+            time.sleep(0.005)
+        now = time.monotonic()
+        log.info("worker %s: %s %.3fs after the stop, %.3fs before the notice's end", self.name,
+                 "still handing back" if self.active else "handed back", now - stop, end - now)
 
     def stalled(self, seconds: float) -> None:
         """The engine made no token for `seconds` while requests ran: it is hung. Hand every chunk

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ BACKOFF_MAX_S = 60.0
 HEALTHY_AFTER_S = 60.0
 #: the most a witness's write holds the launcher's poll when the broker does not answer
 WITNESS_TIMEOUT_S = 2.0
+#: seconds between two looks at the workers (a dead one restarted); a signal wakes the launcher at once
+POLL_S = 0.5
 
 
 @dataclass
@@ -102,6 +105,8 @@ class Supervisor:
         self.concurrency = concurrency or settings.resolved_slots()
         self.restart = restart
         self.stopping = False
+        #: worker pids sent SIGTERM already: each gets one (a second would restart its notice's clock)
+        self.termed: set[int] = set()
         self.spawned = 0
         #: the fleet whose orphans this launcher ends: its data directory's
         self.scope = proctree.scope_of(settings.data_dir)
@@ -190,9 +195,7 @@ class Supervisor:
 
     def stop(self, timeout_s: float | None = None) -> None:
         """SIGTERM every worker (warm shutdown), SIGKILL what outlives grace (or a known notice) + timeout."""
-        self.stopping = True
-        for proc in self.alive():
-            proc.send_signal(signal.SIGTERM)
+        self.term()
         waits = max(self.settings.grace_s, self.settings.notice_s or 0.0)
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else waits + 30)
         for proc in self.alive():
@@ -222,18 +225,30 @@ class Supervisor:
             log.warning("worker %s left %d process(es) %s: ended in %.2fs", child.spec.name, len(ended),
                         sorted(set(ended)), time.monotonic() - began)
 
+    def term(self) -> None:
+        """SIGTERM to every worker not sent one yet; none is started after it."""
+        self.stopping = True
+        for proc in self.alive():
+            if proc.pid not in self.termed:
+                self.termed.add(proc.pid)
+                proc.send_signal(signal.SIGTERM)
+
     def run_forever(self) -> None:
-        """Supervise until SIGTERM/SIGINT, then stop the workers gracefully."""
-        stop = {"now": False}
+        """Supervise until SIGTERM/SIGINT, then stop the workers gracefully. The SIGTERM is passed on
+        in the handler itself, not at the next poll: a known notice (`notice_s`) counts from the
+        worker's own SIGTERM, and a cloud's SIGKILL from the launcher's, so every moment the launcher
+        held it would be taken from the worker's generation or its last flush."""
+        stop = threading.Event()
 
         def handler(signum: int, _frame: object) -> None:
-            stop["now"] = True
+            if not stop.is_set():  # a second signal finds every worker sent its SIGTERM
+                stop.set()
+                self.term()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
         self.start()
-        while not stop["now"]:
+        while not stop.wait(POLL_S):
             self.poll()
-            time.sleep(0.5)
         log.info("stopping %d worker(s)", len(self.alive()))
         self.stop()
