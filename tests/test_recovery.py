@@ -20,7 +20,7 @@ from fleet.coord import keys, suspects, witness
 from fleet.coord.broker import TASK_NAME, chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkstate import Quarantine, read_failures
 from fleet.coord.leaseclock import LeaseClock
-from fleet.coord.leases import Lease, add_job, run_owner
+from fleet.coord.leases import Lease, add_job, leased, run_owner
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.outages import Outages, Window, outages_of
 from fleet.coord.pause import Expiry, PauseJudge
@@ -101,9 +101,9 @@ def expired_lease(r: redis.Redis, job: str, index: int, attempts_started: int) -
     r.hset(keys.attempts(job), index, attempts_started)
     assert Lease(r, job, index, "gpu0@dead:1", ttl_s=0.05).acquire()
     deadline = time.monotonic() + 2
-    while r.exists(keys.lease(job, index)) and time.monotonic() < deadline:
+    while leased(r, job, index) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not r.exists(keys.lease(job, index))
+    assert not leased(r, job, index)
 
 
 def put_result(store: LocalStore, job: str, index: int) -> None:
@@ -205,7 +205,7 @@ def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = Fals
         suspects.note_commit(r, owner)
     if witnessed:
         witness.note_witnessed(r, owner, "its launcher saw it killed by SIGKILL")
-    wait_for(lambda: not r.exists(keys.lease(job, index)), 30, "lease expiry")
+    wait_for(lambda: not leased(r, job, index), 30, "lease expiry")
     r.delete(keys.requeue_guard(job, index))
 
 
@@ -226,7 +226,7 @@ def test_a_death_while_a_suspect_waits_to_run_alone_is_no_evidence(r, store, app
     suspects.note_holder(r, "j", 7, "gpu0@a:1")
     witness.note_witnessed(r, "gpu0@a:1", "its launcher saw it killed by SIGKILL")
     # When the process dies during the wait (killed by one of its other chunks)
-    wait_for(lambda: not r.exists(keys.lease("j", 7)), 30, "lease expiry")
+    wait_for(lambda: not leased(r, "j", 7), 30, "lease expiry")
     r.delete(keys.requeue_guard("j", 7))
     long_run(r, "j", 7, waited_s)
     assert requeue_expired(r, store, app, settings) == ["j/7"]
@@ -580,7 +580,7 @@ def test_a_lease_that_ran_out_while_the_reaper_could_not_reach_the_broker_is_lef
     reaper.ping()
     lease = leased_by(r, "j", 7, "gpu0@a:1")
     freeze(redis_server, 1.0, reaper)
-    assert not r.exists(keys.lease("j", 7))
+    assert not leased(r, "j", 7)
     [window] = outages_of(reaper).windows()
     assert window.end - window.start >= 0.9
     # When it runs its recovery round
@@ -599,7 +599,7 @@ def test_every_holder_losing_its_leases_at_once_is_a_pause_and_no_death(r, store
     # saw no pause itself (`fleet enqueue` started afterwards)
     for index, process in ((1, "gpu0@a:1"), (2, "gpu0@b:1")):
         leased_by(r, "j", index, process)
-    wait_for(lambda: not r.exists(keys.lease("j", 1)) and not r.exists(keys.lease("j", 2)), 30, "lease expiry")
+    wait_for(lambda: not leased(r, "j", 1) and not leased(r, "j", 2), 30, "lease expiry")
     # When it runs its recovery round
     assert requeue_expired(r, store, app, settings) == []
     # Then it reads them as a broker or network pause: left to their holders, nothing recorded
@@ -616,7 +616,7 @@ def test_a_lease_lost_outside_any_pause_is_still_a_death(r, store, app, settings
     # Given one process's lease running out while the broker answers everyone, its launcher seeing it die
     leased_by(r, "j", 3, "gpu0@a:1")
     witness.note_witnessed(r, "gpu0@a:1", "its launcher saw it killed by SIGKILL")
-    wait_for(lambda: not r.exists(keys.lease("j", 3)), 30, "lease expiry")
+    wait_for(lambda: not leased(r, "j", 3), 30, "lease expiry")
     # When the reaper runs its round
     assert requeue_expired(r, store, app, settings) == ["j/3"]
     # Then the death counts against its worker, as before
@@ -644,12 +644,12 @@ def test_leases_running_out_a_renewal_interval_apart_ran_out_at_once(clean_env):
 def test_two_processes_losing_their_leases_one_after_another_are_two_deaths(r, store, app, settings):
     # Given two processes whose leases run out seconds apart, the first after the second took its lease
     leased_by(r, "j", 1, "gpu0@a:1")
-    wait_for(lambda: not r.exists(keys.lease("j", 1)), 30, "first lease expiry")
+    wait_for(lambda: not leased(r, "j", 1), 30, "first lease expiry")
     time.sleep(PauseJudge(Outages(), settings).at_once_s + 0.5)
     leased_by(r, "j", 2, "gpu0@b:1")
     for process in ("gpu0@a:1", "gpu0@b:1"):  # their launchers saw them die
         witness.note_witnessed(r, process, "its launcher saw it killed by SIGKILL")
-    wait_for(lambda: not r.exists(keys.lease("j", 2)), 30, "second lease expiry")
+    wait_for(lambda: not leased(r, "j", 2), 30, "second lease expiry")
     # When a reaper that saw no pause finds both gone
     assert sorted(requeue_expired(r, store, app, settings)) == ["j/1", "j/2"]
     # Then they are deaths, not a pause: each counts against its worker
