@@ -14,7 +14,7 @@ import redis
 from fleet.coord import keys
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.leaseclock import FIGURES_EVERY, LeaseClock
-from fleet.coord.leases import Figures, Lease, Look, beat, holder, process_of
+from fleet.coord.leases import Figures, Lease, Look, beat, holder, process_of, run_owner
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import BrokerMissing
 from fleet.settings import Settings
@@ -352,6 +352,38 @@ def test_a_beat_renews_every_lease_and_carries_its_figures_in_one_command(r):
     ran = {k: after[k] - before.get(k, 0) for k in after}
     assert ran.get("hincrby", 0) == 0 and ran["pexpire"] == 1
     assert ran["hmget"] <= 2 * 2 and ran["hset"] <= 1 + 2 * 3
+
+
+def heartbeat_calls(r: redis.Redis, k: int) -> dict[str, int]:
+    """What the broker ran (its commandstats, the scripts' own commands counted) for a heartbeat's cycle
+    of FIGURES_EVERY beats, one full, of a process holding `k` leases of one job past their crash window,
+    each run reporting tokens."""
+    r.flushall()
+    hb = Heartbeat(interval_s=60, renew_every=FIGURES_EVERY, young_s=0)
+    held = [Lease(r, "j", i, run_owner("gpu0@a:1", i), ttl_s=30) for i in range(k)]
+    for lease in held:
+        assert lease.acquire()
+        hb.add(lease)
+    for _ in range(FIGURES_EVERY):  # the broker learns the scripts
+        hb.beat()
+    r.config_resetstat()
+    for lease in held:
+        hb.report(lease, 5, None, None)
+    for _ in range(FIGURES_EVERY):
+        hb.beat()
+    return {name: n for name, n in calls(r).items() if name not in ("info", "config|resetstat")}
+
+
+def test_a_process_holding_128_leases_costs_the_broker_the_commands_of_one_holding_1(r):
+    # Given a process holding one lease, and one holding 128 (a K set by hand)
+    # When each heartbeat runs a cycle of beats, a full one (the runs' tokens, every lease renewed) among them
+    one, many = heartbeat_calls(r, 1), heartbeat_calls(r, 128)
+    # Then the broker ran the same commands for both: the process's key renewed once a beat, never a
+    # command per lease (before issue 48's process lease: a PEXPIRE per lease, 128 against 1)
+    assert many == one
+    assert one["pexpire"] == 1 and one["evalsha"] == 1
+    # and every lease was renewed (its beat stamped), none lost
+    assert len(r.hgetall(keys.lease_beat())) == 128 and r.pttl(keys.process_lease("gpu0@a:1")) > 29_000
 
 
 def test_a_beat_renews_only_its_own_leases_and_reads_back_what_the_runs_must_know(r):

@@ -10,6 +10,8 @@ import base64
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -20,7 +22,7 @@ from fleet.coord import keys, suspects, witness
 from fleet.coord.broker import TASK_NAME, chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkstate import Quarantine, read_failures
 from fleet.coord.leaseclock import LeaseClock
-from fleet.coord.leases import Lease, add_job, leased, run_owner
+from fleet.coord.leases import Lease, add_job, leased, leased_of, run_owner
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.outages import Outages, Window, outages_of
 from fleet.coord.pause import Expiry, PauseJudge
@@ -343,6 +345,60 @@ def test_a_vanished_hosts_chunk_is_requeued_as_its_lease_runs_out_not_a_witness_
     # how it died 47 s ago (its last renewal + 10 s + the 3 s witness wait), so no round more is left to it
     assert touched == ["j/7"] and len(queued_messages(r)) == 1
     assert witness.host_losses(r) == {"a": 1} and suspects.suspicion(r, "j", 7).deaths == 0
+
+
+#: a worker process's chunk leases, in a child: argv[2] chunks of job "j" on its heartbeat (TTL 2 s, a beat
+#: every 0.5 s); it prints its process's name once they are taken
+HOLDER = """
+import os, sys, time, redis
+from fleet.coord.heartbeat import Heartbeat
+from fleet.coord.leases import Lease, run_owner
+r = redis.Redis.from_url(sys.argv[1])
+owner = f"gpu0@doomed:{os.getpid()}"
+hb = Heartbeat(interval_s=0.5)
+for i in range(int(sys.argv[2])):
+    lease = Lease(r, "j", i, run_owner(owner, i), ttl_s=2.0)
+    assert lease.acquire()
+    hb.add(lease)
+hb.start()
+print(owner, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_process_has_its_128_chunks_requeued_within_the_ttl_and_a_round(r, store, app, redis_server,
+                                                                                    tmp_path, clean_env):
+    # Given a process holding 128 chunk leases (TTL 2 s) on its heartbeat, alive past several TTLs
+    settings = Settings(broker_url=redis_server.url, store_url=str(tmp_path / "store"), queue=QUEUE, lease_ttl_s=2.0)
+    chunks = [("j", i) for i in range(128)]
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, redis_server.url, "128"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        owner = proc.stdout.readline().strip()
+        time.sleep(5.0)
+        assert all(leased_of(r, chunks)) and requeue_expired(r, store, app, settings) == []
+        # When it is killed with SIGKILL, and the reaper rounds every 0.5 s
+        proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+    finally:
+        proc.kill()
+        proc.wait()
+    touched: set[str] = set()
+    found = killed
+    while len(touched) < len(chunks) and time.monotonic() - killed < 30:
+        began = time.monotonic()
+        if got := requeue_expired(r, store, app, settings):
+            touched |= set(got)
+            found = began
+        time.sleep(0.5)
+    # Then the round that found them began within the TTL and a round of the kill (1 s more for a busy
+    # machine's scheduling), and requeued each chunk once
+    assert len(touched) == len(chunks) and found - killed <= 2.0 + 0.5 + 1.0
+    assert sorted(m["index"] for m in queued_messages(r)) == list(range(128))
+    # and nothing of the dead process is left behind: its chunk leases (keys with no TTL of their own) and
+    # its process's key are gone
+    assert not list(r.scan_iter(f"{keys.PREFIX}:j:lease:*")) and not r.exists(keys.process_lease(owner))
+    assert not running(r)
 
 
 def test_a_witness_that_comes_while_the_reaper_waits_makes_the_death_evidence(r, store, app, settings):

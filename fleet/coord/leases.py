@@ -5,16 +5,20 @@ The producer, the worker and the reaper change that state only through this modu
 other module names those keys (tests/test_architecture.py checks). Redis may lose it all
 without losing work: the store decides done and quarantined (docs/architecture.md, "Recovery").
 
-- lease (keys.lease) and running set (keys.running): one live owner per chunk; a chunk in
-  the running set without a lease lost its worker, and the reaper sends it round again.
+- lease (keys.lease), process lease (keys.process_lease) and running set (keys.running): one
+  live owner per chunk. The process is leased, not each chunk: a chunk's lease names its run and
+  is live while its process's key lives, which the beat renews once whatever the chunks it holds.
+  A chunk in the running set without a live lease lost its worker, and the reaper sends it round
+  again (and deletes the dead process's lease, a key with no TTL of its own).
 - lease clock (keys.lease_started, keys.lease_beat): when the lease was taken and last
   renewed. How long a run held its lease is the one crash evidence fleet.coord.retry
   reads, for a failure the worker saw (taken -> now) and for a lost worker (taken -> beat).
 - job sets (keys.job_stores): each job under the store it was enqueued into; a lease taken
   relearns its job, so a broker that lost everything finds the jobs still running. A store
   reads and drops only its own jobs (docs/architecture.md, "Stores on one broker").
-- the beat (`beat`): one script per heartbeat renews the leases of a process it is given and
-  carries its runs' figures, in one round trip whatever the number of chunks it runs
+- the beat (`beat`): one script per heartbeat renews the process's key, checks the leases it is
+  given are still its runs', and carries its runs' figures, in one round trip and O(1) commands
+  whatever the number of chunks it runs
   (docs/architecture.md, "Scaling"; the heartbeat chooses which leases a beat renews). The
   figures go under the keys their owner gives (fleet.coord.figures.figure_keys).
 """
@@ -465,18 +469,19 @@ def _renew_all(r: redis.Redis, leases: list[Lease], figures: list[Figures], now:
             for n in range(len(leases))]
 
 
-def _live(r: redis.Redis, values: list[bytes | None]) -> list[bool]:
+def _live(r: redis.Redis, values: list[bytes | str | None]) -> list[bool]:
     """Which chunk leases' values name a live process: one MGET of their processes' keys."""
-    procs = sorted({process_of(v.decode()) for v in values if v})
+    named = [process_of(_text(v) or "") if v else None for v in values]
+    procs = sorted({p for p in named if p is not None})
     alive = dict(zip(procs, (x is not None for x in r.mget([keys.process_lease(p) for p in procs])),
                      strict=True)) if procs else {}
-    return [bool(v) and alive[process_of(v.decode())] for v in values]
+    return [p is not None and alive[p] for p in named]
 
 
 def holder(r: redis.Redis, job: str, index: int) -> str | None:
     """The process holding the chunk's lease now (whichever run of it); None when its process is gone."""
     value = r.get(keys.lease(job, index))
-    return process_of(value.decode()) if value and _live(r, [value])[0] else None
+    return process_of(_text(value) or "") if value and _live(r, [value])[0] else None
 
 
 def leased(r: redis.Redis, job: str, index: int) -> bool:
