@@ -122,8 +122,8 @@ def test_every_part_says_what_it_holds(package):
 #: a chunk's state in Redis (docs/architecture.md, "Redis keys" and "Recovery"), one family per owner: only
 #: its owner names a family's keys
 CHUNK_STATE = {
-    "leases": ("running", "lease", "lease_started", "lease_beat", "requeue_guard", "assist", "job_stores",
-               "legacy_jobs"),
+    "leases": ("running", "lease", "process_lease", "lease_started", "lease_beat", "requeue_guard", "assist",
+               "job_stores", "legacy_jobs"),
     "chunkqueue": ("queued",),
     "counters": ("attempts", "crashes", "retries"),
     "figures": ("progress", "chunk_stats", "made", "pace"),

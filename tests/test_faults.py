@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from fleet.coord import keys
-from fleet.coord.leases import process_of
+from fleet.coord.leases import leased, process_of
 from fleet.coord.localredis import LocalRedis
 from fleet.store import open_store
 from fleet.store.layout import checkpoint_prefix, failed_prefix, result_key, results_prefix
@@ -199,7 +199,7 @@ def test_sigterm_hands_chunk_back_from_checkpoint(tmp_path, redis_server, clean_
     store, r = open_store(store_url), redis.Redis(port=redis_server.port)
     try:
         # When hostA runs chunk 0, hostB (with a free slot) is up, and hostA has checkpointed
-        wait_for(lambda: r.exists(keys.lease("faults", 0)), 60, "hostA running chunk 0")
+        wait_for(lambda: leased(r, "faults", 0), 60, "hostA running chunk 0")
         b = workers.start("hostB", extra_env={"FLEET_SLOTS": "4"})  # a free slot for chunk 0
         wait_for(lambda: b.poll() is None and "hostB ready" in workers.logs(), 30, "hostB ready")
         wait_for(lambda: any(store.list(checkpoint_prefix("faults", 0))), 60, "a checkpoint of chunk 0")
@@ -274,7 +274,7 @@ def test_two_workers_same_chunk_one_result(tmp_path, redis_server, clean_env):
     workers.start("hostA")
     r, store = redis.Redis(port=redis_server.port), open_store(store_url)
     try:
-        wait_for(lambda: r.exists(keys.lease("faults", 0)), 60, "hostA running chunk 0")
+        wait_for(lambda: leased(r, "faults", 0), 60, "hostA running chunk 0")
         r.delete(keys.lease("faults", 0))
         from fleet.coord.broker import chunk_queue, make_celery, send_chunk
         from fleet.settings import Settings

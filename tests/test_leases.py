@@ -1,5 +1,6 @@
-"""Leases (docs/architecture.md, Celery facts) on a real redis-server: SET NX PX per running chunk, renew
-and release by the owner only, expiry after the TTL, a heartbeat that keeps a lease alive.
+"""Leases (docs/architecture.md, Celery facts) on a real redis-server: a key per running chunk naming its
+run, live while its process's key (PX TTL) lives; renew and release by the owner only, expiry after the
+TTL, a heartbeat that keeps a lease alive.
 Also the local redis-server that `fleet run` and these tests start (fleet.coord.localredis)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import redis
 from fleet.coord import keys
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.leaseclock import FIGURES_EVERY, LeaseClock
-from fleet.coord.leases import Figures, Lease, Look, beat, holder
+from fleet.coord.leases import Figures, Lease, Look, beat, holder, process_of, run_owner
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import BrokerMissing
 from fleet.settings import Settings
@@ -28,6 +29,13 @@ def r(redis_server) -> redis.Redis:
 
 def running(r: redis.Redis) -> set[str]:
     return {m.decode() for m in r.smembers(keys.running())}
+
+
+def take_over(r: redis.Redis, key: str, owner: str, px: int = 5000) -> None:
+    """Another process's live lease on a chunk, set by hand: the lease names its run, and its
+    process's key lives `px` ms."""
+    r.set(key, owner)
+    r.set(keys.process_lease(process_of(owner)), 1, px=px)
 
 
 def wait_until(cond, timeout_s: float = 3.0) -> bool:
@@ -47,9 +55,9 @@ def test_acquire_sets_owner_ttl_and_running_member(r):
     lease = Lease(r, "j", 3, "gpu0@a:1", ttl_s=5)
     # When a worker acquires it
     assert lease.acquire() is True
-    # Then the key holds the owner with a TTL of at most 5 s and the chunk is in the running set
-    assert holder(r, "j", 3) == "gpu0@a:1"
-    assert 4000 < r.pttl(keys.lease("j", 3)) <= 5000
+    # Then the key holds the owner, its process's key a TTL of at most 5 s, and the chunk is in the running set
+    assert holder(r, "j", 3) == "gpu0@a:1" and r.get(keys.lease("j", 3)) == b"gpu0@a:1"
+    assert 4000 < r.pttl(keys.process_lease("gpu0@a:1")) <= 5000
     assert running(r) == {"j/3"}
 
 
@@ -81,12 +89,12 @@ def test_renew_by_owner_extends_the_ttl(r):
     # machine could sleep past all of it)
     a = Lease(r, "j", 0, "A", ttl_s=30)
     a.acquire()
-    r.pexpire(a.key, 10_000)
-    before = r.pttl(a.key)
+    r.pexpire(a.process_key, 10_000)
+    before = r.pttl(a.process_key)
     # When the owner renews
     assert a.renew() is True
-    # Then the TTL is back to full and the lease is not lost
-    assert r.pttl(a.key) > before + 10_000
+    # Then its process's TTL is back to full and the lease is not lost
+    assert r.pttl(a.process_key) > before + 10_000
     assert a.lost is False
 
 
@@ -94,13 +102,13 @@ def test_renew_by_another_owner_is_refused(r):
     # Given A's lease partly run down
     a = Lease(r, "j", 0, "A", ttl_s=30)
     a.acquire()
-    r.pexpire(a.key, 10_000)
-    before = r.pttl(a.key)
+    r.pexpire(a.process_key, 10_000)
+    before = r.pttl(a.process_key)
     # When B tries to renew it
     b = Lease(r, "j", 0, "B", ttl_s=10)
     assert b.renew() is False
     # Then nothing changes for A, and B knows it has no lease
-    assert r.pttl(a.key) <= before
+    assert r.pttl(a.process_key) <= before
     assert holder(r, "j", 0) == "A"
     assert b.lost is True
 
@@ -200,7 +208,7 @@ def test_heartbeat_marks_a_taken_over_lease_lost(r):
         a = Lease(r, "j", 0, "A", ttl_s=5)
         a.acquire()
         hb.add(a)
-        r.set(a.key, "B", px=5000)
+        take_over(r, a.key, "B")
         # Then A's next renew finds it lost and leaves B's lease alone
         assert wait_until(lambda: a.lost, 30)
         assert holder(r, "j", 0) == "B"
@@ -330,10 +338,11 @@ def test_a_beat_renews_every_lease_and_carries_its_figures_in_one_command(r):
     # When one beat renews them with each run's figures (tokens made, pace, unstarted samples)
     seen = beat(r, leases, [Figures(made=7, pace=pace, unstarted=i, look=Look.ASSISTED) for i in range(16)])
     after = calls(r)
-    # Then the clients sent one command; every lease is back to its full TTL, stamped, its figures counted
+    # Then the clients sent one command; the process is back to its full TTL, every lease stamped, its
+    # figures counted
     assert after["evalsha"] - before["evalsha"] == 1 and after.get("eval") == before.get("eval")
     assert all(s.renewed and s.looked and not s.committed and not s.assisted for s in seen)
-    assert all(r.pttl(x.key) > 900 for x in leases)
+    assert r.pttl(leases[0].process_key) > 900
     assert len(r.hgetall(keys.lease_beat())) == 16
     assert r.hget(keys.made("j"), 1) == b"107" and r.hget(keys.made("j"), 3) == b"7"
     assert json.loads(r.hget(keys.pace("k"), 2))["made"] == 50
@@ -341,8 +350,40 @@ def test_a_beat_renews_every_lease_and_carries_its_figures_in_one_command(r):
     # and what the script ran inside grows with the jobs, not with the chunks: the tokens made go in
     # one HMGET and one HSET per job, never an HINCRBY per chunk
     ran = {k: after[k] - before.get(k, 0) for k in after}
-    assert ran.get("hincrby", 0) == 0 and ran["pexpire"] == 16
+    assert ran.get("hincrby", 0) == 0 and ran["pexpire"] == 1
     assert ran["hmget"] <= 2 * 2 and ran["hset"] <= 1 + 2 * 3
+
+
+def heartbeat_calls(r: redis.Redis, k: int) -> dict[str, int]:
+    """What the broker ran (its commandstats, the scripts' own commands counted) for a heartbeat's cycle
+    of FIGURES_EVERY beats, one full, of a process holding `k` leases of one job past their crash window,
+    each run reporting tokens."""
+    r.flushall()
+    hb = Heartbeat(interval_s=60, renew_every=FIGURES_EVERY, young_s=0)
+    held = [Lease(r, "j", i, run_owner("gpu0@a:1", i), ttl_s=30) for i in range(k)]
+    for lease in held:
+        assert lease.acquire()
+        hb.add(lease)
+    for _ in range(FIGURES_EVERY):  # the broker learns the scripts
+        hb.beat()
+    r.config_resetstat()
+    for lease in held:
+        hb.report(lease, 5, None, None)
+    for _ in range(FIGURES_EVERY):
+        hb.beat()
+    return {name: n for name, n in calls(r).items() if name not in ("info", "config|resetstat")}
+
+
+def test_a_process_holding_128_leases_costs_the_broker_the_commands_of_one_holding_1(r):
+    # Given a process holding one lease, and one holding 128 (a K set by hand)
+    # When each heartbeat runs a cycle of beats, a full one (the runs' tokens, every lease renewed) among them
+    one, many = heartbeat_calls(r, 1), heartbeat_calls(r, 128)
+    # Then the broker ran the same commands for both: the process's key renewed once a beat, never a
+    # command per lease (before issue 48's process lease: a PEXPIRE per lease, 128 against 1)
+    assert many == one
+    assert one["pexpire"] == 1 and one["evalsha"] == 1
+    # and every lease was renewed (its beat stamped), none lost
+    assert len(r.hgetall(keys.lease_beat())) == 128 and r.pttl(keys.process_lease("gpu0@a:1")) > 29_000
 
 
 def test_a_beat_renews_only_its_own_leases_and_reads_back_what_the_runs_must_know(r):
@@ -351,7 +392,7 @@ def test_a_beat_renews_only_its_own_leases_and_reads_back_what_the_runs_must_kno
     mine = [Lease(r, "j", i, "A#1", ttl_s=30) for i in range(3)]
     for lease in mine:
         lease.acquire()
-    r.set(mine[0].key, "B#1", px=5000)
+    take_over(r, mine[0].key, "B#1")
     r.set(keys.assist("j", 1), "helper", px=5000)
     r.hset(keys.chunk_stats("j"), 2, "{}")
     # When a beat with figures (it looks) and one without (it renews) run
@@ -359,7 +400,7 @@ def test_a_beat_renews_only_its_own_leases_and_reads_back_what_the_runs_must_kno
     light = beat(r, mine, [Figures(look=Look.COMMITTED), Figures(), Figures()])
     # Then the taken-over lease is lost and left as it was, its TTL not extended by us
     assert [s.renewed for s in full] == [False, True, True] and mine[0].lost and not mine[1].lost
-    assert holder(r, "j", 0) == "B" and r.pttl(mine[0].key) <= 5000
+    assert holder(r, "j", 0) == "B" and r.pttl(keys.process_lease("B")) <= 5000
     # and the reads: assisted, committed; a renewal-only beat reads only what it was asked to
     assert [(s.assisted, s.committed) for s in full] == [(False, False), (True, False), (False, True)]
     assert [s.looked for s in light] == [True, False, False]
@@ -390,13 +431,14 @@ def test_the_heartbeat_carries_figures_every_few_beats_and_a_run_settles_what_is
 
 
 def marked(r: redis.Redis, *leases_: Lease) -> None:
-    """Shorten each lease to 10 s: one renewed since is back above 20 s (its 30 s TTL)."""
+    """Clear each lease's beat stamp: a beat that renewed it since stamped it again (its process's
+    key is what lives a TTL, renewed with any of its leases)."""
     for lease in leases_:
-        r.pexpire(lease.key, 10_000)
+        r.hset(keys.lease_beat(), keys.member(lease.job, lease.index), 0)
 
 
 def renewed(r: redis.Redis, lease: Lease) -> bool:
-    return r.pttl(lease.key) > 20_000
+    return int(r.hget(keys.lease_beat(), keys.member(lease.job, lease.index)) or 0) > 0
 
 
 def test_a_young_lease_is_renewed_every_beat_and_an_old_one_only_on_full_beats(r):

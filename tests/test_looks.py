@@ -93,7 +93,8 @@ def fill(r: redis.Redis, store: LocalStore, settings: Settings) -> None:
             p.hset(keys.made(JOB), index, 1_000 + index % 7)
         running = range(CHUNKS - RUNNING, CHUNKS)
         for index in running:
-            p.set(keys.lease(JOB, index), f"gpu@h:{index}#1", px=60_000)
+            p.set(keys.lease(JOB, index), f"gpu@h:{index}#1")
+            p.set(keys.process_lease(f"gpu@h:{index}"), 1, px=60_000)
             p.sadd(keys.running(), keys.member(JOB, index))
             p.hset(keys.pace(JOB), index, json.dumps({"made": 500, "started_ms": now_ms - 60_000, "at_ms": now_ms}))
         for index in range(CHUNKS - RUNNING - QUEUED, CHUNKS - RUNNING):
@@ -107,7 +108,7 @@ def recount(r: redis.Redis) -> dict[str, int]:
     """The figures from whole reads of every key (what status read before issue 48)."""
     done = set(range(DONE))
     running = {keys.parse_member(m.decode())[1] for m in r.smembers(keys.running())}
-    live = {i for i in running if r.exists(keys.lease(JOB, i))}
+    live = {i for i in running if leases.leased(r, JOB, i)}
     return {"running": len(live - done), "queued": len({int(v) for v in r.smembers(keys.queued(JOB))} - done),
             "in_flight": sum(int(n) for i, n in r.hgetall(keys.made(JOB)).items() if int(i) not in done),
             "records_done": sum(ChunkStats.model_validate_json(v).records

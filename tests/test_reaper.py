@@ -11,7 +11,7 @@ import redis
 
 from fleet.coord import keys
 from fleet.coord.broker import make_celery, store_of
-from fleet.coord.leases import Lease
+from fleet.coord.leases import Lease, leased
 from fleet.coord.localredis import free_port
 from fleet.coord.recovery import Reaper
 from fleet.producer.enqueue import enqueue_missing, prepare_job
@@ -52,7 +52,7 @@ def lose_worker(r: redis.Redis, job: str, index: int, store: str) -> None:
     """A worker of `store` took the chunk's lease and died: the lease runs out, the chunk stays in the running set."""
     assert Lease(r, job, index, "gpu0@dead:1", ttl_s=0.05, store=store).acquire()
     deadline = time.monotonic() + 2
-    while r.exists(keys.lease(job, index)) and time.monotonic() < deadline:
+    while leased(r, job, index) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 

@@ -10,6 +10,8 @@ import base64
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -20,7 +22,7 @@ from fleet.coord import keys, suspects, witness
 from fleet.coord.broker import TASK_NAME, chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkstate import Quarantine, read_failures
 from fleet.coord.leaseclock import LeaseClock
-from fleet.coord.leases import Lease, add_job, run_owner
+from fleet.coord.leases import Lease, add_job, leased, leased_of, run_owner
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.outages import Outages, Window, outages_of
 from fleet.coord.pause import Expiry, PauseJudge
@@ -101,9 +103,9 @@ def expired_lease(r: redis.Redis, job: str, index: int, attempts_started: int) -
     r.hset(keys.attempts(job), index, attempts_started)
     assert Lease(r, job, index, "gpu0@dead:1", ttl_s=0.05).acquire()
     deadline = time.monotonic() + 2
-    while r.exists(keys.lease(job, index)) and time.monotonic() < deadline:
+    while leased(r, job, index) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not r.exists(keys.lease(job, index))
+    assert not leased(r, job, index)
 
 
 def put_result(store: LocalStore, job: str, index: int) -> None:
@@ -205,7 +207,7 @@ def lost_run(r: redis.Redis, job: str, index: int, owner: str, solo: bool = Fals
         suspects.note_commit(r, owner)
     if witnessed:
         witness.note_witnessed(r, owner, "its launcher saw it killed by SIGKILL")
-    wait_for(lambda: not r.exists(keys.lease(job, index)), 30, "lease expiry")
+    wait_for(lambda: not leased(r, job, index), 30, "lease expiry")
     r.delete(keys.requeue_guard(job, index))
 
 
@@ -226,7 +228,7 @@ def test_a_death_while_a_suspect_waits_to_run_alone_is_no_evidence(r, store, app
     suspects.note_holder(r, "j", 7, "gpu0@a:1")
     witness.note_witnessed(r, "gpu0@a:1", "its launcher saw it killed by SIGKILL")
     # When the process dies during the wait (killed by one of its other chunks)
-    wait_for(lambda: not r.exists(keys.lease("j", 7)), 30, "lease expiry")
+    wait_for(lambda: not leased(r, "j", 7), 30, "lease expiry")
     r.delete(keys.requeue_guard("j", 7))
     long_run(r, "j", 7, waited_s)
     assert requeue_expired(r, store, app, settings) == ["j/7"]
@@ -343,6 +345,60 @@ def test_a_vanished_hosts_chunk_is_requeued_as_its_lease_runs_out_not_a_witness_
     # how it died 47 s ago (its last renewal + 10 s + the 3 s witness wait), so no round more is left to it
     assert touched == ["j/7"] and len(queued_messages(r)) == 1
     assert witness.host_losses(r) == {"a": 1} and suspects.suspicion(r, "j", 7).deaths == 0
+
+
+#: a worker process's chunk leases, in a child: argv[2] chunks of job "j" on its heartbeat (TTL 2 s, a beat
+#: every 0.5 s); it prints its process's name once they are taken
+HOLDER = """
+import os, sys, time, redis
+from fleet.coord.heartbeat import Heartbeat
+from fleet.coord.leases import Lease, run_owner
+r = redis.Redis.from_url(sys.argv[1])
+owner = f"gpu0@doomed:{os.getpid()}"
+hb = Heartbeat(interval_s=0.5)
+for i in range(int(sys.argv[2])):
+    lease = Lease(r, "j", i, run_owner(owner, i), ttl_s=2.0)
+    assert lease.acquire()
+    hb.add(lease)
+hb.start()
+print(owner, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_process_has_its_128_chunks_requeued_within_the_ttl_and_a_round(r, store, app, redis_server,
+                                                                                    tmp_path, clean_env):
+    # Given a process holding 128 chunk leases (TTL 2 s) on its heartbeat, alive past several TTLs
+    settings = Settings(broker_url=redis_server.url, store_url=str(tmp_path / "store"), queue=QUEUE, lease_ttl_s=2.0)
+    chunks = [("j", i) for i in range(128)]
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, redis_server.url, "128"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        owner = proc.stdout.readline().strip()
+        time.sleep(5.0)
+        assert all(leased_of(r, chunks)) and requeue_expired(r, store, app, settings) == []
+        # When it is killed with SIGKILL, and the reaper rounds every 0.5 s
+        proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+    finally:
+        proc.kill()
+        proc.wait()
+    touched: set[str] = set()
+    found = killed
+    while len(touched) < len(chunks) and time.monotonic() - killed < 30:
+        began = time.monotonic()
+        if got := requeue_expired(r, store, app, settings):
+            touched |= set(got)
+            found = began
+        time.sleep(0.5)
+    # Then the round that found them began within the TTL and a round of the kill (1 s more for a busy
+    # machine's scheduling), and requeued each chunk once
+    assert len(touched) == len(chunks) and found - killed <= 2.0 + 0.5 + 1.0
+    assert sorted(m["index"] for m in queued_messages(r)) == list(range(128))
+    # and nothing of the dead process is left behind: its chunk leases (keys with no TTL of their own) and
+    # its process's key are gone
+    assert not list(r.scan_iter(f"{keys.PREFIX}:j:lease:*")) and not r.exists(keys.process_lease(owner))
+    assert not running(r)
 
 
 def test_a_witness_that_comes_while_the_reaper_waits_makes_the_death_evidence(r, store, app, settings):
@@ -580,7 +636,7 @@ def test_a_lease_that_ran_out_while_the_reaper_could_not_reach_the_broker_is_lef
     reaper.ping()
     lease = leased_by(r, "j", 7, "gpu0@a:1")
     freeze(redis_server, 1.0, reaper)
-    assert not r.exists(keys.lease("j", 7))
+    assert not leased(r, "j", 7)
     [window] = outages_of(reaper).windows()
     assert window.end - window.start >= 0.9
     # When it runs its recovery round
@@ -599,7 +655,7 @@ def test_every_holder_losing_its_leases_at_once_is_a_pause_and_no_death(r, store
     # saw no pause itself (`fleet enqueue` started afterwards)
     for index, process in ((1, "gpu0@a:1"), (2, "gpu0@b:1")):
         leased_by(r, "j", index, process)
-    wait_for(lambda: not r.exists(keys.lease("j", 1)) and not r.exists(keys.lease("j", 2)), 30, "lease expiry")
+    wait_for(lambda: not leased(r, "j", 1) and not leased(r, "j", 2), 30, "lease expiry")
     # When it runs its recovery round
     assert requeue_expired(r, store, app, settings) == []
     # Then it reads them as a broker or network pause: left to their holders, nothing recorded
@@ -616,7 +672,7 @@ def test_a_lease_lost_outside_any_pause_is_still_a_death(r, store, app, settings
     # Given one process's lease running out while the broker answers everyone, its launcher seeing it die
     leased_by(r, "j", 3, "gpu0@a:1")
     witness.note_witnessed(r, "gpu0@a:1", "its launcher saw it killed by SIGKILL")
-    wait_for(lambda: not r.exists(keys.lease("j", 3)), 30, "lease expiry")
+    wait_for(lambda: not leased(r, "j", 3), 30, "lease expiry")
     # When the reaper runs its round
     assert requeue_expired(r, store, app, settings) == ["j/3"]
     # Then the death counts against its worker, as before
@@ -644,12 +700,12 @@ def test_leases_running_out_a_renewal_interval_apart_ran_out_at_once(clean_env):
 def test_two_processes_losing_their_leases_one_after_another_are_two_deaths(r, store, app, settings):
     # Given two processes whose leases run out seconds apart, the first after the second took its lease
     leased_by(r, "j", 1, "gpu0@a:1")
-    wait_for(lambda: not r.exists(keys.lease("j", 1)), 30, "first lease expiry")
+    wait_for(lambda: not leased(r, "j", 1), 30, "first lease expiry")
     time.sleep(PauseJudge(Outages(), settings).at_once_s + 0.5)
     leased_by(r, "j", 2, "gpu0@b:1")
     for process in ("gpu0@a:1", "gpu0@b:1"):  # their launchers saw them die
         witness.note_witnessed(r, process, "its launcher saw it killed by SIGKILL")
-    wait_for(lambda: not r.exists(keys.lease("j", 2)), 30, "second lease expiry")
+    wait_for(lambda: not leased(r, "j", 2), 30, "second lease expiry")
     # When a reaper that saw no pause finds both gone
     assert sorted(requeue_expired(r, store, app, settings)) == ["j/1", "j/2"]
     # Then they are deaths, not a pause: each counts against its worker

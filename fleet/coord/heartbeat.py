@@ -9,8 +9,10 @@ costs the broker is then a renewal every 10 s, not every 2 s. Every FIGURES_EVER
 renews every lease and carries each run's figures since the last (tokens made, its pace,
 samples not started) and looks whether its chunk was committed elsewhere or is assisted; a
 helper's copy and an assisted chunk look at every beat. A beat with nothing to renew or look
-at sends nothing. What a beat reads back waits in the run's tally for its middleware, which
-never asks the broker itself.
+at sends nothing. A renewal is of the process (its key lives a TTL), so a lease the heartbeat
+discards without its release reaching the broker is let go once a TTL has passed since its last
+renewal, as an unrenewed lease of its own ran out. What a beat reads back waits in the run's
+tally for its middleware, which never asks the broker itself.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Heartbeat:
     def __init__(self, interval_s: float, renew_every: int = 1, young_s: float = math.inf):
         self.interval_s, self.renew_every, self.young_s = interval_s, max(1, renew_every), young_s
         self._tallies: dict[Lease, Tally] = {}
+        #: chunk leases discarded, until released or let go (`discard`)
+        self._discarded: list[Lease] = []
         self._lock = threading.Lock()
         #: one beat at a time; a run's last figures wait for the beat that carries its others
         self._sending = threading.Lock()
@@ -81,8 +85,12 @@ class Heartbeat:
             self._tallies.setdefault(lease, Tally())
 
     def discard(self, lease: Lease) -> None:
+        """No beat renews the lease from now. Its run releases it next; one whose release never
+        reached the broker (it was out) the beats let go a TTL after its last renewal: its process's
+        key, which they renew, would keep it live."""
         with self._lock:
-            self._tallies.pop(lease, None)
+            if self._tallies.pop(lease, None) is not None and lease.watched:
+                self._discarded.append(lease)
 
     def held(self, job: str, index: int, assist: bool = False) -> Lease | None:
         """The chunk lease (or, with `assist`, the assist lease) this process holds on the chunk, if any."""
@@ -130,6 +138,19 @@ class Heartbeat:
                 clients.setdefault(id(entry[0].r), []).append(entry)
             for group in clients.values():
                 self._send(group)
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Let go each discarded lease that was not released, once a TTL has passed since its last renewal."""
+        now = leases.now_ms()
+        with self._lock:
+            self._discarded = [x for x in self._discarded if not x.released]
+            due = [x for x in self._discarded if now >= (x.beat_ms or 0) + x.ttl_ms]
+        for lease in due:
+            try:
+                lease.let_go()
+            except Exception as e:  # the next beat tries again
+                log.warning("letting go of the lease on %s/%d failed: %s", lease.job, lease.index, e)
 
     @staticmethod
     def _figures(lease: Lease, tally: Tally, full: bool) -> Figures:

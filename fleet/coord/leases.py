@@ -5,16 +5,20 @@ The producer, the worker and the reaper change that state only through this modu
 other module names those keys (tests/test_architecture.py checks). Redis may lose it all
 without losing work: the store decides done and quarantined (docs/architecture.md, "Recovery").
 
-- lease (keys.lease) and running set (keys.running): one live owner per chunk; a chunk in
-  the running set without a lease lost its worker, and the reaper sends it round again.
+- lease (keys.lease), process lease (keys.process_lease) and running set (keys.running): one
+  live owner per chunk. The process is leased, not each chunk: a chunk's lease names its run and
+  is live while its process's key lives, which the beat renews once whatever the chunks it holds.
+  A chunk in the running set without a live lease lost its worker, and the reaper sends it round
+  again (and deletes the dead process's lease, a key with no TTL of its own).
 - lease clock (keys.lease_started, keys.lease_beat): when the lease was taken and last
   renewed. How long a run held its lease is the one crash evidence fleet.coord.retry
   reads, for a failure the worker saw (taken -> now) and for a lost worker (taken -> beat).
 - job sets (keys.job_stores): each job under the store it was enqueued into; a lease taken
   relearns its job, so a broker that lost everything finds the jobs still running. A store
   reads and drops only its own jobs (docs/architecture.md, "Stores on one broker").
-- the beat (`beat`): one script per heartbeat renews the leases of a process it is given and
-  carries its runs' figures, in one round trip whatever the number of chunks it runs
+- the beat (`beat`): one script per heartbeat renews the process's key, checks the leases it is
+  given are still its runs', and carries its runs' figures, in one round trip and O(1) commands
+  whatever the number of chunks it runs
   (docs/architecture.md, "Scaling"; the heartbeat chooses which leases a beat renews). The
   figures go under the keys their owner gives (fleet.coord.figures.figure_keys).
 """
@@ -36,15 +40,33 @@ from fleet.coord.slices import hash_items, set_members
 
 log = logging.getLogger(__name__)
 
+# Whether a chunk lease's value names a live process (its process key, keys.process_lease, lives):
+# the holder's key is known only once the lease is read, so a script builds it from the prefix it
+# is given (the one key a script touches undeclared; keys of one broker, never a cluster's slots).
+_LIVE = (
+    "local function live(v, pre) "
+    "return v and redis.call('exists', pre .. string.match(v, '^[^#]*')) == 1 end "
+)
+# A chunk lease is a key with no TTL naming its run; it is live while its process's key lives
+# (KEYS[6], created or lengthened here, never shortened). A lease whose process is gone is taken
+# over; one held by a live run is not, even by the same owner, except by its own run's retake
+# (ARGV[9]): a process whose key ran out and came back (another of its runs retook its lease)
+# holds its runs' leases again. An assist lease is a key of its own TTL (SET NX PX).
 # A watched lease also (re)registers its job in its store's job set (ARGV[7], the store id; none
 # when empty): a broker that lost everything relearns the job from the chunks still running, and
 # the store's stall watch finds the rest again. ARGV[4] starts the lease clock, ARGV[6] beats it
 # (a retaken lease keeps its start).
-_ACQUIRE = (
-    "if not redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end "
-    "if ARGV[3] ~= '' then redis.call('sadd', KEYS[2], ARGV[3]); "
+_ACQUIRE = _LIVE + (
+    "if ARGV[3] == '' then if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
+    "return 0 end "
+    "local cur = redis.call('get', KEYS[1]) "
+    "if cur and not (ARGV[9] == '1' and cur == ARGV[1]) and live(cur, ARGV[8]) then return 0 end "
+    "redis.call('set', KEYS[1], ARGV[1]) "
+    "local t = redis.call('pttl', KEYS[6]) "
+    "if t ~= -1 and t < tonumber(ARGV[2]) then redis.call('set', KEYS[6], '1', 'PX', ARGV[2]) end "
+    "redis.call('sadd', KEYS[2], ARGV[3]); "
     "if ARGV[7] ~= '' then redis.call('hsetnx', KEYS[5], ARGV[5], ARGV[7]) end "
-    "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[6]) end "
+    "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[6]) "
     "return 1"
 )
 # Only the store that owns a job drops it from the job sets.
@@ -52,64 +74,80 @@ _DROP_JOB = (
     "if redis.call('hget', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('hdel', KEYS[1], ARGV[1]) end "
     "return 0"
 )
-# Renewal also stamps the chunk's beat: after the holder dies, the reaper reads how long
-# it held the lease (beat - started).
+# Renewal of one lease: its process's key (an assist lease: its own), only while the lease is the
+# owner's; it also stamps the chunk's beat: after the holder dies, the reaper reads how long it
+# held the lease (beat - started).
 _RENEW = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then "
-    "if ARGV[3] ~= '' then redis.call('hset', KEYS[2], ARGV[3], ARGV[4]) end "
-    "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
-)
-# Only the owner releases, and only then does the chunk leave the running set: a stale
-# worker must not hide a chunk whose new owner may still die.
-_RELEASE = (
-    "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]); "
-    "if ARGV[2] ~= '' then redis.call('hdel', KEYS[3], ARGV[2]); redis.call('hdel', KEYS[4], ARGV[2]) end "
-    "return redis.call('srem', KEYS[2], ARGV[2]) else return 0 end"
-)
-# Only the owner restarts the clock of its lease.
-_RESTART_CLOCK = (
     "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "if ARGV[3] == '' then return redis.call('pexpire', KEYS[1], ARGV[2]) end "
+    "if redis.call('pexpire', KEYS[3], ARGV[2]) == 0 then return 0 end "
+    "redis.call('hset', KEYS[2], ARGV[3], ARGV[4]); return 1"
+)
+# Only the owner of a live lease releases, and only then does the chunk leave the running set: a
+# stale worker must not hide a chunk whose new owner may still die, and a lease whose process ran
+# out is the reaper's (as an expired one was).
+_RELEASE = (
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "if ARGV[2] == '' then return redis.call('del', KEYS[1]) end "
+    "if redis.call('exists', KEYS[5]) == 0 then return 0 end "
+    "redis.call('del', KEYS[1]); redis.call('hdel', KEYS[3], ARGV[2]); redis.call('hdel', KEYS[4], ARGV[2]) "
+    "return redis.call('srem', KEYS[2], ARGV[2])"
+)
+# A lease its process stopped renewing (the heartbeat discarded it, and its release never reached
+# the broker) runs out a TTL after its last renewal, as an unrenewed key would: only the owner's.
+_LET_GO = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+# Only the owner of a live lease restarts its clock.
+_RESTART_CLOCK = (
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] or redis.call('exists', KEYS[4]) == 0 then return 0 end "
     "redis.call('hset', KEYS[2], ARGV[2], ARGV[3]); redis.call('hset', KEYS[3], ARGV[2], ARGV[3]); return 1"
 )
-# Leave the running set only while no lease exists, in one step: a worker that took the
-# lease since the scan keeps its chunk watched, and no duplicate message is sent for it.
-# Also reads the lease clock, the evidence of how long the lost worker held the lease; the
-# clock stays until the reaper has carried out its decision (drop_clock).
-_FORGET_IF_UNLEASED = (
-    "if redis.call('exists', KEYS[1]) == 1 then return false end "
+# Leave the running set only while no live lease exists, in one step: a worker that took the
+# lease since the scan keeps its chunk watched, and no duplicate message is sent for it. A dead
+# process's lease (a key with no TTL) is deleted here: nothing else would. Also reads the lease
+# clock, the evidence of how long the lost worker held the lease; the clock stays until the
+# reaper has carried out its decision (drop_clock).
+_FORGET_IF_UNLEASED = _LIVE + (
+    "local cur = redis.call('get', KEYS[1]) "
+    "if live(cur, ARGV[2]) then return false end "
+    "if cur then redis.call('del', KEYS[1]) end "
     "if redis.call('srem', KEYS[2], ARGV[1]) == 0 then return false end "
     "local s = redis.call('hget', KEYS[3], ARGV[1]); local b = redis.call('hget', KEYS[4], ARGV[1]); "
     "return {s or '', b or ''}"
 )
-# One heartbeat of a process: every lease it holds renewed (only the owner's, as _RENEW),
-# each run's figures added, and what the runs must know read back, in one round trip. The
-# leases' holders, the helpers' assist leases and each job's committed chunks are read with
-# one MGET or HMGET each, not a command per lease: a running chunk costs a PEXPIRE and a
-# HINCRBY here, the rest is per beat or per job.
-# KEYS: lease-beat, then per lease: lease, made, pace, unstarted, stats, assist.
-# ARGV: now ms, then per lease: owner, TTL ms, member ('' unwatched), index, tokens made since
-# its last figures ('0' none), pace JSON ('' none), unstarted samples ('' none), and what to
-# look at: '0' nothing, '1' its stats, '2' its stats and its assist key.
+# One heartbeat of a process: its process key renewed once (a chunk lease costs no command of
+# its own: it is live while that key lives), every lease it holds checked to be still its own run's
+# (an assist lease renewed, a key of its own), each run's figures added, and what the runs must
+# know read back, in one round trip. The leases' holders, the helpers' assist leases and each job's
+# committed chunks are read with one MGET or HMGET each, not a command per lease: a running chunk
+# costs a value in an MGET and a field in the stamps' HSET here, the rest is per beat or per job.
+# KEYS: lease-beat, then per lease: lease, made, pace, unstarted, stats, assist; then the p process keys.
+# ARGV: now ms, n leases, then per lease: owner, TTL ms, member ('' unwatched), index, tokens made
+# since its last figures ('0' none), pace JSON ('' none), unstarted samples ('' none), what to look
+# at ('0' nothing, '1' its stats, '2' its stats and its assist key), its process key's slot (0 for
+# an assist lease); then each process key's TTL ms.
 # Returns per lease 1 (renewed) + 2 (its stats are cached: a run committed it) + 4 (assisted)
 # + 8 (looked). The lease-beat stamps and paces go in one HSET per hash, unstarted in one ZADD,
 # and the tokens made in one HMGET and one HSET per job (the script is atomic: an HINCRBY per
 # lease would make a running chunk cost the broker a command more every full beat).
 _BEAT = """
-local now, n, out, beats, sets, ranks, asked = ARGV[1], (#KEYS - 1) / 6, {}, {}, {}, {}, {}
+local now, n, out, beats, sets, ranks, asked = ARGV[1], tonumber(ARGV[2]), {}, {}, {}, {}, {}
+local p = #KEYS - 1 - 6 * n
 local function put(into, key, a, b)
   local t = into[key]
   if not t then t = {}; into[key] = t end
   t[#t + 1] = a; t[#t + 1] = b
 end
+local alive = {}
+for j = 1, p do alive[j] = redis.call('pexpire', KEYS[1 + 6 * n + j], ARGV[2 + 9 * n + j]) == 1 end
 local leases, assists, made = {}, {}, {}
 for i = 1, n do leases[i] = KEYS[2 + (i - 1) * 6]; assists[i] = KEYS[7 + (i - 1) * 6] end
 local held = redis.call('mget', unpack(leases))
 local helped = redis.call('mget', unpack(assists))
 for i = 1, n do
-  local k, a, seen = 1 + (i - 1) * 6, 1 + (i - 1) * 8, 0
-  local index = ARGV[a + 4]
-  if held[i] == ARGV[a + 1] then
-    redis.call('pexpire', KEYS[k + 1], ARGV[a + 2])
+  local k, a, seen = 1 + (i - 1) * 6, 2 + (i - 1) * 9, 0
+  local index, slot = ARGV[a + 4], tonumber(ARGV[a + 9])
+  if held[i] == ARGV[a + 1] and (slot > 0 and alive[slot]
+      or slot == 0 and redis.call('pexpire', KEYS[k + 1], ARGV[a + 2]) == 1) then
     seen = 1
     if ARGV[a + 3] ~= '' then beats[#beats + 1] = ARGV[a + 3]; beats[#beats + 1] = now end
   end
@@ -149,28 +187,32 @@ for key, fields in pairs(sets) do redis.call('hset', key, unpack(fields)) end
 for key, scored in pairs(ranks) do redis.call('zadd', key, unpack(scored)) end
 return out
 """
-# The beats in between: renewals only, and whether the chunks of a few leases (a helper's, an
-# assisted owner's) were committed. KEYS: lease-beat, the n lease keys, the m stats keys.
-# ARGV: now ms, TTL ms, n, then per lease: owner, member ('' unwatched); then the m indexes.
-# Returns n renewed flags (0/1), then m committed flags. A fraction of the full beat's work:
-# a running chunk costs the broker a PEXPIRE and three strings here (one MGET reads every holder).
+# The beats in between: renewals only (the process key once, each lease checked to be its own),
+# and whether the chunks of a few leases (a helper's, an assisted owner's) were committed.
+# KEYS: lease-beat, the n lease keys, the m stats keys, the p process keys.
+# ARGV: now ms, TTL ms, n, p, then per lease: owner, member ('' unwatched), process slot (0 for an
+# assist lease); then the m indexes.
+# Returns n renewed flags (0/1), then m committed flags. A running chunk costs the broker a value in
+# one MGET and a field in one HSET here, and three strings.
 _RENEW_ALL = """
-local now, ttl, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local out, beats, leases = {}, {}, {}
+local now, ttl, n, p = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local m = #KEYS - 1 - n - p
+local out, beats, leases, alive = {}, {}, {}, {}
+for j = 1, p do alive[j] = redis.call('pexpire', KEYS[1 + n + m + j], ttl) == 1 end
 for i = 1, n do leases[i] = KEYS[1 + i] end
 local held = redis.call('mget', unpack(leases))
 for i = 1, n do
-  local owner, member = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
-  if held[i] == owner then
-    redis.call('pexpire', KEYS[1 + i], ttl)
+  local owner, member, slot = ARGV[2 + 3 * i], ARGV[3 + 3 * i], tonumber(ARGV[4 + 3 * i])
+  if held[i] == owner and (slot > 0 and alive[slot]
+      or slot == 0 and redis.call('pexpire', KEYS[1 + i], ttl) == 1) then
     out[i] = 1
     if member ~= '' then beats[#beats + 1] = member; beats[#beats + 1] = now end
   else
     out[i] = 0
   end
 end
-for j = 1, #KEYS - 1 - n do
-  out[n + j] = redis.call('hexists', KEYS[1 + n + j], ARGV[3 + 2 * n + j])
+for j = 1, m do
+  out[n + j] = redis.call('hexists', KEYS[1 + n + j], ARGV[4 + 3 * n + j])
 end
 if #beats > 0 then redis.call('hset', KEYS[1], unpack(beats)) end
 return out
@@ -178,8 +220,8 @@ return out
 #: the running set's members whose leases one MGET reads (the reaper's scan, status)
 SCAN_SHARD = 1000
 # A new owner's clock (its lease is live) is not the lost worker's: it stays.
-_DROP_CLOCK_IF_UNLEASED = (
-    "if redis.call('exists', KEYS[1]) == 1 then return 0 end "
+_DROP_CLOCK_IF_UNLEASED = _LIVE + (
+    "if live(redis.call('get', KEYS[1]), ARGV[2]) then return 0 end "
     "redis.call('hdel', KEYS[2], ARGV[1]); redis.call('hdel', KEYS[3], ARGV[1]); return 1"
 )
 
@@ -212,12 +254,14 @@ def process_of(owner: str) -> str:
 
 
 class Lease:
-    """A short-lived key per running chunk, renewed by a heartbeat (fleet.coord.heartbeat).
+    """A key per running chunk naming its run, live while its process's short-lived key lives,
+    which a heartbeat renews (fleet.coord.heartbeat): the process is leased, not each chunk.
 
     Celery over Redis redelivers a killed worker's chunk only after the visibility timeout
-    (hours). A lease expires within a minute, so the reaper can hand the chunk to another
-    worker long before that, and a duplicate delivery sees the live lease and skips.
-    Only the chunk lease is watched (running set, lease clock); an assist lease is not.
+    (hours). A lease runs out with its process's key within a minute, so the reaper can hand
+    the chunk to another worker long before that, and a duplicate delivery sees the live lease
+    and skips. Only the chunk lease is watched (running set, lease clock); an assist lease is
+    not, and is a short-lived key of its own.
     """
 
     def __init__(self, r: redis.Redis, job: str, index: int, owner: str, ttl_s: float, assist: bool = False,
@@ -235,32 +279,39 @@ class Lease:
         self.taken_ms: int | None = None
         #: ms epoch of this owner's last stamp of the lease beat (taken, restarted or renewed)
         self.beat_ms: int | None = None
+        #: its release reached the broker (a discarded lease not released runs out: Heartbeat.discard)
+        self.released = False
+        #: the key of its process (keys.process_lease), which keeps a chunk lease live
+        self.process_key = keys.process_lease(process_of(owner))
 
     @property
     def _member(self) -> str:
         return keys.member(self.job, self.index) if self.watched else ""
 
     def acquire(self) -> bool:
-        """Take the lease; a watched one also enters the running set and stamps its start, atomically."""
-        return self._take(now_ms())
+        """Take the lease (and lease its process); a watched one also enters the running set and
+        stamps its start, atomically."""
+        return self._take(now_ms(), retake=False)
 
     def retake(self) -> bool:
         """Take the lease again after it ran out under this run (a broker pause, a wipe): the
-        lease clock keeps its start, so the crash evidence still times the whole run."""
-        return self._take(self.taken_ms or now_ms())
+        lease clock keeps its start, so the crash evidence still times the whole run. A lease
+        that still names this run is its own again (its process's key came back meanwhile)."""
+        return self._take(self.taken_ms or now_ms(), retake=True)
 
-    def _take(self, started: int) -> bool:
+    def _take(self, started: int, retake: bool) -> bool:
         now = now_ms()
-        ok = bool(self.r.eval(_ACQUIRE, 5, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
-                              keys.job_stores(), self.owner, self.ttl_ms, self._member, started, self.job, now,
-                              self.store))
+        ok = bool(self.r.eval(_ACQUIRE, 6, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
+                              keys.job_stores(), self.process_key, self.owner, self.ttl_ms, self._member, started,
+                              self.job, now, self.store, keys.process_lease(""), int(retake)))
         if ok:
             self.lost, self.taken_ms, self.beat_ms = False, started, now
         return ok
 
     def renew(self) -> bool:
         now = now_ms()
-        ok = bool(self.r.eval(_RENEW, 2, self.key, keys.lease_beat(), self.owner, self.ttl_ms, self._member, now))
+        ok = bool(self.r.eval(_RENEW, 3, self.key, keys.lease_beat(), self.process_key, self.owner, self.ttl_ms,
+                              self._member, now))
         if ok:
             self.beat_ms = now
         if not ok and not self.lost:
@@ -269,8 +320,15 @@ class Lease:
         return ok
 
     def release(self) -> None:
-        self.r.eval(_RELEASE, 4, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
-                    self.owner, self._member)
+        self.r.eval(_RELEASE, 5, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
+                    self.process_key, self.owner, self._member)
+        self.released = True
+
+    def let_go(self) -> None:
+        """Its process stopped renewing it and its release never reached the broker: it runs out
+        now, a TTL after its last renewal, as an unrenewed key would (the chunk stays watched)."""
+        self.r.eval(_LET_GO, 1, self.key, self.owner)
+        self.released = True
 
     def restart_clock(self) -> None:
         """The run starts only now (it waited, leased, for its worker's other chunks to end so
@@ -279,8 +337,8 @@ class Lease:
         if not self.watched:
             return
         now = now_ms()
-        if self.r.eval(_RESTART_CLOCK, 3, self.key, keys.lease_started(), keys.lease_beat(), self.owner,
-                       self._member, now):
+        if self.r.eval(_RESTART_CLOCK, 4, self.key, keys.lease_started(), keys.lease_beat(), self.process_key,
+                       self.owner, self._member, now):
             self.taken_ms = self.beat_ms = now
 
     def held_s(self) -> float:
@@ -300,6 +358,8 @@ class Lease:
 
     def holder(self) -> str | None:
         """The process holding the lease now (whichever run of it)."""
+        if self.watched:
+            return holder(self.r, self.job, self.index)
         value = _text(self.r.get(self.key))
         return process_of(value) if value else None
 
@@ -362,15 +422,33 @@ def beat(r: redis.Redis, leases: list[Lease], figures: list[Figures]) -> list[Se
     return seen
 
 
+def _processes(leases: list[Lease]) -> tuple[list[int], dict[str, int]]:
+    """Each lease's process key slot (1-based; 0 for an assist lease, a key of its own) and each
+    process key's TTL: the longest of its leases' (one TTL a worker)."""
+    slots: dict[str, int] = {}
+    ttls: dict[str, int] = {}
+    of = []
+    for lease in leases:
+        if not lease.watched:
+            of.append(0)
+            continue
+        of.append(slots.setdefault(lease.process_key, len(slots) + 1))
+        ttls[lease.process_key] = max(ttls.get(lease.process_key, 0), lease.ttl_ms)
+    return of, ttls
+
+
 def _full_beat(r: redis.Redis, leases: list[Lease], figures: list[Figures], now: int) -> list[Seen]:
+    slots, ttls = _processes(leases)
     keys_: list[str] = [keys.lease_beat()]
-    args: list[str | int] = [now]
-    for lease, fig in zip(leases, figures, strict=True):
+    args: list[str | int] = [now, len(leases)]
+    for lease, fig, slot in zip(leases, figures, slots, strict=True):
         job, index = lease.job, lease.index
         keys_ += [lease.key, *figure_keys(job), keys.assist(job, index)]
         pace = json.dumps(fig.pace | {"at_ms": now}) if fig.pace is not None else ""
         args += [lease.owner, lease.ttl_ms, lease._member, index, fig.made, pace,
-                 "" if fig.unstarted is None else fig.unstarted, int(fig.look)]
+                 "" if fig.unstarted is None else fig.unstarted, int(fig.look), slot]
+    keys_ += list(ttls)
+    args += list(ttls.values())
     flags = r.register_script(_BEAT)(keys=keys_, args=args)
     return [Seen(renewed=bool(f & 1), looked=bool(f & 8), committed=bool(f & 2), assisted=bool(f & 4))
             for f in flags]
@@ -378,10 +456,12 @@ def _full_beat(r: redis.Redis, leases: list[Lease], figures: list[Figures], now:
 
 def _renew_all(r: redis.Redis, leases: list[Lease], figures: list[Figures], now: int) -> list[Seen]:
     looks = [n for n, f in enumerate(figures) if f.look is not Look.NONE]
-    keys_ = [keys.lease_beat(), *(x.key for x in leases), *(figure_keys(leases[n].job).stats for n in looks)]
-    args: list[str | int] = [now, leases[0].ttl_ms, len(leases)]
-    for lease in leases:
-        args += [lease.owner, lease._member]
+    slots, ttls = _processes(leases)
+    keys_ = [keys.lease_beat(), *(x.key for x in leases), *(figure_keys(leases[n].job).stats for n in looks),
+             *ttls]
+    args: list[str | int] = [now, leases[0].ttl_ms, len(leases), len(ttls)]
+    for lease, slot in zip(leases, slots, strict=True):
+        args += [lease.owner, lease._member, slot]
     args += [leases[n].index for n in looks]
     flags = r.register_script(_RENEW_ALL)(keys=keys_, args=args)
     committed = dict(zip(looks, flags[len(leases):], strict=True))
@@ -389,14 +469,23 @@ def _renew_all(r: redis.Redis, leases: list[Lease], figures: list[Figures], now:
             for n in range(len(leases))]
 
 
+def _live(r: redis.Redis, values: list[bytes | str | None]) -> list[bool]:
+    """Which chunk leases' values name a live process: one MGET of their processes' keys."""
+    named = [process_of(_text(v) or "") if v else None for v in values]
+    procs = sorted({p for p in named if p is not None})
+    alive = dict(zip(procs, (x is not None for x in r.mget([keys.process_lease(p) for p in procs])),
+                     strict=True)) if procs else {}
+    return [p is not None and alive[p] for p in named]
+
+
 def holder(r: redis.Redis, job: str, index: int) -> str | None:
-    """The process holding the chunk's lease now (whichever run of it)."""
-    value = _text(r.get(keys.lease(job, index)))
-    return process_of(value) if value else None
+    """The process holding the chunk's lease now (whichever run of it); None when its process is gone."""
+    value = r.get(keys.lease(job, index))
+    return process_of(_text(value) or "") if value and _live(r, [value])[0] else None
 
 
 def leased(r: redis.Redis, job: str, index: int) -> bool:
-    return bool(r.exists(keys.lease(job, index)))
+    return holder(r, job, index) is not None
 
 
 def assisted(r: redis.Redis, job: str, index: int) -> bool:
@@ -412,12 +501,12 @@ def running_indexes(r: redis.Redis, job: str) -> set[int]:
 
 
 def leased_of(r: redis.Redis, chunks_: list[tuple[str, int]]) -> list[bool]:
-    """Whether each chunk's lease is live: one MGET per SCAN_SHARD chunks, so a fleet of a
-    thousand workers running 16 chunks each is 16 round trips and 16 commands, never one per chunk."""
+    """Whether each chunk's lease is live: two MGETs per SCAN_SHARD chunks (the leases, then their
+    processes' keys), so a fleet of a thousand workers running 16 chunks each is 32 round trips and
+    32 commands, never one per chunk."""
     out: list[bool] = []
     for start in range(0, len(chunks_), SCAN_SHARD):
-        held = r.mget([keys.lease(job, index) for job, index in chunks_[start:start + SCAN_SHARD]])
-        out += [value is not None for value in held]
+        out += _live(r, r.mget([keys.lease(job, index) for job, index in chunks_[start:start + SCAN_SHARD]]))
     return out
 
 
@@ -440,7 +529,7 @@ def forget_unleased(r: redis.Redis, job: str, index: int) -> float | None:
     else how long its lost worker held the lease (the lease clock; inf when unknown). The
     clock stays until `drop_clock`."""
     got = r.eval(_FORGET_IF_UNLEASED, 4, keys.lease(job, index), keys.running(), keys.lease_started(),
-                 keys.lease_beat(), keys.member(job, index))
+                 keys.lease_beat(), keys.member(job, index), keys.process_lease(""))
     if not got:
         return None
     started, beat = (_text(v) for v in got)
@@ -461,7 +550,7 @@ def drop_clock(r: redis.Redis, job: str, index: int) -> None:
     """The lost worker's lease clock, once the reaper has judged its chunk: until then a failed
     round leaves the evidence to the next (a clock read as unknown would clear the suspicion)."""
     r.eval(_DROP_CLOCK_IF_UNLEASED, 3, keys.lease(job, index), keys.lease_started(), keys.lease_beat(),
-           keys.member(job, index))
+           keys.member(job, index), keys.process_lease(""))
 
 
 def rewatch(r: redis.Redis, job: str, index: int) -> None:

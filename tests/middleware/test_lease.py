@@ -6,11 +6,16 @@ from __future__ import annotations
 import time
 
 from fleet.coord import keys
-from fleet.coord.leases import holder, run_owner
+from fleet.coord.leases import holder, process_of, run_owner
 from fleet.store.layout import result_key
 from fleet.worker.run.outcome import Committed, Skipped
 from tests.middleware.conftest import JOB, queued_messages
 from tests.middleware.tasks import hold
+
+
+def take(r, index: int, owner: str) -> bool:
+    """Another worker's live lease on the chunk, set by hand: the lease names its run, its process's key lives."""
+    return bool(r.set(keys.lease(JOB, index), owner) and r.set(keys.process_lease(process_of(owner)), 1, px=30_000))
 
 
 def test_lease_is_held_while_running_and_released_after_commit(worker, r, store):
@@ -35,7 +40,7 @@ def test_lease_is_held_while_running_and_released_after_commit(worker, r, store)
 
 def test_delivery_of_a_chunk_leased_by_a_live_worker_is_skipped(worker, other, r, store):
     # Given chunk 1 leased by another worker
-    other_lease_taken = r.set(keys.lease(JOB, 1), other.ctx.owner, px=30_000)
+    other_lease_taken = take(r, 1, other.ctx.owner)
     assert other_lease_taken
     # When a duplicate delivery reaches this worker
     _, outcome = worker.run(1)
@@ -62,7 +67,7 @@ def test_lease_lost_while_alive_is_taken_again_and_the_run_commits(worker, r, st
 def test_lease_taken_by_another_worker_cancels_the_run_at_once(worker, other, r, store):
     # Given a running chunk whose lease another worker takes over
     def steal(run):
-        r.set(keys.lease(JOB, 2), other.ctx.owner, px=30_000)
+        take(r, 2, other.ctx.owner)
 
     # When the run polls its middleware (it would otherwise wait forever here)
     _, outcome = worker.run(2, hold(worker.task, lambda: False, then=steal))
