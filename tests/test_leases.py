@@ -11,10 +11,10 @@ import time
 import pytest
 import redis
 
-from fleet.coord import keys
+from fleet.coord import keys, leases
 from fleet.coord.heartbeat import Heartbeat
 from fleet.coord.leaseclock import FIGURES_EVERY, LeaseClock
-from fleet.coord.leases import Figures, Lease, Look, beat, holder, process_of, run_owner
+from fleet.coord.leases import Figures, Lease, Look, beat, holder, leased_process, run_owner
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import BrokerMissing
 from fleet.settings import Settings
@@ -35,7 +35,7 @@ def take_over(r: redis.Redis, key: str, owner: str, px: int = 5000) -> None:
     """Another process's live lease on a chunk, set by hand: the lease names its run, and its
     process's key lives `px` ms."""
     r.set(key, owner)
-    r.set(keys.process_lease(process_of(owner)), 1, px=px)
+    r.set(keys.process_lease(leased_process(owner)), 1, px=px)
 
 
 def wait_until(cond, timeout_s: float = 3.0) -> bool:
@@ -383,7 +383,35 @@ def test_a_process_holding_128_leases_costs_the_broker_the_commands_of_one_holdi
     assert many == one
     assert one["pexpire"] == 1 and one["evalsha"] == 1
     # and every lease was renewed (its beat stamped), none lost
-    assert len(r.hgetall(keys.lease_beat())) == 128 and r.pttl(keys.process_lease("gpu0@a:1")) > 29_000
+    assert len(r.hgetall(keys.lease_beat())) == 128
+    assert r.pttl(keys.process_lease(leased_process(run_owner("gpu0@a:1", 0)))) > 29_000
+
+
+def test_a_release_after_its_process_ran_out_leaves_no_lease_another_run_could_bring_back(r):
+    # Given a run holding chunk 0 whose process's key ran out (a broker pause longer than the TTL)
+    first = Lease(r, "j", 0, run_owner("gpu0@a:1", 1), ttl_s=30)
+    assert first.acquire()
+    r.delete(first.process_key)
+    # When the run releases it (its chunk done or failed), then another run of the process takes chunk 1
+    first.release()
+    assert Lease(r, "j", 1, run_owner("gpu0@a:1", 2), ttl_s=30).acquire()
+    # Then chunk 0 is not held: it stays watched, and the reaper takes it back with its clock
+    assert not leases.leased(r, "j", 0) and holder(r, "j", 0) is None
+    assert "j/0" in running(r) and leases.forget_unleased(r, "j", 0) is not None
+
+
+def test_a_worker_restarted_with_the_same_name_and_pid_does_not_hold_its_predecessors_chunks(r, monkeypatch):
+    # Given a worker process that held chunk 0 and died (its process key ran out: a container killed)
+    monkeypatch.setattr(leases, "BOOT", "aaaa", raising=False)
+    dead = Lease(r, "j", 0, run_owner("gpu0@host:1", 1), ttl_s=30)
+    assert dead.acquire()
+    r.delete(dead.process_key)
+    # When the container restarts it with the same name and pid (its PID 1), and it takes chunk 1
+    monkeypatch.setattr(leases, "BOOT", "bbbb", raising=False)
+    assert Lease(r, "j", 1, run_owner("gpu0@host:1", 1), ttl_s=30).acquire()
+    # Then chunk 0 is still its dead predecessor's, not held: the reaper takes it back, and any worker may
+    assert holder(r, "j", 1) == "gpu0@host:1" and not leases.leased(r, "j", 0)
+    assert Lease(r, "j", 0, run_owner("gpu0@other:2", 1), ttl_s=30).acquire()
 
 
 def test_a_beat_renews_only_its_own_leases_and_reads_back_what_the_runs_must_know(r):

@@ -20,15 +20,16 @@ def queue_lists(queue: str) -> list[str]:
 
 
 def lease(job: str, index: int) -> str:
-    """String key, no TTL: the run holding a chunk, `name:pid#run`. Live while its process's key
+    """String key, no TTL: the run holding a chunk, `name:pid#boot.run`. Live while its process's key
     (process_lease) lives: a chunk's renewal costs the broker nothing of its own. A dead process's
     chunk lease is deleted by the reaper (or taken over by the next acquirer)."""
     return f"{PREFIX}:{job}:lease:{index}"
 
 
 def process_lease(process: str) -> str:
-    """String key, PX TTL: the worker process `name:pid` is alive. Every chunk lease naming a run of
-    it is live while this lives; its heartbeat renews it once a beat, whatever the chunks it holds."""
+    """String key, PX TTL: the worker process `name:pid#boot` is alive (fleet.coord.leases.leased_process;
+    the boot tells a restarted process with the same name and pid from the one before). Every chunk lease
+    naming a run of it is live while this lives; its heartbeat renews it once a beat, whatever the chunks it holds."""
     return f"{PREFIX}:process-lease:{process}"
 
 

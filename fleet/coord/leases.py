@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
+import secrets
 import time
 from dataclasses import dataclass
 from enum import IntEnum
@@ -42,10 +44,12 @@ log = logging.getLogger(__name__)
 
 # Whether a chunk lease's value names a live process (its process key, keys.process_lease, lives):
 # the holder's key is known only once the lease is read, so a script builds it from the prefix it
-# is given (the one key a script touches undeclared; keys of one broker, never a cluster's slots).
+# is given (the one key a script touches undeclared; keys of one broker, never a cluster's slots),
+# and from the value's process and boot as `leased_process` reads them.
 _LIVE = (
     "local function live(v, pre) "
-    "return v and redis.call('exists', pre .. string.match(v, '^[^#]*')) == 1 end "
+    "return v and redis.call('exists', pre .. (string.match(v, '^([^#]*#[^.]*)%.') "
+    "or string.match(v, '^[^#]*'))) == 1 end "
 )
 # A chunk lease is a key with no TTL naming its run; it is live while its process's key lives
 # (KEYS[6], created or lengthened here, never shortened). A lease whose process is gone is taken
@@ -85,11 +89,13 @@ _RENEW = (
 )
 # Only the owner of a live lease releases, and only then does the chunk leave the running set: a
 # stale worker must not hide a chunk whose new owner may still die, and a lease whose process ran
-# out is the reaper's (as an expired one was).
+# out is the reaper's (as an expired one was): its running-set member and clock stay for the reaper,
+# and the lease itself goes, so that its process's key, brought back by another of its runs, cannot
+# make it live again.
 _RELEASE = (
     "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
     "if ARGV[2] == '' then return redis.call('del', KEYS[1]) end "
-    "if redis.call('exists', KEYS[5]) == 0 then return 0 end "
+    "if redis.call('exists', KEYS[5]) == 0 then redis.call('del', KEYS[1]); return 0 end "
     "redis.call('del', KEYS[1]); redis.call('hdel', KEYS[3], ARGV[2]); redis.call('hdel', KEYS[4], ARGV[2]) "
     "return redis.call('srem', KEYS[2], ARGV[2])"
 )
@@ -241,11 +247,27 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+#: this process's boot, in every lease it takes: a worker restarted with the same name and pid (a
+#: container's PID 1 on a host's network) is another process, and must not make its predecessor's
+#: leases live again by leasing its own process
+BOOT = secrets.token_hex(4)
+
+
 def run_owner(process: str, run: int) -> str:
-    """The lease owner of one run: "gpu0@host:1234#7". Per run, not per process: a stale run
-    (its lease ran out in a broker pause and another run of the chunk took it) must fail its
-    renewal even in the same process."""
-    return f"{process}#{run}"
+    """The lease owner of one run: "gpu0@host:1234#9f3ab2c1.7" (process, boot, run). Per run, not
+    per process: a stale run (its lease ran out in a broker pause and another run of the chunk took
+    it) must fail its renewal even in the same process."""
+    return f"{process}#{BOOT}.{run}"
+
+
+def leased_process(owner: str) -> str:
+    """The process boot whose key (keys.process_lease) keeps `owner`'s leases live: "gpu0@host:1234#9f3ab2c1"
+    (the owner up to its run, as the scripts' `live` reads it); an owner with no boot, its process."""
+    m = _LEASED_PROCESS.match(owner)
+    return m.group(1) if m else process_of(owner)
+
+
+_LEASED_PROCESS = re.compile(r"([^#]*#[^.]*)\.")
 
 
 def process_of(owner: str) -> str:
@@ -282,7 +304,7 @@ class Lease:
         #: its release reached the broker (a discarded lease not released runs out: Heartbeat.discard)
         self.released = False
         #: the key of its process (keys.process_lease), which keeps a chunk lease live
-        self.process_key = keys.process_lease(process_of(owner))
+        self.process_key = keys.process_lease(leased_process(owner))
 
     @property
     def _member(self) -> str:
@@ -471,7 +493,7 @@ def _renew_all(r: redis.Redis, leases: list[Lease], figures: list[Figures], now:
 
 def _live(r: redis.Redis, values: list[bytes | str | None]) -> list[bool]:
     """Which chunk leases' values name a live process: one MGET of their processes' keys."""
-    named = [process_of(_text(v) or "") if v else None for v in values]
+    named = [leased_process(_text(v) or "") if v else None for v in values]
     procs = sorted({p for p in named if p is not None})
     alive = dict(zip(procs, (x is not None for x in r.mget([keys.process_lease(p) for p in procs])),
                      strict=True)) if procs else {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from fleet.coord import keys
-from fleet.coord.leases import holder, process_of, run_owner
+from fleet.coord.leases import holder, leased_process, run_owner
 from fleet.store.layout import result_key
 from fleet.worker.run.outcome import Committed, Skipped
 from tests.middleware.conftest import JOB, queued_messages
@@ -15,7 +15,7 @@ from tests.middleware.tasks import hold
 
 def take(r, index: int, owner: str) -> bool:
     """Another worker's live lease on the chunk, set by hand: the lease names its run, its process's key lives."""
-    return bool(r.set(keys.lease(JOB, index), owner) and r.set(keys.process_lease(process_of(owner)), 1, px=30_000))
+    return bool(r.set(keys.lease(JOB, index), owner) and r.set(keys.process_lease(leased_process(owner)), 1, px=30_000))
 
 
 def test_lease_is_held_while_running_and_released_after_commit(worker, r, store):
