@@ -214,26 +214,27 @@ def test_a_killed_launcher_takes_its_workers(tmp_path, redis_server, clean_env):
 
 
 def test_a_launcher_passes_sigterm_on_to_its_workers_at_once(tmp_path, redis_server, clean_env):
-    # Given three hosts, each a `fleet worker` launcher with one worker ready
+    # Given four hosts, each a `fleet worker` launcher with one worker ready
     env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": str(tmp_path / "s")}
     workers = Workers(env, tmp_path / "logs")
-    hosts = [f"host{i}" for i in range(3)]
+    hosts = [f"host{i}" for i in range(4)]
     launchers = [workers.start(h) for h in hosts]
     try:
-        wait_for(lambda: all(workers.ready(h) for h in hosts), 90, "three workers ready")
+        wait_for(lambda: all(workers.ready(h) for h in hosts), 90, "four workers ready")
         # When each launcher gets SIGTERM (a preemption's notice begins)
         sent = {}
         for h, launcher in zip(hosts, launchers, strict=True):
             sent[h] = time.time()
             launcher.send_signal(signal.SIGTERM)
-        wait_for(lambda: all(stopped_at(tmp_path / "logs" / f"{h}.log") for h in hosts), 30, "three workers stopping")
+        wait_for(lambda: all(stopped_at(tmp_path / "logs" / f"{h}.log") for h in hosts), 30, "four workers stopping")
     finally:
         workers.stop()
-    # Then every worker began its hand-over within 0.15 s of its launcher's SIGTERM (where a launcher that
-    # looked for it every 0.5 s passed it on 0-0.5 s later: the share of a 30 s notice it was told of)
+    # Then every worker began its hand-over within 0.25 s of its launcher's SIGTERM (where a launcher that
+    # looked for it every 0.5 s passed it on 0-0.5 s later: the share of a 30 s notice it was told of; all
+    # four within 0.25 s by chance 1 time in 16; the slack is for a busy machine's scheduling)
     late = {h: (stopped_at(tmp_path / "logs" / f"{h}.log") or 0.0) - sent[h] for h in hosts}
     print(f"\nSIGTERM to the worker's stop, per host: {', '.join(f'{s:.3f}s' for s in late.values())}")
-    assert all(s < 0.15 for s in late.values()), late
+    assert all(s < 0.25 for s in late.values()), late
 
 
 def stopped_at(log: Path) -> float | None:
