@@ -21,7 +21,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,6 +137,8 @@ class Supervisor:
             proctree.kill_tree(left)
             log.warning("ended %d process(es) %s left by workers of a launcher that is gone", len(left), left)
         for child in self.children:
+            if self.stopping:  # a SIGTERM while starting: the workers not started yet never start
+                break
             self._spawn(child)
 
     def poll(self) -> None:
@@ -237,18 +238,19 @@ class Supervisor:
         """Supervise until SIGTERM/SIGINT, then stop the workers gracefully. The SIGTERM is passed on
         in the handler itself, not at the next poll: a known notice (`notice_s`) counts from the
         worker's own SIGTERM, and a cloud's SIGKILL from the launcher's, so every moment the launcher
-        held it would be taken from the worker's generation or its last flush."""
-        stop = threading.Event()
+        held it would be taken from the worker's generation or its last flush. The handler takes no
+        lock (a threading.Event's would deadlock against the main thread's own wait on it, which the
+        signal interrupts): it reads and sets a plain flag, and the loop sleeps."""
 
         def handler(signum: int, _frame: object) -> None:
-            if not stop.is_set():  # a second signal finds every worker sent its SIGTERM
-                stop.set()
+            if not self.stopping:  # a second signal finds every worker sent its SIGTERM
                 self.term()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
         self.start()
-        while not stop.wait(POLL_S):
+        while not self.stopping:
             self.poll()
+            time.sleep(POLL_S)
         log.info("stopping %d worker(s)", len(self.alive()))
         self.stop()
