@@ -92,3 +92,19 @@ def test_a_chunk_suspected_of_killing_an_engine_starts_its_running_samples_again
     stats, rows = read_result(store, JOB, 0)
     assert stats is not None and stats.samples_restarted == 2
     assert all(row["continued_at"] is None for row in rows)
+
+
+def test_a_run_that_ends_before_its_drain_flush_still_counts_for_the_notices_clock(worker):
+    # Given a worker told of a SIGTERM (its drain begun) while a run was finishing its chunk, after its
+    # last look at the middleware: no drain flush of it will come
+    def finish_then_drain(run, poll):
+        outcome = worker.task(run, poll)
+        worker.ctx.drain_clock.begin()
+        worker.ctx.draining.set()
+        return outcome
+
+    # When the run ends
+    worker.run(0, finish_then_drain)
+    # Then the notice's clock counts it as flushed (nothing of it is left to flush), so the worker measures
+    # its drain instead of waiting out half its notice for a flush that never comes
+    assert worker.ctx.drain_clock.wait(1, 0.5) is not None

@@ -130,6 +130,16 @@ class CheckpointMiddleware(Middleware[CheckpointState]):
         return None
 
     def after(self, run: ChunkRun, state: CheckpointState, outcome: Outcome) -> None:
+        try:
+            self._keep_or_drop(run, state, outcome)
+        finally:
+            if self.ctx.draining.is_set() and not state.drained:
+                # ended before its drain flush (committed, failed): the notice's clock counts it, or the
+                # worker would wait half its notice for a flush that never comes (fleet.worker.process.notice)
+                state.drained = True
+                self.ctx.drain_clock.flushed()
+
+    def _keep_or_drop(self, run: ChunkRun, state: CheckpointState, outcome: Outcome) -> None:
         if result_exists(outcome) or self.committed_elsewhere(run):
             delete_checkpoints(self.ctx.store, run.job, run.index)
         elif self.ctx.settings.resume == "chunk":
