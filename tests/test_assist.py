@@ -21,7 +21,7 @@ def test_idle_worker_assists_saturated_owner(tmp_path, redis_server, clean_env):
     store_url = str(tmp_path / "store")
     env = {"FLEET_ENGINE": "sim", "FLEET_BROKER_URL": redis_server.url, "FLEET_STORE_URL": store_url,
            "FLEET_CHUNK_SIZE": "8", "FLEET_SLOTS": "4", "FLEET_SIM__MAX_RUNNING": "4",
-           "FLEET_SIM__STEP_S": "0.02", "FLEET_SIM__MEAN_OUTPUT_TOKENS": "100", "FLEET_SIM__SIGMA": "0.5",
+           "FLEET_SIM__STEP_S": "0.02", "FLEET_SIM__MEAN_OUTPUT_TOKENS": "200", "FLEET_SIM__SIGMA": "0.5",
            "FLEET_REAPER_INTERVAL_S": "0.5", "FLEET_LEASE_TTL_S": "30"}
     assert run_fleet("enqueue", str(prompts), "--job", "tail", env=env).returncode == 0
     workers = Workers(env, tmp_path / "logs")
