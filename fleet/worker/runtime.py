@@ -175,8 +175,7 @@ class Runtime:
         self.ctx.stopping.wait(left)
         self.ctx.stopping.set()
         stop, end = time.monotonic(), term + notice_s
-        while self.active and time.monotonic() < end:
-            time.sleep(0.005)
+        self._until_handed_back(end, step_s=0.005)
         now = time.monotonic()
         log.info("worker %s: %s %.3fs after the stop, %.3fs before the notice's end", self.name,
                  "still handing back" if self.active else "handed back", now - stop, end - now)
@@ -207,10 +206,13 @@ class Runtime:
         EngineDeadError, which would fail the chunks as an engine death (suspects, a second death)
         before the stop gate's poll (the bell's) hands them back. A hung engine's processes (vLLM's EngineCore, SGLang's
         scheduler) may ignore everything but SIGKILL; whatever runs in this process ends with it."""
-        deadline = time.monotonic() + STALL_HAND_BACK_S
-        while self.active and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self._until_handed_back(time.monotonic() + STALL_HAND_BACK_S, step_s=0.05)
         kill_tree(descendants(os.getpid()))
+
+    def _until_handed_back(self, deadline: float, step_s: float) -> None:
+        """Wait until no chunk runs here (each handed back, with its last flush) or the monotonic deadline."""
+        while self.active and time.monotonic() < deadline:
+            time.sleep(step_s)
 
     def restart(self, why: str) -> None:
         """The engine is gone: stop this process so its supervisor starts a fresh one."""
