@@ -13,7 +13,7 @@ import redis
 
 from fleet.coord import keys, leases
 from fleet.coord.heartbeat import Heartbeat
-from fleet.coord.leaseclock import FIGURES_EVERY, LeaseClock
+from fleet.coord.leaseclock import FIGURES_EVERY, FIGURES_LEASES, LeaseClock, figures_every
 from fleet.coord.leases import Figures, Lease, Look, beat, holder, leased_process, run_owner
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import BrokerMissing
@@ -355,36 +355,63 @@ def test_a_beat_renews_every_lease_and_carries_its_figures_in_one_command(r):
 
 
 def heartbeat_calls(r: redis.Redis, k: int) -> dict[str, int]:
-    """What the broker ran (its commandstats, the scripts' own commands counted) for a heartbeat's cycle
-    of FIGURES_EVERY beats, one full, of a process holding `k` leases of one job past their crash window,
-    each run reporting tokens."""
+    """What the broker ran (its commandstats, the scripts' own commands counted) for a heartbeat's
+    `figures_every(128)` beats (20 s at the defaults) of a process holding `k` leases of one job past
+    their crash window, each run reporting tokens."""
     r.flushall()
     hb = Heartbeat(interval_s=60, renew_every=FIGURES_EVERY, young_s=0)
     held = [Lease(r, "j", i, run_owner("gpu0@a:1", i), ttl_s=30) for i in range(k)]
     for lease in held:
         assert lease.acquire()
         hb.add(lease)
-    for _ in range(FIGURES_EVERY):  # the broker learns the scripts
+    for _ in range(figures_every(128)):  # the broker learns the scripts
         hb.beat()
     r.config_resetstat()
     for lease in held:
         hb.report(lease, 5, None, None)
-    for _ in range(FIGURES_EVERY):
+    for _ in range(figures_every(128)):
         hb.beat()
     return {name: n for name, n in calls(r).items() if name not in ("info", "config|resetstat")}
 
 
 def test_a_process_holding_128_leases_costs_the_broker_the_commands_of_one_holding_1(r):
     # Given a process holding one lease, and one holding 128 (a K set by hand)
-    # When each heartbeat runs a cycle of beats, a full one (the runs' tokens, every lease renewed) among them
+    # When each heartbeat runs the same beats, full ones (the runs' tokens, every lease renewed) among them
     one, many = heartbeat_calls(r, 1), heartbeat_calls(r, 128)
-    # Then the broker ran the same commands for both: the process's key renewed once a beat, never a
-    # command per lease (before issue 48's process lease: a PEXPIRE per lease, 128 against 1)
-    assert many == one
-    assert one["pexpire"] == 1 and one["evalsha"] == 1
+    # Then the broker ran no more commands for 128 than for 1: the process's key renewed once a renewal,
+    # never a command per lease (before issue 48's process lease: a PEXPIRE per lease, 128 against 1)
+    assert many["pexpire"] == one["pexpire"] == 2 and many["evalsha"] == one["evalsha"] == 2
+    assert sum(many.values()) <= sum(one.values())
     # and every lease was renewed (its beat stamped), none lost
     assert len(r.hgetall(keys.lease_beat())) == 128
     assert r.pttl(keys.process_lease(leased_process(run_owner("gpu0@a:1", 0)))) > 29_000
+
+
+def test_a_process_past_figures_leases_sends_its_figures_less_often_and_renews_as_often(r):
+    # Given a heartbeat holding 128 leases past their crash window (twice FIGURES_LEASES), each run
+    # reporting tokens before every beat
+    hb = Heartbeat(interval_s=60, renew_every=FIGURES_EVERY, young_s=0)
+    held = [Lease(r, "j", i, run_owner("gpu0@a:1", i), ttl_s=30) for i in range(2 * FIGURES_LEASES)]
+    for lease in held:
+        assert lease.acquire()
+        hb.add(lease)
+    carried, stamped = [], []
+    # When it beats 20 times
+    for n in range(4 * FIGURES_EVERY):
+        for lease in held:
+            hb.report(lease, 1, {"made": n, "started_ms": 1, "samples": 0, "sample_tokens": 0}, 3)
+        before = r.hget(keys.lease_beat(), keys.member("j", 127))
+        time.sleep(0.002)
+        hb.beat()
+        carried.append(int(r.hget(keys.made("j"), 127) or 0))
+        stamped.append(r.hget(keys.lease_beat(), keys.member("j", 127)) != before)
+    # Then the figures went every 2 x FIGURES_EVERY beats, each time with every token made since (none lost)
+    assert figures_every(len(held)) == 2 * FIGURES_EVERY and figures_every(FIGURES_LEASES) == FIGURES_EVERY
+    assert [n for n in range(1, len(carried)) if carried[n] != carried[n - 1]] == [10]
+    assert carried[-1] == 11 and hb.settle(held[127]) == 9
+    # and every lease was renewed every FIGURES_EVERY beats as before (its stamp moved), none lost
+    assert [n for n, moved in enumerate(stamped) if moved] == [0, 5, 10, 15]
+    assert not any(lease.lost for lease in held)
 
 
 def test_a_release_after_its_process_ran_out_leaves_no_lease_another_run_could_bring_back(r):
@@ -433,6 +460,29 @@ def test_a_beat_renews_only_its_own_leases_and_reads_back_what_the_runs_must_kno
     assert [(s.assisted, s.committed) for s in full] == [(False, False), (True, False), (False, True)]
     assert [s.looked for s in light] == [True, False, False]
     assert r.hget(keys.made("j"), 0) is None
+
+
+def test_a_full_beat_renews_a_helpers_assist_lease_and_the_leases_of_other_jobs_and_ttls(r):
+    # Given a process's chunk lease of job j, a helper's assist lease on chunk 1 of j, a chunk lease
+    # of job k with another TTL, and an assist lease another helper has taken over since
+    owner = run_owner("gpu0@a:1", 1)
+    mine = [Lease(r, "j", 0, owner, ttl_s=30), Lease(r, "j", 1, owner, ttl_s=30, assist=True),
+            Lease(r, "k", 0, owner, ttl_s=90), Lease(r, "j", 2, owner, ttl_s=30, assist=True)]
+    for lease in mine:
+        assert lease.acquire()
+    r.set(keys.assist("j", 2), "other", px=3000)
+    r.pexpire(keys.assist("j", 1), 1000)
+    # When a full beat carries their figures (the helper's tokens count for its chunk too)
+    seen = beat(r, mine, [Figures(3, None, None, Look.ASSISTED), Figures(4, None, None, Look.COMMITTED),
+                          Figures(5, None, None, Look.ASSISTED), Figures(6, None, None, Look.COMMITTED)])
+    # Then the three still its own are renewed, each under its own key and TTL; the taken one is lost
+    assert [s.renewed for s in seen] == [True, True, True, False] and mine[3].lost
+    assert 25_000 < r.pttl(keys.assist("j", 1)) <= 30_000 and r.get(keys.assist("j", 2)) == b"other"
+    assert r.pttl(mine[2].process_key) > 85_000
+    # and each token went to its own job's chunk, the stamps to the watched leases only
+    assert r.hgetall(keys.made("j")) == {b"0": b"3", b"1": b"4", b"2": b"6"}
+    assert r.hgetall(keys.made("k")) == {b"0": b"5"}
+    assert set(r.hkeys(keys.lease_beat())) == {b"j/0", b"k/0"}
 
 
 def test_the_heartbeat_carries_figures_every_few_beats_and_a_run_settles_what_is_left(r):

@@ -202,8 +202,13 @@ def delta(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict
     calls = {k.removeprefix("cmdstat_"): v for k, v in calls.items() if v}
     # The bench's own INFOs are not the fleet's
     calls.pop("info", None)
+    usec = {k.removeprefix("cmdstat_"): after["cmd"][k]["usec"] - before["cmd"].get(k, {"usec": 0})["usec"]
+            for k in after["cmd"]}
+    usec = {k: v for k, v in usec.items() if v and k != "info"}
     return {"cpu_s": cpu / seconds, "commands": sum(calls.values()) / seconds,
             "by_command": {k: round(v / seconds, 2) for k, v in sorted(calls.items(), key=lambda x: -x[1])},
+            # microseconds a second each command took (a script's own commands count in it and again by name)
+            "usec_by_command": {k: round(v / seconds, 1) for k, v in sorted(usec.items(), key=lambda x: -x[1])},
             "connections": after.get("total_connections_received", 0) - before.get("total_connections_received", 0),
             "refused": after.get("rejected_connections", 0) - before.get("rejected_connections", 0)}
 

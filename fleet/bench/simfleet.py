@@ -269,6 +269,8 @@ class SimWorker:
 
 #: threads that carry the stand-ins' event PUBLISHes (each blocks only while the broker is away)
 PUBLISH_THREADS = 32
+#: the longest a process waits for its workers' first chunks' Celery commands before it says ready
+DRAIN_S = 600.0
 
 
 class CeleryStandIn:
@@ -285,6 +287,8 @@ class CeleryStandIn:
         #: every worker's, so publishes run on threads of their own
         self.publisher = ThreadPoolExecutor(max_workers=PUBLISH_THREADS, thread_name_prefix="publish")
         self.lock = threading.Lock()
+        #: PUBLISHes handed to the threads and not yet sent
+        self.publishing = 0
 
     def subscribe(self, n: int) -> None:
         if not self.spec.patterns:
@@ -324,11 +328,33 @@ class CeleryStandIn:
         for n, worker in enumerate(self.workers):
             while worker.owed and n not in self.down:
                 publishes, others = worker.owed.pop()
-                for cmd in ["PUBLISH"] * publishes + ["PING"] * others:
-                    self._send(n, cmd)
+                for _ in range(publishes):
+                    self._send(n, "PUBLISH")
+                self._send_many(n, others)
+
+    def drained(self) -> bool:
+        """Every chunk's commands sent (the K chunks a worker begins with owe theirs at once)."""
+        with self.lock:
+            publishing = self.publishing
+        return publishing == 0 and not any(worker.owed for worker in self.workers)
+
+    def _send_many(self, n: int, count: int) -> None:
+        """A chunk's other commands, in one round trip as kombu's pipeline sends its unacked record."""
+        try:
+            with self.workers[n].celery.pipeline(transaction=False) as p:
+                for _ in range(count):
+                    p.ping()
+                p.execute()
+        except redis.ConnectionError:
+            self._lost(n)
+            return
+        with self.lock:
+            self.stats.celery_sent += count
 
     def _send(self, n: int, cmd: str) -> None:
         if cmd == "PUBLISH":  # kombu's events go through the worker's pool (fleet.coord.transport)
+            with self.lock:
+                self.publishing += 1
             self.publisher.submit(self._publish, n)
             return
         try:
@@ -346,8 +372,12 @@ class CeleryStandIn:
                                   heartbeat_event(worker.name, worker.owner, len(worker.runs), self.stats.ended))
         except redis.ConnectionError:
             return  # the consumer's own connection (the PINGs above) finds the broker gone and reconnects
-        with self.lock:
-            self.stats.celery_sent += 1
+        else:
+            with self.lock:
+                self.stats.celery_sent += 1
+        finally:
+            with self.lock:
+                self.publishing -= 1
 
     def _lost(self, n: int) -> None:
         self.down[n] = jittered_waits(*CELERY_RECONNECT)
@@ -491,6 +521,11 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGUSR2, lambda *_: proc.mark("end"))
     signal.signal(signal.SIGTERM, lambda *_: proc.stop.set())
     proc.start()
+    # Ready once the K chunks each worker began with have sent their Celery commands too: at K=128 and
+    # 1,000 workers that backlog is ~900,000 commands, which would otherwise drain through the window
+    began = time.monotonic()
+    while not proc.celery.drained() and time.monotonic() - began < DRAIN_S:
+        time.sleep(0.2)
     print("ready", flush=True)
     while not proc.stop.wait(0.5):
         pass

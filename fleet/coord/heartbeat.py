@@ -7,7 +7,8 @@ is young (its death would still be crash evidence, dated by the renewal's stamp)
 that only every `renew_every` beats (the full ones at the defaults): what a running chunk
 costs the broker is then a renewal every 10 s, not every 2 s. Every FIGURES_EVERY-th beat
 renews every lease and carries each run's figures since the last (tokens made, its pace,
-samples not started) and looks whether its chunk was committed elsewhere or is assisted; a
+samples not started) and looks whether its chunk was committed elsewhere or is assisted (a
+process of more than FIGURES_LEASES leases less often: `figures_every`); a
 helper's copy and an assisted chunk look at every beat. A beat with nothing to renew or look
 at sends nothing. A renewal is of the process (its key lives a TTL), so a lease the heartbeat
 discards without its release reaching the broker is let go once a TTL has passed since its last
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 from fleet import metrics
 from fleet.coord import leases
-from fleet.coord.leaseclock import FIGURES_EVERY, LeaseClock
+from fleet.coord.leaseclock import LeaseClock, figures_every
 from fleet.coord.leases import Figures, Lease, Look
 from fleet.settings import Settings
 
@@ -126,13 +127,15 @@ class Heartbeat:
         """Renew the leases due with their figures, one round trip per broker client (one in a
         worker), none when nothing is due."""
         with self._sending:
-            full = self._beats % FIGURES_EVERY == 0
+            with self._lock:
+                full = self._beats % figures_every(len(self._tallies)) == 0
             every = full or self._beats % self.renew_every == 0
             self._beats += 1
             with self._lock:
-                taken = [(lease, tally, fig) for lease, tally in self._tallies.items()
-                         if (fig := self._figures(lease, tally, full)).look is not Look.NONE
-                         or every or lease.young(self.young_s)]
+                # between renewals only the leases that look or are young go (no Figures made for the
+                # rest: a process of 128 leases beats every 2 s)
+                taken = [(lease, tally, self._figures(lease, tally, full)) for lease, tally in self._tallies.items()
+                         if every or not lease.watched or tally.assisted or lease.young(self.young_s)]
             clients: dict[int, list[tuple[Lease, Tally, Figures]]] = {}
             for entry in taken:
                 clients.setdefault(id(entry[0].r), []).append(entry)

@@ -16,6 +16,16 @@ from fleet.settings import Settings
 #: one beat of the heartbeat in this many is full (fleet.coord.heartbeat): it carries the runs'
 #: figures and renews every lease, also those past their crash window (`LeaseClock.renew_s`)
 FIGURES_EVERY = 5
+#: the leases a process's figures go with every FIGURES_EVERY-th beat; a process holding more (a K
+#: set by hand past the derived one's) sends them proportionally less often, so that what its figures
+#: cost the broker stops growing with K, while its renewals keep their cadence (issue 48: at K = 128,
+#: every 20 s; docs/architecture.md, "Scaling")
+FIGURES_LEASES = 64
+
+
+def figures_every(leases: int) -> int:
+    """Beats between the full beats (figures, looks) of a process holding `leases` leases."""
+    return FIGURES_EVERY * max(1, math.ceil(leases / FIGURES_LEASES))
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import math
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -126,60 +127,72 @@ _FORGET_IF_UNLEASED = _LIVE + (
 # know read back, in one round trip. The leases' holders, the helpers' assist leases and each job's
 # committed chunks are read with one MGET or HMGET each, not a command per lease: a running chunk
 # costs a value in an MGET and a field in the stamps' HSET here, the rest is per beat or per job.
-# KEYS: lease-beat, then per lease: lease, made, pace, unstarted, stats, assist; then the p process keys.
-# ARGV: now ms, n leases, then per lease: owner, TTL ms, member ('' unwatched), index, tokens made
-# since its last figures ('0' none), pace JSON ('' none), unstarted samples ('' none), what to look
-# at ('0' nothing, '1' its stats, '2' its stats and its assist key), its process key's slot (0 for
-# an assist lease); then each process key's TTL ms.
+# A group is a job's leases of one TTL: its keys (figures, lease, assist and member prefixes) go once,
+# and a lease names its group, so a running chunk costs the broker eight short strings and no key of
+# its own (the strings, not the commands, are most of what the script costs: issue 48's K=128).
+# KEYS: lease-beat, then per group: made, pace, unstarted, stats; then the p process keys.
+# ARGV: now ms, n leases, G groups, then per group: lease key prefix, assist key prefix, member prefix
+# (the lease-beat field), TTL ms; then per lease: index, owner, tokens made since its last figures
+# ('0' none), pace JSON ('' none), unstarted samples ('' none), what to look at ('0' nothing, '1' its
+# stats, '2' its stats and its assist key), its process key's slot (0: an assist lease, whose key is
+# the assist key, unwatched, renewed itself), its group; then each process key's TTL ms.
 # Returns per lease 1 (renewed) + 2 (its stats are cached: a run committed it) + 4 (assisted)
 # + 8 (looked). The lease-beat stamps and paces go in one HSET per hash, unstarted in one ZADD,
-# and the tokens made in one HMGET and one HSET per job (the script is atomic: an HINCRBY per
+# and the tokens made in one HMGET and one HSET per group (the script is atomic: an HINCRBY per
 # lease would make a running chunk cost the broker a command more every full beat).
 _BEAT = """
-local now, n, out, beats, sets, ranks, asked = ARGV[1], tonumber(ARGV[2]), {}, {}, {}, {}, {}
-local p = #KEYS - 1 - 6 * n
-local function put(into, key, a, b)
-  local t = into[key]
-  if not t then t = {}; into[key] = t end
+local now, n, G = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local L, p = 3 + 4 * G, #KEYS - 1 - 4 * G
+local P = L + 8 * n
+local out, beats, made, sets, ranks, asked = {}, {}, {}, {}, {}, {}
+local function put(into, g, a, b)
+  local t = into[g]
+  if not t then t = {}; into[g] = t end
   t[#t + 1] = a; t[#t + 1] = b
 end
 local alive = {}
-for j = 1, p do alive[j] = redis.call('pexpire', KEYS[1 + 6 * n + j], ARGV[2 + 9 * n + j]) == 1 end
-local leases, assists, made = {}, {}, {}
-for i = 1, n do leases[i] = KEYS[2 + (i - 1) * 6]; assists[i] = KEYS[7 + (i - 1) * 6] end
-local held = redis.call('mget', unpack(leases))
-local helped = redis.call('mget', unpack(assists))
+for j = 1, p do alive[j] = redis.call('pexpire', KEYS[1 + 4 * G + j], ARGV[P + j]) == 1 end
+local lk, ak, at = {}, {}, {}
 for i = 1, n do
-  local k, a, seen = 1 + (i - 1) * 6, 2 + (i - 1) * 9, 0
-  local index, slot = ARGV[a + 4], tonumber(ARGV[a + 9])
-  if held[i] == ARGV[a + 1] and (slot > 0 and alive[slot]
-      or slot == 0 and redis.call('pexpire', KEYS[k + 1], ARGV[a + 2]) == 1) then
+  local a = L + 8 * (i - 1)
+  local g = 4 * tonumber(ARGV[a + 8])
+  lk[i] = ARGV[ARGV[a + 7] == '0' and g + 1 or g] .. ARGV[a + 1]
+  if ARGV[a + 6] == '2' then ak[#ak + 1] = ARGV[g + 1] .. ARGV[a + 1]; at[i] = #ak end
+end
+local held = redis.call('mget', unpack(lk))
+local helped = #ak > 0 and redis.call('mget', unpack(ak)) or {}
+for i = 1, n do
+  local a = L + 8 * (i - 1)
+  local index, slot, gi = ARGV[a + 1], tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
+  local g, seen = 4 * gi, 0
+  if held[i] == ARGV[a + 2] and (slot > 0 and alive[slot]
+      or slot == 0 and redis.call('pexpire', lk[i], ARGV[g + 3]) == 1) then
     seen = 1
-    if ARGV[a + 3] ~= '' then beats[#beats + 1] = ARGV[a + 3]; beats[#beats + 1] = now end
+    if slot > 0 then beats[#beats + 1] = ARGV[g + 2] .. index; beats[#beats + 1] = now end
   end
-  if ARGV[a + 5] ~= '0' then
-    local t = made[KEYS[k + 2]]
-    if not t then t = {}; made[KEYS[k + 2]] = t end
-    t[index] = (t[index] or 0) + tonumber(ARGV[a + 5])
+  if ARGV[a + 3] ~= '0' then
+    local t = made[gi]
+    if not t then t = {}; made[gi] = t end
+    t[index] = (t[index] or 0) + tonumber(ARGV[a + 3])
   end
-  if ARGV[a + 6] ~= '' then put(sets, KEYS[k + 3], index, ARGV[a + 6]) end
-  if ARGV[a + 7] ~= '' then put(ranks, KEYS[k + 4], ARGV[a + 7], index) end
-  local look = ARGV[a + 8]
+  if ARGV[a + 4] ~= '' then put(sets, gi, index, ARGV[a + 4]) end
+  if ARGV[a + 5] ~= '' then put(ranks, gi, ARGV[a + 5], index) end
+  local look = ARGV[a + 6]
   if look ~= '0' then
     seen = seen + 8
-    put(asked, KEYS[k + 5], i, index)
-    if look == '2' and helped[i] then seen = seen + 4 end
+    put(asked, gi, i, index)
+    if look == '2' and helped[at[i]] then seen = seen + 4 end
   end
   out[i] = seen
 end
-for key, pairs_ in pairs(asked) do
+for gi, pairs_ in pairs(asked) do
   local fields = {}
   for j = 2, #pairs_, 2 do fields[#fields + 1] = pairs_[j] end
-  local stats = redis.call('hmget', key, unpack(fields))
+  local stats = redis.call('hmget', KEYS[1 + 4 * gi], unpack(fields))
   for j = 1, #fields do if stats[j] then out[pairs_[2 * j - 1]] = out[pairs_[2 * j - 1]] + 2 end end
 end
-for key, adds in pairs(made) do
-  local fields, sums = {}, {}
+for gi, adds in pairs(made) do
+  local key, fields, sums = KEYS[4 * gi - 2], {}, {}
   for index in pairs(adds) do fields[#fields + 1] = index end
   local had = redis.call('hmget', key, unpack(fields))
   for j = 1, #fields do
@@ -189,8 +202,8 @@ for key, adds in pairs(made) do
   redis.call('hset', key, unpack(sums))
 end
 if #beats > 0 then redis.call('hset', KEYS[1], unpack(beats)) end
-for key, fields in pairs(sets) do redis.call('hset', key, unpack(fields)) end
-for key, scored in pairs(ranks) do redis.call('zadd', key, unpack(scored)) end
+for gi, fields in pairs(sets) do redis.call('hset', KEYS[4 * gi - 1], unpack(fields)) end
+for gi, scored in pairs(ranks) do redis.call('zadd', KEYS[4 * gi], unpack(scored)) end
 return out
 """
 # The beats in between: renewals only (the process key once, each lease checked to be its own),
@@ -461,19 +474,30 @@ def _processes(leases: list[Lease]) -> tuple[list[int], dict[str, int]]:
 
 def _full_beat(r: redis.Redis, leases: list[Lease], figures: list[Figures], now: int) -> list[Seen]:
     slots, ttls = _processes(leases)
-    keys_: list[str] = [keys.lease_beat()]
-    args: list[str | int] = [now, len(leases)]
+    groups: dict[tuple[str, int], int] = {}
+    args: list[str | int] = []
     for lease, fig, slot in zip(leases, figures, slots, strict=True):
-        job, index = lease.job, lease.index
-        keys_ += [lease.key, *figure_keys(job), keys.assist(job, index)]
+        group = groups.setdefault((lease.job, lease.ttl_ms), len(groups) + 1)
         pace = json.dumps(fig.pace | {"at_ms": now}) if fig.pace is not None else ""
-        args += [lease.owner, lease.ttl_ms, lease._member, index, fig.made, pace,
-                 "" if fig.unstarted is None else fig.unstarted, int(fig.look), slot]
+        args += [lease.index, lease.owner, fig.made, pace, "" if fig.unstarted is None else fig.unstarted,
+                 int(fig.look), slot, group]
+    keys_: list[str] = [keys.lease_beat()]
+    head: list[str | int] = [now, len(leases), len(groups)]
+    for job, ttl_ms in groups:
+        made, pace_key, unstarted, stats = figure_keys(job)
+        keys_ += [made, pace_key, unstarted, stats]
+        head += [_prefix(keys.lease, job), _prefix(keys.assist, job), _prefix(keys.member, job), ttl_ms]
     keys_ += list(ttls)
-    args += list(ttls.values())
-    flags = r.register_script(_BEAT)(keys=keys_, args=args)
+    flags = r.register_script(_BEAT)(keys=keys_, args=head + args + list(ttls.values()))
     return [Seen(renewed=bool(f & 1), looked=bool(f & 8), committed=bool(f & 2), assisted=bool(f & 4))
             for f in flags]
+
+
+def _prefix(key_of: Callable[[str, int], str], job: str) -> str:
+    """What a job's per-chunk key or field is before its index (the beat's script adds the index)."""
+    key = key_of(job, 0)
+    assert key.endswith("0"), key
+    return key[:-1]
 
 
 def _renew_all(r: redis.Redis, leases: list[Lease], figures: list[Figures], now: int) -> list[Seen]:
