@@ -17,6 +17,7 @@ from fleet.coord.leaseclock import FIGURES_EVERY, FIGURES_LEASES, LeaseClock, fi
 from fleet.coord.leases import Figures, Lease, Look, beat, holder, leased_process, run_owner
 from fleet.coord.localredis import LocalRedis, free_port
 from fleet.errors import BrokerMissing
+from fleet.monitor.status import PACE_STALE_S
 from fleet.settings import Settings
 
 
@@ -407,6 +408,8 @@ def test_a_process_past_figures_leases_sends_its_figures_less_often_and_renews_a
         stamped.append(r.hget(keys.lease_beat(), keys.member("j", 127)) != before)
     # Then the figures went every 2 x FIGURES_EVERY beats, each time with every token made since (none lost)
     assert figures_every(len(held)) == 2 * FIGURES_EVERY and figures_every(FIGURES_LEASES) == FIGURES_EVERY
+    # (never slower, however many: status takes a pace PACE_STALE_S old for a dead run's)
+    assert figures_every(100_000) * LeaseClock(60).beat_s < PACE_STALE_S
     assert [n for n in range(1, len(carried)) if carried[n] != carried[n - 1]] == [10]
     assert carried[-1] == 11 and hb.settle(held[127]) == 9
     # and every lease was renewed every FIGURES_EVERY beats as before (its stamp moved), none lost

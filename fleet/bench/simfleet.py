@@ -287,7 +287,7 @@ class CeleryStandIn:
         #: every worker's, so publishes run on threads of their own
         self.publisher = ThreadPoolExecutor(max_workers=PUBLISH_THREADS, thread_name_prefix="publish")
         self.lock = threading.Lock()
-        #: PUBLISHes handed to the threads and not yet sent
+        #: PUBLISHes handed to the threads and not yet sent (and a chunk's commands being sent)
         self.publishing = 0
 
     def subscribe(self, n: int) -> None:
@@ -327,10 +327,16 @@ class CeleryStandIn:
     def _owed(self) -> None:
         for n, worker in enumerate(self.workers):
             while worker.owed and n not in self.down:
-                publishes, others = worker.owed.pop()
-                for _ in range(publishes):
-                    self._send(n, "PUBLISH")
-                self._send_many(n, others)
+                with self.lock:
+                    self.publishing += 1  # an entry on its way counts as a PUBLISH not yet sent
+                try:
+                    publishes, others = worker.owed.pop()
+                    for _ in range(publishes):
+                        self._send(n, "PUBLISH")
+                    self._send_many(n, others)
+                finally:
+                    with self.lock:
+                        self.publishing -= 1
 
     def drained(self) -> bool:
         """Every chunk's commands sent (the K chunks a worker begins with owe theirs at once)."""

@@ -45,8 +45,8 @@ log = logging.getLogger(__name__)
 
 # Whether a chunk lease's value names a live process (its process key, keys.process_lease, lives):
 # the holder's key is known only once the lease is read, so a script builds it from the prefix it
-# is given (the one key a script touches undeclared; keys of one broker, never a cluster's slots),
-# and from the value's process and boot as `leased_process` reads them.
+# is given, and from the value's process and boot as `leased_process` reads them. The full beat
+# (_BEAT) builds its leases' keys from prefixes too: keys of one broker, never a cluster's slots.
 _LIVE = (
     "local function live(v, pre) "
     "return v and redis.call('exists', pre .. (string.match(v, '^([^#]*#[^.]*)%.') "
