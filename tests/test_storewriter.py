@@ -6,6 +6,7 @@ does (StoreError); tests/test_store_outage.py runs the same through real workers
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,28 @@ def test_a_refused_result_waits_spooled_and_is_committed_once_the_store_answers(
     assert got is True and store.get("j/results/0") == b"rows"
     assert writer.spool is not None and writer.spool.entries() == []
     assert reports[0][0] is not None and reports[0][1] == 1 and reports[-1] == (None, 0)
+
+
+def test_a_result_waiting_out_its_back_off_is_committed_as_soon_as_another_write_finds_the_store_back(
+        writer: StoreWriter, store: Switched, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a result whose retries have backed off to a long wait (the store refused it a while: the
+    # CI run of 2fe8050 saw a result committed 30 s after the store returned, its slot held meanwhile)
+    monkeypatch.setattr(storewriter, "COMMIT_RETRY_S", 60.0)
+    store.down.set()
+    done: list[object] = []
+    waiter = threading.Thread(target=lambda: done.append(writer.commit("j/results/5", b"rows", lambda: None)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while writer.unreachable_since is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # When the store answers again, and another run's write finds it so
+    store.down.clear()
+    writer.checkpoint("j/c/6", b"ck", last=False)
+    began = time.monotonic()
+    waiter.join(10)
+    # Then the waiting result is committed at its next poll, not after its 60 s back-off
+    assert done == [True] and time.monotonic() - began < 5
+    assert store.get("j/results/5") == b"rows" and writer.outages_ended == 1
 
 
 def test_a_run_stopped_while_its_result_waits_leaves_it_spooled(writer: StoreWriter, store: Switched) -> None:

@@ -64,6 +64,9 @@ class StoreWriter:
         self.report: Report = report or (lambda since, waiting: None)
         #: epoch seconds the store first refused this worker in the current outage
         self.unreachable_since: float | None = None
+        #: outages this worker saw end: a result waiting out its back-off tries again at once when
+        #: another write found the store back (its slot would idle up to COMMIT_RETRY_MAX_S otherwise)
+        self.outages_ended = 0
         self._lock = threading.Lock()
 
     def waiting(self) -> int:
@@ -81,6 +84,8 @@ class StoreWriter:
         """The store took a write: any outage is over."""
         with self._lock:
             was, self.unreachable_since = self.unreachable_since, None
+            if was is not None:
+                self.outages_ended += 1
         if was is not None:
             log.warning("store answers again after %.0fs unreachable", time.time() - was)
             self.report(None, self.waiting())
@@ -97,6 +102,7 @@ class StoreWriter:
             self.spool.put(Kind.CHECKPOINT, key, data)  # SpoolFull: the rows are generated again
             self.refused()
             return True
+        self.answered()
         return False
 
     def commit(self, key: str, data: bytes, stop: Callable[[], Stop | None]) -> bool | Stop:
@@ -120,8 +126,8 @@ class StoreWriter:
         assert self.spool is not None
         wait = COMMIT_RETRY_S
         while True:
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
+            deadline, ended = time.monotonic() + wait, self.outages_ended
+            while time.monotonic() < deadline and self.outages_ended == ended:
                 stopped = stop()
                 if stopped is not None:
                     log.warning("result %s stays spooled: %s", key, stopped)
