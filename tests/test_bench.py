@@ -508,7 +508,11 @@ def test_the_store_cost_is_counted_from_a_real_workers_metrics(tmp_path):
     assert cost["measured"]["chunks"] == RUN_CHUNKS
     for request in ("GET chunks", "HEAD results", "PUT results", "DeleteObjects partial"):
         assert measured[request] == RUN_CHUNKS, (request, measured)
-    assert measured["PUT partial"] >= 2 * RUN_CHUNKS and cost["measured"]["listed"] == ["partial"]
+    assert measured["PUT partial"] >= 2 * RUN_CHUNKS and "partial" in cost["measured"]["listed"]
+    # and no other listing per chunk: the results only by the stall watch at the job's end, if its round came
+    # before the counts were read (CI on 767965a), counted per job and left out of the hour's requests
+    assert set(cost["measured"]["listed"]) <= {"partial", "results"} and measured.get("LIST results", 0) <= 1
+    assert "LIST results" not in cost["per_gpu_hour"]
     # And the hour's flushes are the reference's K chunks flushing every 30 s
     assert cost["per_gpu_hour"]["PUT partial"] == 16 * 3600 / 30.0 and cost["usd_per_gpu_hour"] > 0
 

@@ -96,7 +96,11 @@ def requests_per_gpu_hour(workdir: Path, k: int, records: int, checkpoint_interv
     if committed != RUN_CHUNKS or flushes == 0:
         raise RuntimeError(f"the counted run committed {committed} of {RUN_CHUNKS} chunks with {flushes} flushes")
     rates = RefRates(k, records, checkpoint_interval_s)
-    per_chunk = {f"{m} {kind}": n / committed for (m, kind), n in counts.items() if kind != "partial"}
+    # The stall watch lists a job's results only when nothing of it is queued or running: at its end, a
+    # request per job, not per chunk (it may land before the counts are read, or after)
+    per_job = {f"{m} {kind}": n for (m, kind), n in counts.items() if (m, kind) == ("LIST", "results")}
+    per_chunk = {f"{m} {kind}": n / committed for (m, kind), n in counts.items()
+                 if kind != "partial" and f"{m} {kind}" not in per_job}
     per_chunk |= {f"{m} partial": n / committed for (m, kind), n in counts.items() if kind == "partial" and m != "PUT"}
     # A worker re-reads a job's manifest at most every 30 s (ManifestCache), when a chunk starts: at the
     # reference a chunk starts every chunk_s / K seconds, so once per start at most.
@@ -115,5 +119,5 @@ def requests_per_gpu_hour(workdir: Path, k: int, records: int, checkpoint_interv
         "deletes_per_chunk_one_by_one": round(rates.checkpoints_per_chunk, 1),
         "measured": {"chunks": committed, "flushes": flushes,
                      "counts": {f"{m} {kind}": n for (m, kind), n in sorted(counts.items())},
-                     "listed": sorted({kind for (m, kind) in counts if m == "LIST"})},
+                     "listed": sorted({kind for (m, kind) in counts if m == "LIST"}), "per_job": per_job},
     }
