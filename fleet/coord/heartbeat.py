@@ -129,9 +129,8 @@ class Heartbeat:
         with self._sending:
             with self._lock:
                 full = self._beats % figures_every(len(self._tallies)) == 0
-            every = full or self._beats % self.renew_every == 0
-            self._beats += 1
-            with self._lock:
+                every = full or self._beats % self.renew_every == 0
+                self._beats += 1
                 # between renewals only the leases that look or are young go (no Figures made for the
                 # rest: a process of 128 leases beats every 2 s)
                 taken = [(lease, tally, self._figures(lease, tally, full)) for lease, tally in self._tallies.items()
