@@ -28,7 +28,7 @@ from tests.conftest import run_fleet
 from tests.fleetproc import Workers, read_jsonl, wait_for, worker_pids, write_prompts
 
 pytestmark = [pytest.mark.e2e]
-RECORDS, CHUNK = 160, 10  # 16 chunks of ~5 s each
+RECORDS, CHUNK = 240, 10  # 24 chunks of ~5 s each: enough work that the job outlasts 10 kills (16 ended after 9 in CI)
 SIM = {
     "FLEET_ENGINE": "sim",
     "FLEET_SIM__STEP_S": "0.06",
