@@ -1,8 +1,8 @@
 """Fast recovery (docs/architecture.md, Recovery) on a real redis-server with a real Celery producer:
 an expired lease without a result is requeued once, spending no attempt; a chunk with a result
 is only forgotten; only a chunk whose workers die within seconds of starting it is quarantined,
-on its own budget; and StallWatch re-enqueues missing
-chunks only after two idle checks in a row."""
+on its own budget; StallWatch re-enqueues missing chunks only after two idle checks in a row; and
+the leader's round scans the running set only on a death, a let-go or every few rounds."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 import pytest
 import redis
 
-from fleet.coord import keys, suspects, witness
+from fleet.coord import keys, leases, suspects, witness
 from fleet.coord.broker import TASK_NAME, chunk_queue, make_celery, redis_client, store_of
 from fleet.coord.chunkstate import Quarantine, read_failures
 from fleet.coord.leaseclock import LeaseClock
@@ -26,7 +26,8 @@ from fleet.coord.leases import Lease, add_job, leased, leased_of, run_owner
 from fleet.coord.localredis import LocalRedis
 from fleet.coord.outages import Outages, Window, outages_of
 from fleet.coord.pause import Expiry, PauseJudge
-from fleet.coord.recovery import StallWatch, requeue_expired, watch_jobs
+from fleet.coord.recovery import Reaper, StallWatch, requeue_expired, watch_jobs
+from fleet.coord.scangate import FULL_SCAN_EVERY, Why
 from fleet.settings import Settings
 from fleet.store.layout import failed_key, result_key
 from fleet.store.local import LocalStore
@@ -711,3 +712,80 @@ def test_two_processes_losing_their_leases_one_after_another_are_two_deaths(r, s
     assert sorted(requeue_expired(r, store, app, settings)) == ["j/1", "j/2"]
     # Then they are deaths, not a pause: each counts against its worker
     assert suspects.worker_health(r, "gpu0@a").deaths == 1 and suspects.worker_health(r, "gpu0@b").deaths == 1
+
+
+# -- when a round scans (fleet.coord.scangate): a death, a let-go, every few rounds ----------------------
+
+#: a live process's leases here: none runs out while a test steps its rounds
+LIVE_TTL_S = 600.0
+
+
+def holding_chunks(r: redis.Redis, owner: str, indexes: range) -> list[Lease]:
+    """A process `owner` with a run per chunk, each holding its chunk of job "j"."""
+    held = [Lease(r, "j", i, run_owner(owner, i), LIVE_TTL_S) for i in indexes]
+    assert all(lease.acquire() for lease in held)
+    return held
+
+
+def mgets(r: redis.Redis) -> int:
+    """MGETs served so far: the look at the processes' keys is one, a scan of the running set two more
+    (its chunks' leases, then their processes' keys)."""
+    return int(r.info("commandstats").get("cmdstat_mget", {}).get("calls", 0))
+
+
+def turn(reaper: Reaper, r: redis.Redis) -> Why | None:
+    """One round; why it scanned the running set, checked against what the broker served."""
+    before = mgets(r)
+    reaper.round()
+    assert mgets(r) - before == (3 if reaper.gate.why else 1)
+    return reaper.gate.why
+
+
+def test_a_round_scans_on_a_death_a_let_go_or_every_few_rounds_and_recovers_at_once(r, store, app, settings):
+    # Given two live processes holding three chunks each, and the leader's reaper
+    a, b = holding_chunks(r, "gpu0@host-a:1", range(0, 3)), holding_chunks(r, "gpu0@host-b:2", range(3, 6))
+    reaper = Reaper(r, store, app, settings, chunks_of=lambda job: 6 if job == "j" else None)
+    every = reaper.gate.every
+    assert every == FULL_SCAN_EVERY
+    # Then its first round scans, and the rounds after it do not while nothing happens
+    assert turn(reaper, r) is Why.FIRST
+    assert [turn(reaper, r) for _ in range(every - 1)] == [None] * (every - 1)
+    assert turn(reaper, r) is Why.PERIODIC and queued_messages(r) == []
+    # When process b dies (its key runs out)
+    r.delete(b[0].process_key)
+    # Then the next round scans and requeues its chunks
+    assert turn(reaper, r) is Why.DEATH
+    assert sorted(m["index"] for m in queued_messages(r)) == [3, 4, 5]
+    assert running(r) == {"j/0", "j/1", "j/2"}
+    # and, nothing of it left to recover, the dead process leaves the set the rounds look at: no scan after
+    assert r.smembers(keys.lease_processes()) == {leases.leased_process(a[0].owner).encode()}
+    assert turn(reaper, r) is None
+    # When a lease of the live process a is let go (its release never reached the broker)
+    a[1].let_go()
+    # Then the next round scans and requeues that chunk alone
+    assert turn(reaper, r) is Why.LET_GO
+    assert sorted(m["index"] for m in queued_messages(r)) == [1, 3, 4, 5]
+    assert turn(reaper, r) is None
+    # When a lease goes that neither a death nor a let-go shows (deleted by hand here)
+    r.delete(keys.lease("j", 2))
+    # Then it is recovered by the next periodic scan, not before
+    whys = [turn(reaper, r) for _ in range(every)]
+    assert Why.PERIODIC in whys and whys[:whys.index(Why.PERIODIC)] == [None] * whys.index(Why.PERIODIC)
+    assert sorted(m["index"] for m in queued_messages(r)) == [1, 2, 3, 4, 5]
+    assert running(r) == {"j/0"}
+
+
+def test_a_process_whose_key_came_back_stays_in_the_set_the_rounds_look_at(r):
+    # Given a process holding a chunk, whose key ran out (a broker pause) and came back (it retook its lease)
+    [lease] = holding_chunks(r, "gpu0@host-a:1", range(1))
+    process = leases.leased_process(lease.owner)
+    r.delete(lease.process_key)
+    assert leases.dead_processes(r) == [process]
+    assert lease.retake()
+    # When a reaper that saw it dead is done with its deaths
+    assert leases.forget_dead(r, [process]) == 0
+    # Then the process is still looked at (its next death is seen at once), and is not dead
+    assert r.smembers(keys.lease_processes()) == {process.encode()} and leases.dead_processes(r) == []
+    # and one that stayed dead leaves the set
+    r.delete(lease.process_key)
+    assert leases.forget_dead(r, [process]) == 1 and r.smembers(keys.lease_processes()) == set()

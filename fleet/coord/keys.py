@@ -33,6 +33,21 @@ def process_lease(process: str) -> str:
     return f"{PREFIX}:process-lease:{process}"
 
 
+def lease_processes() -> str:
+    """Set of the processes (`name:pid#boot`) that took a chunk lease: the reaper's round reads their
+    keys (process_lease) and scans every running chunk's lease only when one ran out, when a lease was
+    let go (lease_let_go), or every few rounds (fleet.coord.scangate). A dead process leaves it once
+    a scan found none of its chunks left to recover."""
+    return f"{PREFIX}:lease-processes"
+
+
+def lease_let_go() -> str:
+    """String counter, no TTL: raised when a running chunk's lease is deleted while its process lives
+    (a lease let go: fleet.coord.leases.Lease.let_go); a reaper that saw it change scans the running set
+    at its next round, though no process died."""
+    return f"{PREFIX}:lease-let-go"
+
+
 def running() -> str:
     """Set of "job/index" members with a lease taken; the reaper scans it for expired leases."""
     return f"{PREFIX}:running"

@@ -60,7 +60,7 @@ _LIVE = (
 # A watched lease also (re)registers its job in its store's job set (ARGV[7], the store id; none
 # when empty): a broker that lost everything relearns the job from the chunks still running, and
 # the store's stall watch finds the rest again. ARGV[4] starts the lease clock, ARGV[6] beats it
-# (a retaken lease keeps its start).
+# (a retaken lease keeps its start). Its process joins the set the reaper checks for deaths (KEYS[7]).
 _ACQUIRE = _LIVE + (
     "if ARGV[3] == '' then if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
     "return 0 end "
@@ -69,7 +69,7 @@ _ACQUIRE = _LIVE + (
     "redis.call('set', KEYS[1], ARGV[1]) "
     "local t = redis.call('pttl', KEYS[6]) "
     "if t ~= -1 and t < tonumber(ARGV[2]) then redis.call('set', KEYS[6], '1', 'PX', ARGV[2]) end "
-    "redis.call('sadd', KEYS[2], ARGV[3]); "
+    "redis.call('sadd', KEYS[2], ARGV[3]); redis.call('sadd', KEYS[7], string.sub(KEYS[6], #ARGV[8] + 1)) "
     "if ARGV[7] ~= '' then redis.call('hsetnx', KEYS[5], ARGV[5], ARGV[7]) end "
     "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[6]) "
     "return 1"
@@ -102,7 +102,19 @@ _RELEASE = (
 )
 # A lease its process stopped renewing (the heartbeat discarded it, and its release never reached
 # the broker) runs out a TTL after its last renewal, as an unrenewed key would: only the owner's.
-_LET_GO = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+# A let-go lease leaves its chunk watched with no lease while its process lives: the counter (KEYS[2])
+# tells the reaper to scan at its next round (fleet.coord.scangate).
+_LET_GO = (
+    "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
+    "redis.call('del', KEYS[1]); redis.call('incr', KEYS[2]); return 1"
+)
+# A dead process leaves the set the reaper checks (KEYS[1]) unless its key came back (ARGV[1]: the
+# process keys' prefix), as a process cut off by a broker pause retakes its leases.
+_FORGET_DEAD = (
+    "local n = 0 "
+    "for i = 2, #ARGV do if redis.call('exists', ARGV[1] .. ARGV[i]) == 0 then "
+    "n = n + redis.call('srem', KEYS[1], ARGV[i]) end end return n"
+)
 # Only the owner of a live lease restarts its clock.
 _RESTART_CLOCK = (
     "if redis.call('get', KEYS[1]) ~= ARGV[1] or redis.call('exists', KEYS[4]) == 0 then return 0 end "
@@ -336,9 +348,10 @@ class Lease:
 
     def _take(self, started: int, retake: bool) -> bool:
         now = now_ms()
-        ok = bool(self.r.eval(_ACQUIRE, 6, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
-                              keys.job_stores(), self.process_key, self.owner, self.ttl_ms, self._member, started,
-                              self.job, now, self.store, keys.process_lease(""), int(retake)))
+        ok = bool(self.r.eval(_ACQUIRE, 7, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
+                              keys.job_stores(), self.process_key, keys.lease_processes(), self.owner, self.ttl_ms,
+                              self._member, started, self.job, now, self.store, keys.process_lease(""),
+                              int(retake)))
         if ok:
             self.lost, self.taken_ms, self.beat_ms = False, started, now
         return ok
@@ -362,7 +375,7 @@ class Lease:
     def let_go(self) -> None:
         """Its process stopped renewing it and its release never reached the broker: it runs out
         now, a TTL after its last renewal, as an unrenewed key would (the chunk stays watched)."""
-        self.r.eval(_LET_GO, 1, self.key, self.owner)
+        self.r.eval(_LET_GO, 2, self.key, keys.lease_let_go(), self.owner)
         self.released = True
 
     def restart_clock(self) -> None:
@@ -568,6 +581,29 @@ def scan_leases(r: redis.Redis) -> tuple[list[tuple[str, int]], int]:
     members = [keys.parse_member(raw.decode()) for raw in set_members(r, keys.running())]
     alive = leased_of(r, members)
     return [m for m, ok in zip(members, alive, strict=True) if not ok], sum(alive)
+
+
+def dead_processes(r: redis.Redis) -> list[str]:
+    """The processes that took a chunk lease (keys.lease_processes) and whose key ran out: one SSCAN
+    of the set and an MGET per SCAN_SHARD processes, whatever the chunks they hold."""
+    procs = sorted(m.decode() for m in set_members(r, keys.lease_processes()))
+    dead: list[str] = []
+    for start in range(0, len(procs), SCAN_SHARD):
+        part = procs[start:start + SCAN_SHARD]
+        dead += [p for p, v in zip(part, r.mget([keys.process_lease(p) for p in part]), strict=True) if v is None]
+    return dead
+
+
+def forget_dead(r: redis.Redis, processes: list[str]) -> int:
+    """Take dead processes out of the set the reaper checks, each unless its key came back; how many left."""
+    if not processes:
+        return 0
+    return int(r.eval(_FORGET_DEAD, 1, keys.lease_processes(), keys.process_lease(""), *processes))
+
+
+def lets_go(r: redis.Redis) -> int:
+    """How many leases were let go on this broker (keys.lease_let_go): a change means a scan is due."""
+    return int(r.get(keys.lease_let_go()) or 0)
 
 
 def forget_unleased(r: redis.Redis, job: str, index: int) -> float | None:

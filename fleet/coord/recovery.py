@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import redis
 from celery import Celery
@@ -32,6 +33,7 @@ from fleet.coord.leaseclock import LeaseClock
 from fleet.coord.outages import Outages, outages_of
 from fleet.coord.pause import Expiry, PauseJudge
 from fleet.coord.retry import Action, History, RetryPolicy, settle
+from fleet.coord.scangate import ScanGate
 from fleet.coord.suspects import Run
 from fleet.errors import WorkerLost
 from fleet.settings import Settings
@@ -54,13 +56,29 @@ def lead_ttl_s(settings: Settings) -> float:
     return LeaseClock.of(settings).lead_ttl_s
 
 
+@dataclass
+class Scan:
+    """What one scan of the running set did."""
+
+    #: the chunks ("job/index") it requeued or quarantined
+    touched: list[str] = field(default_factory=list)
+    #: lost chunks it left for a later round (a witness awaited, a holder cut off, a failed recovery)
+    pending: int = 0
+
+
 def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
                     outages: Outages | None = None, options: OptionsCache | None = None) -> list[str]:
     """Requeue (or, on evidence, quarantine) every chunk of the store's jobs in the running set
     whose lease is gone, each under its job's retry policy (`options`, the reaper's reader of the
     jobs' options, fleet.store.options). A lease that ran out in a broker pause (`outages`: when
     this process could not reach the broker) is left to its holder to take back, then requeued
-    without judgement."""
+    without judgement. The chunks it touched."""
+    return scan_expired(r, store, app, settings, outages, options).touched
+
+
+def scan_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
+                 outages: Outages | None = None, options: OptionsCache | None = None) -> Scan:
+    """`requeue_expired`, with the count of lost chunks it left for a later round."""
     queue, policy = ChunkQueue.of(app, settings, r), RetryPolicy.from_settings(settings)
     options = options or OptionsCache(store)
     judge = PauseJudge(outages or outages_of(r), settings)
@@ -76,15 +94,18 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
             suspects.drop_lost(r, job, index)
     expiries = {(job, index): judge.expiry(r, job, index) for job, index in lost}
     judge.note_round([e for e in expiries.values() if e is not None], live)
-    touched = []
+    scan = Scan()
     for job, index in lost:
         member = keys.member(job, index)
         pause = judge.pause(expiries[job, index])
         if pause is not None and judge.holding(pause):
+            scan.pending += 1
             continue  # its holder, cut off like us, takes the lease back when it reaches the broker
         if pause is None and awaits_witness(r, expiries[job, index], judge.renew_s + settings.failure.witness_wait_s):
+            scan.pending += 1
             continue  # its launcher, if it outlived the process, is about to say how it died
         if not leases.claim_recovery(r, job, index, LeaseClock.of(settings).recovery_claim_s):
+            scan.pending += 1
             continue
         ran_s = leases.forget_unleased(r, job, index)
         if ran_s is None:
@@ -96,10 +117,11 @@ def requeue_expired(r: redis.Redis, store: Store, app: Celery, settings: Setting
                 requeue_lost(r, store, queue, policy.for_job(options.get(job)), job, index, ran_s)
         except Exception as e:  # the chunk left the running set: put it back, with its evidence, for the next round
             leases.rewatch(r, job, index)
+            scan.pending += 1
             log.warning("chunk %s: recovery failed, retried next round: %s", member, e)
             continue
-        touched.append(member)
-    return touched
+        scan.touched.append(member)
+    return scan
 
 
 def awaits_witness(r: redis.Redis, expiry: Expiry | None, wait_s: float, now: float | None = None) -> bool:
@@ -187,14 +209,18 @@ def count_process_death(r: redis.Redis, policy: RetryPolicy, owner: str) -> None
 
 def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, stall: StallWatch,
                chunks_of: Callable[[str], int | None], outages: Outages | None = None,
-               options: OptionsCache | None = None) -> None:
+               options: OptionsCache | None = None, gate: ScanGate | None = None) -> None:
     """One recovery round over every job of the store on this broker. A job fails alone: its
     error is logged and the others are still checked. A job of the store with no manifest in it
     (its prefix was deleted) leaves the store's job set once nothing of it is queued or running:
     while something is, a worker of the store runs it, and this process may be the one whose
-    store is not the one its URL names (a local path on another host)."""
+    store is not the one its URL names (a local path on another host). The running set is scanned
+    when `gate` says so (fleet.coord.scangate), every round without one."""
     try:
-        requeue_expired(r, store, app, settings, outages, options)
+        if gate is None or gate.due(r):
+            scan = scan_expired(r, store, app, settings, outages, options)
+            if gate is not None:
+                gate.scanned(r, scan.pending)
     except redis.RedisError as e:  # the broker may be restarting; the jobs below get their turn
         log.warning("expired-lease scan failed: %s", e)
     mine = store_of(settings)
@@ -249,6 +275,8 @@ class Reaper:
         self.rounds: deque[tuple[float, float]] = deque(maxlen=64)
         #: the jobs' options (fleet.store.options), kept between rounds: each lost chunk's retry policy
         self.options = OptionsCache(store)
+        #: when its rounds scan every running chunk's lease (a death, a let-go, every few rounds)
+        self.gate = ScanGate()
 
     def _manifest_chunks(self, job: str) -> int | None:
         manifest = load_manifest(self.store, job)
@@ -259,7 +287,7 @@ class Reaper:
         began = time.monotonic()
         try:
             watch_jobs(self.r, self.store, self.app, self.settings, self.stall, self.chunks_of, self.outages,
-                       self.options)
+                       self.options, self.gate)
         except Exception as e:
             log.warning("recovery check failed: %s", e)
         self.rounds.append((time.time(), time.monotonic() - began))
