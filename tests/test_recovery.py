@@ -789,3 +789,20 @@ def test_a_process_whose_key_came_back_stays_in_the_set_the_rounds_look_at(r):
     # and one that stayed dead leaves the set
     r.delete(lease.process_key)
     assert leases.forget_dead(r, [process]) == 1 and r.smembers(keys.lease_processes()) == set()
+
+
+def test_a_dead_process_holding_another_stores_chunk_stays_looked_at_until_that_store_recovers_it(r, store, app,
+                                                                                                   settings):
+    # Given a process holding a chunk of another store's job on the same broker, and this store's leader
+    add_job(r, "theirs", "another-store")
+    [lease] = [Lease(r, "theirs", 0, run_owner("gpu0@host-c:3", 0), LIVE_TTL_S, store="another-store")]
+    assert lease.acquire()
+    reaper = Reaper(r, store, app, settings, chunks_of=lambda job: None)
+    assert turn(reaper, r) is Why.FIRST
+    # When that process dies
+    r.delete(lease.process_key)
+    # Then this store's rounds scan but leave the chunk to its own store's reaper, and go on seeing the death
+    # (were it forgotten here, the other store's leader would find the chunk only at its next periodic scan)
+    assert [turn(reaper, r) for _ in range(3)] == [Why.DEATH] * 3
+    assert running(r) == {"theirs/0"} and queued_messages(r) == []
+    assert leases.dead_processes(r) == [leases.leased_process(lease.owner)]

@@ -83,8 +83,12 @@ def scan_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
     options = options or OptionsCache(store)
     judge = PauseJudge(outages or outages_of(r), settings)
     expired, live = leases.scan_leases(r)
+    scan = Scan()
     if expired:  # another store's chunk is that store's reaper's: its result is not in this store
         mine = set(leases.known_jobs(r, queue.store))
+        # pending here too: the dead process stays in the set every store's leader looks at until that
+        # store's leader recovered them (fleet.coord.scangate)
+        scan.pending = sum(1 for job, _ in expired if job not in mine)
         expired = [(job, index) for job, index in expired if job in mine]
     lost = [(job, index) for job, index in expired if not store.exists(result_key(job, index))]
     for job, index in set(expired) - set(lost):
@@ -94,7 +98,6 @@ def scan_expired(r: redis.Redis, store: Store, app: Celery, settings: Settings,
             suspects.drop_lost(r, job, index)
     expiries = {(job, index): judge.expiry(r, job, index) for job, index in lost}
     judge.note_round([e for e in expiries.values() if e is not None], live)
-    scan = Scan()
     for job, index in lost:
         member = keys.member(job, index)
         pause = judge.pause(expiries[job, index])
