@@ -758,7 +758,7 @@ def test_a_round_scans_on_a_death_a_let_go_or_every_few_rounds_and_recovers_at_o
     assert sorted(m["index"] for m in queued_messages(r)) == [3, 4, 5]
     assert running(r) == {"j/0", "j/1", "j/2"}
     # and, nothing of it left to recover, the dead process leaves the set the rounds look at: no scan after
-    assert r.smembers(keys.lease_processes()) == {leases.leased_process(a[0].owner).encode()}
+    assert r.hkeys(keys.lease_processes()) == [leases.leased_process(a[0].owner).encode()]
     assert turn(reaper, r) is None
     # When a lease of the live process a is let go (its release never reached the broker)
     a[1].let_go()
@@ -777,18 +777,26 @@ def test_a_round_scans_on_a_death_a_let_go_or_every_few_rounds_and_recovers_at_o
 
 def test_a_process_whose_key_came_back_stays_in_the_set_the_rounds_look_at(r):
     # Given a process holding a chunk, whose key ran out (a broker pause) and came back (it retook its lease)
-    [lease] = holding_chunks(r, "gpu0@host-a:1", range(1))
+    [lease, other] = holding_chunks(r, "gpu0@host-a:1", range(2))
     process = leases.leased_process(lease.owner)
     r.delete(lease.process_key)
-    assert leases.dead_processes(r) == [process]
+    seen = leases.dead_processes(r)
+    assert list(seen) == [process]
     assert lease.retake()
     # When a reaper that saw it dead is done with its deaths
-    assert leases.forget_dead(r, [process]) == 0
+    assert leases.forget_dead(r, seen) == 0
     # Then the process is still looked at (its next death is seen at once), and is not dead
-    assert r.smembers(keys.lease_processes()) == {process.encode()} and leases.dead_processes(r) == []
-    # and one that stayed dead leaves the set
+    assert r.hkeys(keys.lease_processes()) == [process.encode()] and leases.dead_processes(r) == {}
+    # When it dies again, and takes a lease (another of its runs) and dies once more after a round saw it dead
     r.delete(lease.process_key)
-    assert leases.forget_dead(r, [process]) == 1 and r.smembers(keys.lease_processes()) == set()
+    seen = leases.dead_processes(r)
+    time.sleep(0.002)
+    assert other.retake()
+    r.delete(lease.process_key)
+    # Then that round's forget leaves it: the chunk it took since is not that round's to have seen
+    assert leases.forget_dead(r, seen) == 0 and list(leases.dead_processes(r)) == [process]
+    # and one that stayed dead since a round saw it leaves
+    assert leases.forget_dead(r, leases.dead_processes(r)) == 1 and r.hkeys(keys.lease_processes()) == []
 
 
 def test_a_dead_process_holding_another_stores_chunk_stays_looked_at_until_that_store_recovers_it(r, store, app,
@@ -805,4 +813,35 @@ def test_a_dead_process_holding_another_stores_chunk_stays_looked_at_until_that_
     # (were it forgotten here, the other store's leader would find the chunk only at its next periodic scan)
     assert [turn(reaper, r) for _ in range(3)] == [Why.DEATH] * 3
     assert running(r) == {"theirs/0"} and queued_messages(r) == []
-    assert leases.dead_processes(r) == [leases.leased_process(lease.owner)]
+    assert list(leases.dead_processes(r)) == [leases.leased_process(lease.owner)]
+
+
+def test_a_scan_that_leaves_a_chunk_pending_is_followed_by_another(r, store, app, settings):
+    # Given a live process holding two chunks, and the leader's reaper after its first round
+    [a, b] = holding_chunks(r, "gpu0@host-a:1", range(2))
+    reaper = Reaper(r, store, app, settings, chunks_of=lambda job: 2 if job == "j" else None)
+    assert turn(reaper, r) is Why.FIRST
+    # When a lease is let go while another reaper holds the claim to recover its chunk (for a while)
+    assert leases.claim_recovery(r, "j", 0, 60)
+    a.let_go()
+    # Then the round scans and leaves it, and the rounds after scan again until it is recovered
+    assert turn(reaper, r) is Why.LET_GO and queued_messages(r) == []
+    assert turn(reaper, r) is Why.PENDING and queued_messages(r) == []
+    r.delete(keys.requeue_guard("j", 0))
+    assert turn(reaper, r) is Why.PENDING and [m["index"] for m in queued_messages(r)] == [0]
+    assert turn(reaper, r) is None
+
+
+def test_a_release_after_its_process_key_ran_out_is_seen_though_the_key_came_back(r, store, app, settings):
+    # Given a process holding two chunks, and the leader's reaper after its first round
+    [a, b] = holding_chunks(r, "gpu0@host-a:1", range(2))
+    reaper = Reaper(r, store, app, settings, chunks_of=lambda job: 2 if job == "j" else None)
+    assert turn(reaper, r) is Why.FIRST
+    # When its key runs out (a pause), a run releases its lease (left watched: the reaper's), and another
+    # run retakes its own lease, which brings the key back before the round
+    r.delete(a.process_key)
+    a.release()
+    assert running(r) == {"j/0", "j/1"} and b.retake()
+    # Then the round, which sees no death, scans and requeues the released chunk
+    assert turn(reaper, r) is Why.LET_GO
+    assert [m["index"] for m in queued_messages(r)] == [0] and running(r) == {"j/1"}

@@ -34,17 +34,17 @@ def process_lease(process: str) -> str:
 
 
 def lease_processes() -> str:
-    """Set of the processes (`name:pid#boot`) that took a chunk lease: the reaper's round reads their
-    keys (process_lease) and scans every running chunk's lease only when one ran out, when a lease was
-    let go (lease_let_go), or every few rounds (fleet.coord.scangate). A dead process leaves it once
-    a scan found none of its chunks left to recover."""
+    """Hash process (`name:pid#boot`) -> ms epoch it last took a chunk lease: the reaper's round reads
+    their keys (process_lease) and scans every running chunk's lease only when one ran out, when a lease
+    was let go (lease_let_go), or every few rounds (fleet.coord.scangate). A dead process leaves it once
+    a scan left none of the running set's chunks to recover, unless it took a lease since."""
     return f"{PREFIX}:lease-processes"
 
 
 def lease_let_go() -> str:
-    """String counter, no TTL: raised when a running chunk's lease is deleted while its process lives
-    (a lease let go: fleet.coord.leases.Lease.let_go); a reaper that saw it change scans the running set
-    at its next round, though no process died."""
+    """String counter, no TTL: raised when a running chunk's lease is deleted and its chunk left watched
+    for the reaper (a lease let go; a release after its process's key ran out): a reaper that saw it
+    change scans the running set at its next round, though no process may look dead by then."""
     return f"{PREFIX}:lease-let-go"
 
 

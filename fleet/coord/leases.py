@@ -60,7 +60,8 @@ _LIVE = (
 # A watched lease also (re)registers its job in its store's job set (ARGV[7], the store id; none
 # when empty): a broker that lost everything relearns the job from the chunks still running, and
 # the store's stall watch finds the rest again. ARGV[4] starts the lease clock, ARGV[6] beats it
-# (a retaken lease keeps its start). Its process joins the set the reaper checks for deaths (KEYS[7]).
+# (a retaken lease keeps its start). Its process joins the processes the reaper checks for deaths
+# (KEYS[7]), stamped with this take.
 _ACQUIRE = _LIVE + (
     "if ARGV[3] == '' then if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end "
     "return 0 end "
@@ -69,7 +70,7 @@ _ACQUIRE = _LIVE + (
     "redis.call('set', KEYS[1], ARGV[1]) "
     "local t = redis.call('pttl', KEYS[6]) "
     "if t ~= -1 and t < tonumber(ARGV[2]) then redis.call('set', KEYS[6], '1', 'PX', ARGV[2]) end "
-    "redis.call('sadd', KEYS[2], ARGV[3]); redis.call('sadd', KEYS[7], string.sub(KEYS[6], #ARGV[8] + 1)) "
+    "redis.call('sadd', KEYS[2], ARGV[3]); redis.call('hset', KEYS[7], string.sub(KEYS[6], #ARGV[8] + 1), ARGV[6]) "
     "if ARGV[7] ~= '' then redis.call('hsetnx', KEYS[5], ARGV[5], ARGV[7]) end "
     "redis.call('hset', KEYS[3], ARGV[3], ARGV[4]); redis.call('hset', KEYS[4], ARGV[3], ARGV[6]) "
     "return 1"
@@ -92,11 +93,13 @@ _RENEW = (
 # stale worker must not hide a chunk whose new owner may still die, and a lease whose process ran
 # out is the reaper's (as an expired one was): its running-set member and clock stay for the reaper,
 # and the lease itself goes, so that its process's key, brought back by another of its runs, cannot
-# make it live again.
+# make it live again; the let-go counter (KEYS[6]) tells the reaper, whose round may no longer see the
+# process dead by then (fleet.coord.scangate).
 _RELEASE = (
     "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
     "if ARGV[2] == '' then return redis.call('del', KEYS[1]) end "
-    "if redis.call('exists', KEYS[5]) == 0 then redis.call('del', KEYS[1]); return 0 end "
+    "if redis.call('exists', KEYS[5]) == 0 then redis.call('del', KEYS[1]); redis.call('incr', KEYS[6]) "
+    "return 0 end "
     "redis.call('del', KEYS[1]); redis.call('hdel', KEYS[3], ARGV[2]); redis.call('hdel', KEYS[4], ARGV[2]) "
     "return redis.call('srem', KEYS[2], ARGV[2])"
 )
@@ -108,12 +111,14 @@ _LET_GO = (
     "if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end "
     "redis.call('del', KEYS[1]); redis.call('incr', KEYS[2]); return 1"
 )
-# A dead process leaves the set the reaper checks (KEYS[1]) unless its key came back (ARGV[1]: the
-# process keys' prefix), as a process cut off by a broker pause retakes its leases.
+# A dead process leaves the processes the reaper checks (KEYS[1]) unless its key came back (ARGV[1]: the
+# process keys' prefix), as a process cut off by a broker pause retakes its leases, or it took a lease since
+# the reaper saw it dead (its stamp, ARGV[i + 1], changed: it may have died again holding it).
 _FORGET_DEAD = (
     "local n = 0 "
-    "for i = 2, #ARGV do if redis.call('exists', ARGV[1] .. ARGV[i]) == 0 then "
-    "n = n + redis.call('srem', KEYS[1], ARGV[i]) end end return n"
+    "for i = 2, #ARGV, 2 do if redis.call('exists', ARGV[1] .. ARGV[i]) == 0 "
+    "and redis.call('hget', KEYS[1], ARGV[i]) == ARGV[i + 1] then "
+    "n = n + redis.call('hdel', KEYS[1], ARGV[i]) end end return n"
 )
 # Only the owner of a live lease restarts its clock.
 _RESTART_CLOCK = (
@@ -368,8 +373,8 @@ class Lease:
         return ok
 
     def release(self) -> None:
-        self.r.eval(_RELEASE, 5, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
-                    self.process_key, self.owner, self._member)
+        self.r.eval(_RELEASE, 6, self.key, keys.running(), keys.lease_started(), keys.lease_beat(),
+                    self.process_key, keys.lease_let_go(), self.owner, self._member)
         self.released = True
 
     def let_go(self) -> None:
@@ -583,22 +588,26 @@ def scan_leases(r: redis.Redis) -> tuple[list[tuple[str, int]], int]:
     return [m for m, ok in zip(members, alive, strict=True) if not ok], sum(alive)
 
 
-def dead_processes(r: redis.Redis) -> list[str]:
-    """The processes that took a chunk lease (keys.lease_processes) and whose key ran out: one SSCAN
-    of the set and an MGET per SCAN_SHARD processes, whatever the chunks they hold."""
-    procs = sorted(m.decode() for m in set_members(r, keys.lease_processes()))
-    dead: list[str] = []
-    for start in range(0, len(procs), SCAN_SHARD):
-        part = procs[start:start + SCAN_SHARD]
-        dead += [p for p, v in zip(part, r.mget([keys.process_lease(p) for p in part]), strict=True) if v is None]
+def dead_processes(r: redis.Redis) -> dict[str, str]:
+    """The processes that took a chunk lease (keys.lease_processes) and whose key ran out, each with the
+    stamp of its last take: one HSCAN slice per thousand and an MGET per SCAN_SHARD processes, whatever
+    the chunks they hold."""
+    taken = sorted((p.decode(), t.decode()) for p, t in hash_items(r, keys.lease_processes()).items())
+    dead: dict[str, str] = {}
+    for start in range(0, len(taken), SCAN_SHARD):
+        part = taken[start:start + SCAN_SHARD]
+        alive = r.mget([keys.process_lease(p) for p, _ in part])
+        dead.update((p, t) for (p, t), v in zip(part, alive, strict=True) if v is None)
     return dead
 
 
-def forget_dead(r: redis.Redis, processes: list[str]) -> int:
-    """Take dead processes out of the set the reaper checks, each unless its key came back; how many left."""
+def forget_dead(r: redis.Redis, processes: dict[str, str]) -> int:
+    """Take dead processes (each with the stamp `dead_processes` read) out of those the reaper checks,
+    each unless its key came back or it took a lease since; how many left."""
     if not processes:
         return 0
-    return int(r.eval(_FORGET_DEAD, 1, keys.lease_processes(), keys.process_lease(""), *processes))
+    return int(r.eval(_FORGET_DEAD, 1, keys.lease_processes(), keys.process_lease(""),
+                      *(x for item in processes.items() for x in item)))
 
 
 def lets_go(r: redis.Redis) -> int:

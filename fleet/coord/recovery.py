@@ -304,6 +304,8 @@ class Reaper:
         except redis.RedisError as e:
             log.warning("reaper lead check failed: %s", e)
             return False
+        if lead and not self.leading:
+            self.gate = ScanGate()  # a lead taken (back) scans at once: what it saw before is old
         if lead != self.leading:
             log.info("%s %s the recovery rounds of store %s", owner, "leads" if lead else "no longer leads",
                      self.store_id)

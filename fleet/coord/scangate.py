@@ -4,9 +4,10 @@ A chunk lease is live while its process's key lives, so a chunk needs recovering
 died (its key ran out) or a lease was deleted under a live process (let go). The round reads the keys
 of the processes that took leases (keys.lease_processes: a thousand workers are one MGET) and the
 let-go counter, and scans the running set (a thousand workers at K = 128 are 128,000 leases) only on
-a death, a let-go, or every `every` rounds for what neither shows (a lease released after its
-process's key ran out, a recovery that failed and was put back). A dead process's chunks are still
-recovered at the first round after their lease ran out.
+a death, a let-go, chunks its last scan left pending (a witness awaited, a holder cut off by a pause, a
+recovery that failed and was put back, another store's chunks that store's leader has yet to take), or
+every `every` rounds for what none of those shows (processes of an older fleet, which never registered).
+A dead process's chunks are still recovered at the first round after their lease ran out.
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ class ScanGate:
     pending: bool = False
     #: why the last round scanned, None if it did not (tests read it)
     why: Why | None = None
-    #: the dead processes the round about to scan found; they leave the set once a scan leaves nothing pending
-    _dead: list[str] = field(default_factory=list)
+    #: the dead processes (each with its last take's stamp) the round about to scan found; they leave the
+    #: set once a scan leaves nothing pending
+    _dead: dict[str, str] = field(default_factory=dict)
     _let_go: int = 0
 
     def due(self, r: redis.Redis) -> bool:
