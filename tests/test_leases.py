@@ -126,6 +126,25 @@ def test_release_by_owner_frees_the_chunk(r):
     assert Lease(r, "j", 0, "B", 5).acquire()
 
 
+@pytest.mark.parametrize(("job", "others"), [
+    ("j", ["j2", "xj"]),
+    ("team/run-1", ["team/run-1/x", "team", "team/run-10"]),
+    ("a*b?[c]\\d", ["aXbYcd", "a*b?c\\d", "axb?[c]\\d"]),
+])
+def test_whether_a_job_has_a_chunk_running_is_its_own_members_only(r, job, others):
+    # Given chunks of other jobs running, whose names a glob of the job's could match
+    for i, other in enumerate(others):
+        assert Lease(r, other, i, f"gpu0@h:{i}", ttl_s=600).acquire()
+    # Then the job has none running
+    assert not leases.watches_any(r, job)
+    # When a chunk of it takes its lease, then loses it (a dead process: it stays watched)
+    lease = Lease(r, job, 7, "gpu0@h:99", ttl_s=600)
+    assert lease.acquire()
+    r.delete(lease.process_key)
+    # Then it has one running, and the others still have theirs
+    assert leases.watches_any(r, job) and all(leases.watches_any(r, other) for other in others)
+
+
 def test_release_by_another_owner_keeps_the_lease(r):
     # Given A's lease
     a = Lease(r, "j", 0, "A", 5)

@@ -237,7 +237,7 @@ def watch_jobs(r: redis.Redis, store: Store, app: Celery, settings: Settings, st
         try:
             count = chunks_of(job)
             if count is None:
-                if not (chunkqueue.queued_indexes(r, job) or leases.watched_indexes(r, job)) \
+                if not (chunkqueue.queued_indexes(r, job) or leases.watches_any(r, job)) \
                         and leases.drop_job(r, job, mine):
                     log.warning("job %s has no manifest in %s and nothing queued or running: dropped from the "
                                 "store's job set", job, store.url)
@@ -338,7 +338,7 @@ class StallWatch:
     def check(self, r: redis.Redis, store: Store, app: Celery, settings: Settings, job: str, total: int) -> list[int]:
         if job in self.finished:
             return []
-        if any(r.llen(q) for q in keys.queue_lists(chunk_queue(settings))) or leases.watched_indexes(r, job):
+        if any(r.llen(q) for q in keys.queue_lists(chunk_queue(settings))) or leases.watches_any(r, job):
             self.idle_checks[job] = 0
             return []
         done = done_indexes(store, job)
