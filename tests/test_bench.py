@@ -576,6 +576,10 @@ def test_control_plane_bench_runs_fleets_coordination_for_simulated_workers(tmp_
         assert looks["scrapes"] >= 1 and looks["flower_workers"] == level["workers"] and looks["refreshes"] >= 1
         assert 0 < looks["peak_connections"] <= level["connections"]["maxclients"] // 2
     assert last["restart"]["refused"] == 0 and last["lost_in_restart"] == 0
+    # and the broker restarted under the other K too: every worker's beat back, none refused, no lease lost
+    for level in data["by_k"]:
+        assert level["restart"]["refused"] == 0 and level["lost_in_restart"] == 0
+        assert level["reconnect"]["beat_back"] == level["reconnect"]["workers"] == level["workers"]
     # And at a job's end the idle workers polled for a straggler (one EXISTS over the queue's lists each)
     idle = data["idle"]
     assert idle["idle"] and idle["broker"]["by_command"]["exists"] >= idle["workers"] / 2 * 0.5

@@ -143,27 +143,35 @@ def idle_figures(level: dict[str, Any]) -> list[Figure]:
     ]
 
 
-def demo_figures(level: dict[str, Any]) -> list[Figure]:
-    restart, wipe, back = level["restart"], level["wipe"], level.get("reconnect", {})
+def restart_figures(level: dict[str, Any], label: str = "restart") -> list[Figure]:
+    """The broker restarted under a level's fleet: its clients back, connections refused, leases lost."""
+    restart, back = level["restart"], level.get("reconnect", {})
     fleet_s, celery_s = back.get("fleet_s") or {}, back.get("celery_s") or {}
     lost = level.get("lost_in_restart", 0)
     return [
-        Figure("restart: fleet's clients back (first beat), p5-p95", fleet_s.get("p95"), "s",
+        Figure(f"{label}: fleet's clients back (first beat), p5-p95", fleet_s.get("p95"), "s",
                note=f"p5 {fleet_s.get('p5')} s, p50 {fleet_s.get('p50')} s after the broker answered "
                     f"({back.get('beat_back')} of {back.get('workers')} workers)"),
         # kombu's consumer waits 2, 4, 6 ... s (jittered) between tries: on a loaded machine none may be back
         # by the watch's end, which is a count, not a missing figure
-        Figure("restart: Celery stand-ins back, p5-p95", celery_s["p95"], "s",
+        Figure(f"{label}: Celery stand-ins back, p5-p95", celery_s["p95"], "s",
                note=f"p5 {celery_s['p5']} s, p50 {celery_s['p50']} s (kombu's 2, 4, 6 ... s, jittered)")
         if celery_s else
-        Figure("restart: Celery stand-ins back by the watch's end", back.get("celery_back", 0), "",
+        Figure(f"{label}: Celery stand-ins back by the watch's end", back.get("celery_back", 0), "",
                note=f"of {back.get('workers')} (kombu's 2, 4, 6 ... s, jittered)"),
-        Figure("restart: new connections in the busiest 100 ms", restart["peak_per_100ms"], "",
+        Figure(f"{label}: new connections in the busiest 100 ms", restart["peak_per_100ms"], "",
                note=f"of {restart['connections']} in {len(restart['connections_by_s'])} s"),
-        at_most("restart: connections refused", restart.get("refused", 0), 0,
+        at_most(f"{label}: connections refused", restart.get("refused", 0), 0,
                 note=f"{restart.get('held_after', 0):,} held after"),
-        at_most("restart: leases lost", lost, 0, note=f"{restart['leases_after']:,} of {restart['leases_before']:,} "
+        at_most(f"{label}: leases lost", lost, 0, note=f"{restart['leases_after']:,} of {restart['leases_before']:,} "
                 f"live after, down {restart['down_s']} s"),
+    ]
+
+
+def wipe_figures(level: dict[str, Any]) -> list[Figure]:
+    """The broker lost everything under a level's fleet: leases taken back, every chunk accounted for."""
+    wipe = level["wipe"]
+    return [
         Figure("wipe: every lease taken back", wipe["leases_back_s"], "s", note="workers retake at their next poll"),
         at_most("wipe: chunks not accounted for after enqueue",
                 wipe["chunks"] - wipe["enqueued"] - wipe["running"] - wipe["done"], 0,
@@ -183,11 +191,15 @@ def section(data: dict[str, Any]) -> Section:
                            round(ratio, 3), LINEAR_WITHIN, note="1.0: the broker's load grows linearly"))
     figures += look_figures(last)
     if "restart" in last:
-        figures += demo_figures(last)
+        figures += restart_figures(last)
+    if "wipe" in last:
+        figures += wipe_figures(last)
     if data.get("idle"):
         figures += idle_figures(data["idle"])
     for level in data.get("by_k", []):
         figures += k_figures(level)
+        if "restart" in level:
+            figures += restart_figures(level, f"K={level['k']}, {level['workers']} workers, restart")
     celery = data["celery"]
     figures.append(Figure("Celery's consumer per worker, measured (busy / idle)", celery["busy"]["celery_per_s"],
                           "/s", note=f"idle {celery['idle']['celery_per_s']}/s; patterns {celery['patterns']}"))

@@ -332,10 +332,11 @@ def probe_alone(broker: Broker, k: int, ttl_s: float, seconds: float) -> dict[st
 
 
 def run_level(n: int, profile: CPProfile, shape: Shape, broker: Broker, celery: CeleryCost, workdir: Path,
-              demos: bool, looks: bool = False, idle: bool = False) -> dict[str, Any]:  # fmt: skip
+              demos: bool, looks: bool = False, idle: bool = False,
+              restart: bool = False) -> dict[str, Any]:
     """N simulated workers at steady state: the window's figures (and, with `demos`, a restart and a wipe;
-    with `looks`, the job exporter and Flower beside them through the window and the restart; with
-    `idle`, the end of a job: no chunk left to take)."""
+    with `restart`, the restart alone; with `looks`, the job exporter and Flower beside them through the
+    window and the restart; with `idle`, the end of a job: no chunk left to take)."""
     workdir.mkdir(parents=True, exist_ok=True)
     broker.admin.flushall()
     probe_cost = probe_alone(broker, shape.k, profile.lease_ttl_s, profile.probe_alone_s)
@@ -371,7 +372,7 @@ def run_level(n: int, profile: CPProfile, shape: Shape, broker: Broker, celery: 
         out["client_cpu"] = (cpu1 - cpu0 + mine1 - mine0) / seconds
         # `fleet status` after the window, so the workers' figures above are the workers' alone
         out["status"] = status_cost(store_url, broker, job, STATUS_CALLS, out["broker"]["cpu_s"])
-        if demos:
+        if demos or restart:
             time.sleep(1)
             out["restart"] = restart_demo(broker, profile, job, n * shape.k)
         if watching is not None:
@@ -498,9 +499,9 @@ def measure_levels(profile: CPProfile, workdir: Path, log: Any = print) -> dict[
         by_k = []
         at = min(profile.k_workers, largest)
         for k in profile.more_k:
-            log(f"control plane: {at} simulated workers x K={k}")
+            log(f"control plane: {at} simulated workers x K={k}, the broker restarted after the window")
             by_k.append(run_level(at, profile, Shape(k), broker, celery, workdir / f"n{at}k{k}", demos=False,
-                                  looks=profile.looks))
+                                  looks=profile.looks, restart=True))
     finally:
         broker.stop()
     return {"shape": {"k": shape.k, "records": shape.records, "chunk_s": round(shape.chunk_s, 1),
