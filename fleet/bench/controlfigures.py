@@ -110,7 +110,8 @@ def look_figures(level: dict[str, Any]) -> list[Figure]:
     tag = f"K={k}, {n} workers" if k != 16 else f"{n} workers"
     out = [
         Figure(f"{tag}: job-metrics scrapes beside the fleet", looks["scrapes"], "",
-               note=f"{looks['scrape_errors']} failed (broker away), longest {looks['scrape_s_max']} s"),
+               note=f"{looks['scrape_errors']} unanswered or without the job's figures (the exporter serves its last "
+                    f"figures while the broker is away), longest {looks['scrape_s_max']} s"),
         at_most(f"{tag}: peak Redis connections, share of the shipped maxclients",
                 round(looks["peak_connections"] * 100 / maxclients, 1), CONNECTIONS_PCT, "%",
                 note=f"{looks['peak_connections']:,} of {maxclients:,} (sampled every 0.5 s, restart included)"),

@@ -14,6 +14,7 @@ costs the broadcast and Flower's wait for replies, not a thousand replies.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from fleet.coord.localredis import free_port
 
 #: a command the slow log keeps: over this many microseconds
 SLOW_US = 5000
+#: what a look over HTTP raises when the process behind it is away or answers half (counted, never fatal)
+HTTP_FAILED = (OSError, ValueError, http.client.HTTPException)
 
 
 class Looks:
@@ -51,8 +54,12 @@ class Looks:
         env = clean_env(workdir, {"FLEET_BROKER_URL": broker.url, "FLEET_STORE_URL": store_url, "FLEET_QUEUE": queue,
                                   "FLOWER_UNAUTHENTICATED_API": "true"})
         self.exporter = self._serve(workdir, env, "job-metrics", self.exporter_port)
-        if flower:
-            self.flower = self._serve(workdir, env, "flower", self.port)
+        try:
+            if flower:
+                self.flower = self._serve(workdir, env, "flower", self.port)
+        except BaseException:
+            self.close()
+            raise
         self.threads = [threading.Thread(target=self._scrape, daemon=True),
                         threading.Thread(target=self._connections, daemon=True)]
         if flower:
@@ -76,7 +83,7 @@ class Looks:
     def exporter_ready(self, timeout_s: float = 60.0) -> bool:
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and self.exporter.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(*HTTP_FAILED):
                 self._metrics(5)
                 return True
             time.sleep(0.5)
@@ -85,7 +92,7 @@ class Looks:
     def flower_ready(self, timeout_s: float = 60.0) -> bool:
         end = time.monotonic() + timeout_s
         while time.monotonic() < end and self.flower is not None and self.flower.poll() is None:
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(*HTTP_FAILED):
                 self._get("/api/workers?status=1", 5)
                 return True
             time.sleep(1)
@@ -97,7 +104,7 @@ class Looks:
             began = time.monotonic()
             try:
                 body = self._metrics()
-            except (OSError, ValueError):  # the broker restarts under it: counted, the next scrape tries
+            except HTTP_FAILED:  # the broker restarts under it: counted, the next scrape tries
                 self.scrape_errors += 1
                 continue
             if b"fleet_job_chunks{" not in body:  # a figure of the job, not only the family's HELP
@@ -111,7 +118,7 @@ class Looks:
             began = time.monotonic()
             try:
                 self._get("/api/workers?refresh=1")
-            except (OSError, ValueError):
+            except HTTP_FAILED:
                 self.refresh_errors += 1
                 continue
             self.refreshes.append(time.monotonic() - began)
@@ -137,12 +144,14 @@ class Looks:
                 "client": str(longest.get("client_name") or b"", "utf-8", "replace") if longest else ""}
 
     def __enter__(self) -> Looks:
-        if not self.exporter_ready():
+        try:
+            if not self.exporter_ready():
+                raise RuntimeError("fleet job-metrics did not answer; see job-metrics.log in the work directory")
+            if self.flower is not None and not self.flower_ready():
+                raise RuntimeError("Flower did not answer; see flower.log in the work directory")
+        except BaseException:  # the processes started go with the error
             self.close()
-            raise RuntimeError("fleet job-metrics did not answer; see job-metrics.log in the work directory")
-        if self.flower is not None and not self.flower_ready():
-            self.close()
-            raise RuntimeError("Flower did not answer; see flower.log in the work directory")
+            raise
         for thread in self.threads:
             thread.start()
         return self
@@ -156,7 +165,7 @@ class Looks:
         """Workers Flower knows from their events."""
         try:
             return len(self._get("/api/workers?status=1") or {})
-        except (OSError, ValueError):
+        except HTTP_FAILED:
             return -1
 
     def close(self) -> dict[str, Any]:
