@@ -110,6 +110,53 @@ def test_a_result_waiting_out_its_back_off_is_committed_as_soon_as_another_write
     assert store.get("j/results/5") == b"rows" and writer.outages_ended == 1
 
 
+class Stalled(Switched):
+    """A store whose next try of one key hangs until let go, then fails: a put begun in the outage whose
+    client's own retries outlast it."""
+
+    def __init__(self, root: Path, key: str):
+        super().__init__(root)
+        self.key, self.hanging, self.let_go = key, threading.Event(), threading.Event()
+        self.hang = False
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        if key == self.key and self.hang:
+            self.hang = False
+            self.hanging.set()
+            self.let_go.wait(10)
+            raise StoreError(f"refused after the client's retries: {key}")
+        return super().put_if_absent(key, data)
+
+
+def test_a_try_that_fails_after_the_store_came_back_does_not_wait_out_the_outages_back_off(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a result refused for a while, its back-off grown (from 0.05 s, doubling, here: seconds by now)
+    # (CI on a16a9fd: a try begun in the outage failed 0.5 s after it ended, and its result then waited
+    # the outage's 30 s back-off)
+    store = Stalled(tmp_path / "store", "j/results/7")
+    writer = StoreWriter(store, Spool(tmp_path / "spool", 2**20))
+    monkeypatch.setattr(storewriter, "COMMIT_RETRY_S", 0.05)
+    monkeypatch.setattr(storewriter, "COMMIT_RETRY_MAX_S", 60.0)
+    monkeypatch.setattr(storewriter, "POLL_S", 0.01)
+    store.down.set()
+    done: list[object] = []
+    waiter = threading.Thread(target=lambda: done.append(writer.commit("j/results/7", b"rows", lambda: None)))
+    waiter.start()
+    time.sleep(3.5)
+    # When its next try begins in the outage and hangs (a client's own retries), the store comes back and
+    # answers another write meanwhile, and only then does the hanging try fail
+    store.hang = True
+    assert store.hanging.wait(20)
+    store.down.clear()
+    writer.checkpoint("j/c/8", b"ck", last=False)
+    store.let_go.set()
+    began = time.monotonic()
+    waiter.join(30)
+    # Then the result is committed at the back-off's first step, not after the outage's grown one (>= 3.2 s)
+    assert done == [True] and time.monotonic() - began < 1.5
+    assert store.get("j/results/7") == b"rows"
+
+
 def test_a_run_stopped_while_its_result_waits_leaves_it_spooled(writer: StoreWriter, store: Switched) -> None:
     # Given a store that refuses writes
     store.down.set()

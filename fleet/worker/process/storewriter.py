@@ -137,7 +137,10 @@ class StoreWriter:
                 written = self.store.put_if_absent(key, data)
             except StoreError:
                 self.refused()
-                wait = min(wait * 2, COMMIT_RETRY_MAX_S)
+                # another write found the store back since this wait began (this try may have begun in the
+                # outage and failed after it, a client's own retries long): not the old outage's back-off
+                # (CI on a16a9fd: a try that failed 0.5 s after the store returned waited 30 s more)
+                wait = COMMIT_RETRY_S if self.outages_ended != ended else min(wait * 2, COMMIT_RETRY_MAX_S)
                 continue
             self.spool.drop(Kind.RESULT, key)
             self.answered()
