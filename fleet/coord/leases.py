@@ -535,12 +535,20 @@ def _renew_all(r: redis.Redis, leases: list[Lease], figures: list[Figures], now:
             for n in range(len(leases))]
 
 
+def _alive(r: redis.Redis, procs: list[str]) -> dict[str, bool]:
+    """Whether each process's key (keys.process_lease) lives: an MGET per SCAN_SHARD processes."""
+    alive: dict[str, bool] = {}
+    for start in range(0, len(procs), SCAN_SHARD):
+        part = procs[start:start + SCAN_SHARD]
+        alive.update(zip(part, (v is not None for v in r.mget([keys.process_lease(p) for p in part])), strict=True))
+    return alive
+
+
 def _live(r: redis.Redis, values: list[bytes | str | None]) -> list[bool]:
-    """Which chunk leases' values name a live process: one MGET of their processes' keys."""
+    """Which chunk leases' values name a live process: one MGET of their processes' keys (a shard's leases
+    name at most SCAN_SHARD processes)."""
     named = [leased_process(_text(v) or "") if v else None for v in values]
-    procs = sorted({p for p in named if p is not None})
-    alive = dict(zip(procs, (x is not None for x in r.mget([keys.process_lease(p) for p in procs])),
-                     strict=True)) if procs else {}
+    alive = _alive(r, sorted({p for p in named if p is not None}))
     return [p is not None and alive[p] for p in named]
 
 
@@ -596,13 +604,9 @@ def dead_processes(r: redis.Redis) -> dict[str, str]:
     """The processes that took a chunk lease (keys.lease_processes) and whose key ran out, each with the
     stamp of its last take: one HSCAN slice per thousand and an MGET per SCAN_SHARD processes, whatever
     the chunks they hold."""
-    taken = sorted((p.decode(), t.decode()) for p, t in hash_items(r, keys.lease_processes()).items())
-    dead: dict[str, str] = {}
-    for start in range(0, len(taken), SCAN_SHARD):
-        part = taken[start:start + SCAN_SHARD]
-        alive = r.mget([keys.process_lease(p) for p, _ in part])
-        dead.update((p, t) for (p, t), v in zip(part, alive, strict=True) if v is None)
-    return dead
+    taken = {p.decode(): t.decode() for p, t in hash_items(r, keys.lease_processes()).items()}
+    alive = _alive(r, list(taken))
+    return {p: t for p, t in taken.items() if not alive[p]}
 
 
 def forget_dead(r: redis.Redis, processes: dict[str, str]) -> int:
