@@ -85,8 +85,12 @@ class Workers:
 
     def ready(self, host: str) -> bool:
         """A worker of `host` consumes: Celery logged it ready."""
+        return self.logged(host, f"@{host} ready.")
+
+    def logged(self, host: str, text: str) -> bool:
+        """`host`'s log holds text."""
         log = self.log_dir / f"{host}.log"
-        return log.exists() and f"@{host} ready." in log.read_text(errors="replace")
+        return log.exists() and text in log.read_text(errors="replace")
 
 
 def cmdline(pid: int) -> str:
@@ -237,11 +241,17 @@ class Frozen:
     ready_s: list[float]
 
 
-def step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: str, run_s: float = 0.05) -> None:
+def step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: str, run_s: float = 0.05,
+               rest: float = 0.0) -> None:
     """Let processes run only in slices of run_s, look at `done` between them while they are stopped,
     and leave them stopped (SIGSTOP) once done: they cannot run past the point the test waits for,
     however late the test's own looks come on a busy machine. One that ends meanwhile is passed over;
-    on a failure (a timeout, the test's own) they are let go, never left stopped."""
+    on a failure (a timeout, the test's own) they are let go, never left stopped.
+
+    `rest` keeps them stopped after each slice for that many times the slice's measured length: a
+    starved test process wakes late from its sleep (beside four CPU hogs a 20 ms slice ran 110 ms on
+    average, one 4 s), so only a rest measured against the slice bounds their share of the time and
+    leaves the processes they feed (a worker counting an engine's tokens) room to catch up."""
     began = time.monotonic()
     signal_all(pids, signal.SIGSTOP)
     try:
@@ -249,8 +259,11 @@ def step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: 
             if time.monotonic() - began >= timeout:
                 raise AssertionError(f"timed out after {timeout}s waiting for {what}")
             signal_all(pids, signal.SIGCONT)
+            ran = time.monotonic()
             time.sleep(run_s)
             signal_all(pids, signal.SIGSTOP)
+            ran = time.monotonic() - ran
+            time.sleep(rest * ran)
     except BaseException:
         signal_all(pids, signal.SIGCONT)
         raise
@@ -424,6 +437,11 @@ def engine_of(root: int, command: str) -> list[int]:
     return [found[0], *descendants(found[0])] if len(found) == 1 else []
 
 
+def handed_back(logs: str, job: str) -> int:
+    """How many of the job's chunks the workers' logs say were handed back."""
+    return len(re.findall(rf"chunk {re.escape(job)}/\d+ handed back: ", logs))
+
+
 def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dict], job: str = "cont",
               timeout: float = 900, *, engine: Callable[[subprocess.Popen[bytes]], list[int]]) -> HandOver:
     """Records in two chunks: host A starts them, gets SIGTERM once its engine made `4 x 48` tokens,
@@ -433,15 +451,20 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
 
     `engine` finds the processes that make host A's tokens (an embedded engine's, `engine_below`, or a
     server's, `engine_of`): they run only in `step_until`'s slices from the moment they exist until the
-    count is reached, and go on once the SIGTERM is sent. vLLM's CPU build makes 4 x 1,500 tokens in 2 s, and
-    on 2 busy cores a scrape of the worker came 7 s late (CI: 12 of 16 records had run to their end,
-    and the one that must restart with them), so a test that only looks cannot hold the records.
+    count is reached (thin ones once host A logged its engine ready), and go on once the SIGTERM is sent.
+    vLLM's CPU build makes 4 x 1,500 tokens in 2 s, and on 2 busy cores a scrape of the worker came 7 s late
+    (CI: 12 of 16 records had run to their end, and the one that must restart with them), so a test that only
+    looks cannot hold the records.
 
     The server engine's engine (a server's, which host A's exit does not need) stays stopped until host A has exited:
     host A then hands back exactly what it had when told to stop. Let go at the SIGTERM, the server ran every
     record to its end before host A, in a scheduler group of its own, was let on the CPU to close its streams
-    (CI: 0 of 24 records continued, docs/architecture.md, "Tests"); an embedded engine must go on, for its
-    worker's shutdown waits on it."""
+    (CI: 0 of 24 records continued, docs/architecture.md, "Tests"). An embedded engine must go on, for its
+    worker's shutdown waits on it, but in thin slices until host A logged both chunks handed back.
+
+    Thin slices (a fifth of the time, `rest=4`) from the moment host A's engine is ready: in CI the embedded
+    vLLM made all 30,061 tokens before host A stopped (0 of 24 records continued), and beside four CPU hogs the
+    test counted 30,061 at its first look after the engine was let run in 50 ms slices with no rest."""
     from fleet.store import open_store
     from fleet.store.layout import results_prefix
     from fleet.store.results import read_result
@@ -468,10 +491,16 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
         wait_for(lambda: bool(engine(a)), timeout, "host A's engine", interval=0.02)
         stepped = engine(a)
         assert stepped, "host A's engine went away"
-        step_until(stepped, generating, timeout, "both chunks generating")
+        # full slices while the engine starts (a model's load, a KV profile), thin ones once it is ready
+        step_until(stepped, lambda: workers.logged("hostA", "admission gate "), timeout, "host A's engine ready")
+        stepped = engine(a)  # with what the engine started below itself meanwhile (vLLM's VLLM::Worker)
+        step_until(stepped, generating, timeout, "both chunks generating", run_s=0.02, rest=4)
+        counted = tokens_made_by(port)
         began = time.monotonic()
         a.send_signal(signal.SIGTERM)
         if env.get("FLEET_ENGINE") != "server":
+            step_until(stepped, lambda: a.poll() is not None or handed_back(workers.logs(), job) >= 2, 120,
+                       "host A's hand-back", run_s=0.02, rest=4)
             signal_all(stepped, signal.SIGCONT)
         try:
             a.wait(timeout=120)
@@ -494,7 +523,8 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
                     sum(st.samples_restarted for st in stats if st), sum(again))
     continued = [row for row in rows if row.get("continued_at")]
     at = {row["id"]: row["continued_at"] for row in continued}
-    print(f"\nSIGTERM to exit of host A: {exit_s:.1f}s; host A made {made_by_a} tokens; {len(continued)} of "
+    print(f"\nSIGTERM at {counted:.0f} tokens counted; to exit of host A: {exit_s:.1f}s; host A made {made_by_a} "
+          f"tokens; {len(continued)} of "
           f"{len(rows)} records continued at {at}; tokens made twice "
           f"{done.made_twice}, of them {done.restarted_tokens} by {done.restarted} sample(s) started again")
     # every record passes the audit against its own ids (none continued past its own end)
