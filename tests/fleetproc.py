@@ -89,8 +89,12 @@ class Workers:
 
     def logged(self, host: str, text: str) -> bool:
         """`host`'s log holds text."""
-        log = self.log_dir / f"{host}.log"
-        return log.exists() and text in log.read_text(errors="replace")
+        return text in self.log(host)
+
+    def log(self, host: str) -> str:
+        """`host`'s log so far ('' before it starts)."""
+        path = self.log_dir / f"{host}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
 
 def cmdline(pid: int) -> str:
@@ -451,7 +455,7 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
 
     `engine` finds the processes that make host A's tokens (an embedded engine's, `engine_below`, or a
     server's, `engine_of`): they run only in `step_until`'s slices from the moment they exist until the
-    count is reached (thin ones once host A logged its engine ready), and go on once the SIGTERM is sent.
+    count is reached, and after the SIGTERM as `hand_over`'s last paragraphs say.
     vLLM's CPU build makes 4 x 1,500 tokens in 2 s, and on 2 busy cores a scrape of the worker came 7 s late
     (CI: 12 of 16 records had run to their end, and the one that must restart with them), so a test that only
     looks cannot hold the records.
@@ -482,9 +486,12 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
 
     port = free_port()
 
+    counted = [0.0]  # host A's count at the look that let the SIGTERM go
+
     def generating() -> bool:
         # the engine may run one chunk's records first and queue the other's: any 4 x 48 tokens will do
-        return tokens_made_by(port) >= 4 * 48
+        counted[0] = tokens_made_by(port)
+        return counted[0] >= 4 * 48
 
     a = workers.start("hostA", extra_env={"FLEET_METRICS_PORT": str(port)})
     try:
@@ -495,11 +502,10 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
         step_until(stepped, lambda: workers.logged("hostA", "admission gate "), timeout, "host A's engine ready")
         stepped = engine(a)  # with what the engine started below itself meanwhile (vLLM's VLLM::Worker)
         step_until(stepped, generating, timeout, "both chunks generating", run_s=0.02, rest=4)
-        counted = tokens_made_by(port)
         began = time.monotonic()
         a.send_signal(signal.SIGTERM)
         if env.get("FLEET_ENGINE") != "server":
-            step_until(stepped, lambda: a.poll() is not None or handed_back(workers.logs(), job) >= 2, 120,
+            step_until(stepped, lambda: a.poll() is not None or handed_back(workers.log("hostA"), job) >= 2, 120,
                        "host A's hand-back", run_s=0.02, rest=4)
             signal_all(stepped, signal.SIGCONT)
         try:
@@ -523,9 +529,8 @@ def hand_over(tmp: Path, env: dict[str, str], redis_port: int, records: list[dic
                     sum(st.samples_restarted for st in stats if st), sum(again))
     continued = [row for row in rows if row.get("continued_at")]
     at = {row["id"]: row["continued_at"] for row in continued}
-    print(f"\nSIGTERM at {counted:.0f} tokens counted; to exit of host A: {exit_s:.1f}s; host A made {made_by_a} "
-          f"tokens; {len(continued)} of "
-          f"{len(rows)} records continued at {at}; tokens made twice "
+    print(f"\nSIGTERM at {counted[0]:.0f} tokens counted; to exit of host A: {exit_s:.1f}s; host A made "
+          f"{made_by_a} tokens; {len(continued)} of {len(rows)} records continued at {at}; tokens made twice "
           f"{done.made_twice}, of them {done.restarted_tokens} by {done.restarted} sample(s) started again")
     # every record passes the audit against its own ids (none continued past its own end)
     audited = run_fleet("verify", "--job", job, env=env)
