@@ -22,7 +22,7 @@ from tests.hubserver import HubServer
 ROOT = Path(__file__).resolve().parents[1]
 #: a failed test's process logs close the run's output (tests/failurelogs.py); the fast tier names what
 #: runs it past its limit (tests/fasttier.py); pytester tests those plugins
-pytest_plugins = ["tests.failurelogs", "tests.fasttier", "pytester"]
+pytest_plugins = ["tests.failurelogs", "tests.fasttier", "tests.longfirst", "pytester"]
 # Every process a test starts imports this checkout's fleet: tests chdir into tmp_path (clean_env),
 # where a relative PYTHONPATH such as "." would find an engine venv's own, older copy instead.
 os.environ["PYTHONPATH"] = pythonpath_first(ROOT, os.environ.get("PYTHONPATH", ""))

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fleet.engines.sglang.spec import CPU_THREADS
+
 ROOT = Path(__file__).resolve().parents[1]
 LOADER_DIR = Path(__file__).parent / "sglang_cpu"
 #: Everything SGLang needs to serve a dense model on a CPU without its CUDA kernels: torch-native
@@ -65,9 +67,9 @@ def run_bare(spec: dict[str, Any], out: Path, timeout: float = 1800) -> dict[str
     `Engine.shutdown()` kills every child of the calling process, the test's Redis included."""
     inp = out.with_suffix(".in.json")
     inp.write_text(json.dumps(spec))
-    proc = subprocess.run(
+    proc = subprocess.run(  # the threads of fleet's CPU workers: float32 sums split otherwise may differ
         [sys.executable, str(LOADER_DIR / "bare_engine.py"), str(inp), str(out)],
-        env=process_env(), capture_output=True, text=True, timeout=timeout,
+        env=process_env({"OMP_NUM_THREADS": str(CPU_THREADS)}), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())

@@ -185,6 +185,23 @@ def test_the_launcher_sizes_k_and_every_worker_from_the_planned_batch(tmp_path: 
     assert supervisor.settings.to_env()["FLEET_SGLANG__MAX_RUNNING_REQUESTS"] == str(planned)
 
 
+def test_cpu_workers_run_the_torch_threads_their_engine_asks_for(monkeypatch) -> None:
+    from fleet.engines.sglang.spec import CPU_THREADS
+    from fleet.worker.supervisor.launcher import plan_workers
+
+    # Given no OMP_NUM_THREADS in the operator's environment
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    # When one CPU worker is planned for each engine
+    threads = {engine: {spec.env["OMP_NUM_THREADS"] for spec in plan_workers(Settings(engine=engine), 1, None)}
+               for engine in ("sglang", "sim")}  # fmt: skip
+    # Then SGLang's scheduler runs its one thread; an engine that asks for none takes every core
+    assert threads["sglang"] == {str(CPU_THREADS)}
+    assert threads["sim"] == {str(os.cpu_count() or 1)}
+    # And an operator's own OMP_NUM_THREADS still wins
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert {spec.env["OMP_NUM_THREADS"] for spec in plan_workers(Settings(engine="sglang"), 1, None)} == {"3"}
+
+
 def test_language_model_only_drops_the_vision_tower_where_sglang_takes_it(tmp_path: Path) -> None:
     from fleet.engines.sglang.plan import LANGUAGE_MODEL_ONLY_ARCHITECTURES
 

@@ -1,5 +1,5 @@
 """A failed run's last lines name the test and show its processes' last words (tests/failurelogs.py); the fast
-tier names a test that runs it past its limit (tests/fasttier.py)."""
+tier names a test that runs it past its limit (tests/fasttier.py); the long tests start first (tests/longfirst.py)."""
 
 from __future__ import annotations
 
@@ -64,3 +64,33 @@ def test_the_fast_tier_names_a_test_that_runs_past_its_limit(pytester: pytest.Py
         assert "test_inner.py::test_dawdles" in out and "test_inner.py::test_quick" not in out
     else:
         assert "took over" not in out
+
+
+ORDER_INNER = '''
+import pytest
+
+def test_short_first_in_the_file() -> None:
+    pass
+
+@pytest.mark.slow
+def test_long_second() -> None:
+    pass
+
+def test_short_third() -> None:
+    pass
+
+@pytest.mark.e2e
+def test_long_fourth() -> None:
+    pass
+'''
+
+
+def test_the_long_tests_are_started_first_each_group_in_file_order(pytester: pytest.Pytester) -> None:
+    # Given a file whose long tests (slow, e2e) sit between its short ones
+    pytester.makepyfile(test_inner=ORDER_INNER)
+    pytester.makeini("[pytest]\nmarkers =\n    slow: long\n    e2e: long\n")
+    # When the plugin orders the collection
+    result = pytester.runpytest_inprocess("-p", "tests.longfirst", "--collect-only", "-q")
+    # Then the long ones come first, and each group keeps the file's order
+    names = [line.split("::")[1] for line in result.outlines if "::" in line]
+    assert names == ["test_long_second", "test_long_fourth", "test_short_first_in_the_file", "test_short_third"]
