@@ -67,9 +67,12 @@ def run_bare(spec: dict[str, Any], out: Path, timeout: float = 1800) -> dict[str
     `Engine.shutdown()` kills every child of the calling process, the test's Redis included."""
     inp = out.with_suffix(".in.json")
     inp.write_text(json.dumps(spec))
-    proc = subprocess.run(  # the threads of fleet's CPU workers: float32 sums split otherwise may differ
+    # the threads of fleet's CPU workers (an operator's OMP_NUM_THREADS, else SGLang's spec's): float32 sums
+    # split another way may differ
+    threads = SESSION_ENV.get("OMP_NUM_THREADS", str(CPU_THREADS))
+    proc = subprocess.run(
         [sys.executable, str(LOADER_DIR / "bare_engine.py"), str(inp), str(out)],
-        env=process_env({"OMP_NUM_THREADS": str(CPU_THREADS)}), capture_output=True, text=True, timeout=timeout,
+        env=process_env({"OMP_NUM_THREADS": threads}), capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())

@@ -185,7 +185,7 @@ def test_the_launcher_sizes_k_and_every_worker_from_the_planned_batch(tmp_path: 
     assert supervisor.settings.to_env()["FLEET_SGLANG__MAX_RUNNING_REQUESTS"] == str(planned)
 
 
-def test_cpu_workers_run_the_torch_threads_their_engine_asks_for(monkeypatch) -> None:
+def test_cpu_workers_run_the_torch_threads_their_engine_asks_for(monkeypatch: pytest.MonkeyPatch) -> None:
     from fleet.engines.sglang.spec import CPU_THREADS
     from fleet.worker.supervisor.launcher import plan_workers
 

@@ -66,31 +66,44 @@ def test_the_fast_tier_names_a_test_that_runs_past_its_limit(pytester: pytest.Py
         assert "took over" not in out
 
 
-ORDER_INNER = '''
-import pytest
-
-def test_short_first_in_the_file() -> None:
-    pass
-
-@pytest.mark.slow
-def test_long_second() -> None:
-    pass
-
-def test_short_third() -> None:
-    pass
-
-@pytest.mark.e2e
-def test_long_fourth() -> None:
+ORDER_SHORT = '''
+def test_short_module_first() -> None:
     pass
 '''
 
+ORDER_LONG = '''
+import pytest
 
-def test_the_long_tests_are_started_first_each_group_in_file_order(pytester: pytest.Pytester) -> None:
-    # Given a file whose long tests (slow, e2e) sit between its short ones
-    pytester.makepyfile(test_inner=ORDER_INNER)
+SETUPS = []
+
+@pytest.fixture(scope="module", params=["a", "b"])
+def engine(request):
+    SETUPS.append(request.param)
+    return request.param
+
+def test_short_in_a_long_module(engine) -> None:
+    pass
+
+@pytest.mark.slow
+def test_long(engine) -> None:
+    pass
+
+@pytest.mark.e2e
+def test_last_sets_up_each_engine_once() -> None:
+    assert SETUPS == ["a", "b"]
+'''
+
+
+def test_a_module_with_a_long_test_starts_first_whole_and_sets_up_each_fixture_value_once(
+    pytester: pytest.Pytester,
+) -> None:
+    # Given a short module collected first, and a long one whose module-scoped fixture has two values
+    pytester.makepyfile(test_a_short=ORDER_SHORT, test_b_long=ORDER_LONG)
     pytester.makeini("[pytest]\nmarkers =\n    slow: long\n    e2e: long\n")
-    # When the plugin orders the collection
-    result = pytester.runpytest_inprocess("-p", "tests.longfirst", "--collect-only", "-q")
-    # Then the long ones come first, and each group keeps the file's order
-    names = [line.split("::")[1] for line in result.outlines if "::" in line]
-    assert names == ["test_long_second", "test_long_fourth", "test_short_first_in_the_file", "test_short_third"]
+    # When the plugin orders the run
+    result = pytester.runpytest_inprocess("-p", "tests.longfirst", "-v")
+    # Then the long module runs first, in the order pytest gave it: each fixture value set up once
+    ran = [line.split("::")[1].split(" ")[0] for line in result.outlines if "::" in line and "PASSED" in line]
+    assert ran == ["test_short_in_a_long_module[a]", "test_long[a]", "test_short_in_a_long_module[b]",
+                   "test_long[b]", "test_last_sets_up_each_engine_once", "test_short_module_first"]  # fmt: skip
+    assert result.ret == 0

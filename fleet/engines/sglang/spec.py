@@ -22,10 +22,11 @@ SGLANG_SPEED_ONLY = frozenset({
     "log_level", "cuda_graph_max_bs", "disable_cuda_graph", "enable_metrics", "watchdog_timeout",
     "engine_kwargs", "radix_cache", "shared_prefixes", "mamba_full_memory_ratio", "context_tokens",
 })
-#: Torch threads of a CPU worker's SGLang scheduler. Its decode steps are too small to split across
-#: cores, and without AMX SGLang binds no thread to a core, so a second thread only waits on a core that
-#: the worker, the tokenizer manager or anything else on the host holds: a job through one CPU worker
-#: took 99 s with one thread and 537 s with two beside a one-core hog (69-73 s either way on a quiet host).
+#: Torch threads of a CPU worker's SGLang scheduler (SGLang on a CPU is for tests and demos: it needs a GPU
+#: for a job). A small model's decode steps are too short to split across cores, and on x86 without AMX
+#: SGLang binds no thread to a core, so a second thread only waits on a core that the worker, the tokenizer
+#: manager or anything else on the host holds: a job through one CPU worker took 99 s with one thread and
+#: 537 s with two beside a one-core hog (69-73 s either way on a quiet host).
 CPU_THREADS = 1
 
 
