@@ -71,3 +71,31 @@ def test_a_stopping_process_waits_for_its_assist_copy_to_end():
     assert not assister.join(0.2) and ended == [] and assister.assisting
     handed_back.set()
     assert assister.join(5) and ended == [("tail", 2)] and not assister.assisting
+
+
+def test_a_worker_under_a_sigterm_starts_no_assist_copy():
+    """A copy begun during a SIGTERM's notice is handed back at the notice's end, every token it made made
+    twice. A hand-over at once (`stopping`) left no room to begin one; a long notice does."""
+    import threading
+    from types import SimpleNamespace
+
+    from fleet.worker.process.assist import Assister
+
+    ctx = SimpleNamespace(stopping=threading.Event(), draining=threading.Event(),
+                          run_slots=SimpleNamespace(alone=False))
+    running = [0]
+    assister = Assister(ctx, 4, lambda: running[0], lambda job, index: None)  # type: ignore[arg-type]
+    # Given an idle worker with room in its engine, it may assist
+    assert assister.idle()
+    # When a SIGTERM begins its drain (the notice's generation goes on), it may not
+    ctx.draining.set()
+    assert not assister.idle()
+    # And neither may a full engine, a suspect running alone, or a stopping worker
+    ctx.draining.clear()
+    running[0] = 4
+    assert not assister.idle()
+    running[0], ctx.run_slots.alone = 0, True
+    assert not assister.idle()
+    ctx.run_slots.alone = False
+    ctx.stopping.set()
+    assert not assister.idle()

@@ -34,9 +34,7 @@ class Assister:
     def _loop(self, stop: threading.Event) -> None:
         while not stop.wait(self.ctx.settings.assist_poll_s):
             try:
-                if self.assisting or self.ctx.stopping.is_set() or self.ctx.run_slots.alone:
-                    continue
-                if self.inflight() >= self.max_running:
+                if not self.idle():
                     continue
                 if chunkqueue.waiting(self.ctx.redis, self.ctx.queue.queue):
                     continue
@@ -45,6 +43,15 @@ class Assister:
                     self.begin(*target)
             except Exception as e:  # noqa: BLE001 - the next poll tries again
                 log.warning("assist check failed: %s", e)
+
+    def idle(self) -> bool:
+        """Room for a copy: none runs, the engine has room, no suspect runs alone, and the worker is not
+        stopping nor under a SIGTERM's notice: a copy begun then is handed back at its end, every token it
+        made made twice (its owner runs the same samples)."""
+        ctx = self.ctx
+        if self.assisting or ctx.stopping.is_set() or ctx.draining.is_set() or ctx.run_slots.alone:
+            return False
+        return self.inflight() < self.max_running
 
     def straggler(self) -> tuple[str, int] | None:
         """The running chunk of another worker with the most unstarted samples; never a suspect
