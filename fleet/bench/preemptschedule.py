@@ -6,8 +6,7 @@ end comes SIGTERM, then SIGKILL after the notice N (N = 0: the SIGKILL alone), a
 host boots after the replacement delay. Times are the job's own seconds from the first boot. The
 lives are drawn per slot from (seed, slot) alone, so every resume mode of one notice meets the same
 preemptions; every notice draws the same lifetimes, but each replacement boots after its predecessor's
-SIGKILL, so a longer notice moves every later preemption of the slot by the difference (seed 1 of the
-1 h sweep: 9 hosts preempted within the job at N = 30 s, 7 at N = 120 s).
+SIGKILL, so a longer notice moves every later preemption of the slot by the difference.
 """
 
 from __future__ import annotations
