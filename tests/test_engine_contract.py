@@ -183,10 +183,10 @@ def test_a_closed_stream_ends_its_request_inside_the_engine(harness: Harness, mo
     # Long enough to be running still when the stream is closed after its first delta: a real server
     # notices the closed connection at its next write, and a request that ended first is never aborted
     # (vLLM's CPU build makes a few hundred tokens a second on the tiny model; its context is 2,048).
-    # The stub's 400 tokens take 20 s: at its usual 2 ms a token they ended before a client starved beside
-    # a one-core hog (four tests at a time on 2 cores) had read its first delta and closed the stream.
+    # The stub's 400 tokens take 8 s: at its usual 2 ms a token (0.8 s) they ended before a client starved
+    # beside a one-core hog (four tests at a time on 2 cores) had read its first delta and closed the stream.
     if harness.stub is not None:
-        monkeypatch.setattr(harness.stub, "step_s", 0.05)
+        monkeypatch.setattr(harness.stub, "step_s", 0.02)
     req = request("x", max_tokens={"sim": 40, "server-real-vllm": 1900}.get(harness.name, 400))
     req = replace(req, sampling=replace(req.sampling, stop=None))
     ids, result, n = harness.collect(req, close_after=1)
