@@ -24,5 +24,5 @@ def is_long(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    long_modules = {item.nodeid.split("::")[0] for item in items if is_long(item)}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in long_modules)
+    long_modules = {item.path for item in items if is_long(item)}
+    items.sort(key=lambda item: item.path not in long_modules)
