@@ -1,12 +1,14 @@
 """When interruptible hosts boot and die, drawn from a seed (fleet bench preemption).
 
-Each of H host slots holds one host at a time. A host's life is exponential with mean L (a Poisson
-process of preemptions per host, as spot capacity is reclaimed without regard to what runs); at its
-end comes SIGTERM, then SIGKILL after the notice N (N = 0: the SIGKILL alone), and the slot's next
-host boots after the replacement delay. Times are the job's own seconds from the first boot. The
-lives are drawn per slot from (seed, slot) alone, so every resume mode of one notice meets the same
-preemptions; every notice draws the same lifetimes, but each replacement boots after its predecessor's
-SIGKILL, so a longer notice moves every later preemption of the slot by the difference.
+Each of H host slots holds one host, two while a notice outlasts the replacement delay. A host's life
+is exponential with mean L (a Poisson process of preemptions per host, as spot capacity is reclaimed
+without regard to what runs); at its end comes SIGTERM, then SIGKILL after the notice N (N = 0: the
+SIGKILL alone), and the slot's next host boots the replacement delay after the SIGTERM: a cloud's
+interruption notice is what asks for the replacement (an autoscaling group's rebalance, a managed
+instance group's recreate), not the machine's end. Times are the job's own seconds from the first
+boot. The lives are drawn per slot from (seed, slot) alone and no time depends on N but the SIGKILL,
+so every resume mode and every notice meet the same boots and SIGTERMs: two notices differ only in
+how long the preempted host lives on.
 """
 
 from __future__ import annotations
@@ -43,5 +45,5 @@ def draw(seed: int, hosts: int, lifetime_s: float | None, notice_s: float, repla
                 break
             term = boot + rng.expovariate(1 / lifetime_s)
             lives.append(HostLife(slot, n, boot, term, term + notice_s))
-            boot, n = term + notice_s + replace_s, n + 1
+            boot, n = term + replace_s, n + 1
     return sorted(lives, key=lambda h: (h.boot, h.slot))
