@@ -7,11 +7,12 @@ from __future__ import annotations
 import http.client
 import random
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 from urllib.parse import urlparse
 
 from fleet.coord.localredis import free_port
+from tests.httpstub import StandInServer
 
 SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
             b"<Message>Please reduce your request rate.</Message></Error>")
@@ -36,8 +37,7 @@ class FaultProxy:
         self.counts = {"forwarded": 0, "failed": 0, "dropped": 0}
         self.port = port or free_port()  # a proxy stopped and started again on its port: an outage that ends
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
-        self.server.daemon_threads = True
+        self.server = StandInServer(("127.0.0.1", self.port), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def _fate(self) -> str:

@@ -41,12 +41,13 @@ import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, quote, unquote, urlparse
 
 import yaml
 
 from fleet.coord.localredis import free_port
+from tests.httpstub import StandInServer
 
 TOKEN = "hf_standin_write_token"
 #: tree entries per page (the Hub's is 1,000)
@@ -141,8 +142,7 @@ class HubServer:
         self.failing: list[list] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler())
-        self.server.daemon_threads = True
+        self.server = StandInServer(("127.0.0.1", self.port), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def start(self) -> HubServer:

@@ -47,11 +47,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
 from tokenizers.decoders import DecodeStream
+
+from tests.httpstub import StandInServer
 
 
 def next_id(ids: list[int], vocab: int, eos: int) -> int:
@@ -89,7 +91,7 @@ class Stub:
     finished: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def run(self) -> tuple[ThreadingHTTPServer, str]:
+    def run(self) -> tuple[StandInServer, str]:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -271,8 +273,7 @@ class Stub:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
+        server = StandInServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=server.serve_forever, daemon=True, name="server-stub").start()
         return server, f"http://127.0.0.1:{server.server_address[1]}"
 
