@@ -278,26 +278,21 @@ def step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: 
     average, one 4 s), so only a rest measured against the slice bounds their share of the time and
     leaves the processes they feed (a worker counting an engine's tokens) room to catch up."""
     with on_time():
-        _step_until(pids, done, timeout, what, run_s, rest)
-
-
-def _step_until(pids: list[int], done: Callable[[], bool], timeout: float, what: str, run_s: float,
-                rest: float) -> None:
-    began = time.monotonic()
-    signal_all(pids, signal.SIGSTOP)
-    try:
-        while not done():
-            if time.monotonic() - began >= timeout:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        began = time.monotonic()
+        signal_all(pids, signal.SIGSTOP)
+        try:
+            while not done():
+                if time.monotonic() - began >= timeout:
+                    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+                signal_all(pids, signal.SIGCONT)
+                ran = time.monotonic()
+                time.sleep(run_s)
+                signal_all(pids, signal.SIGSTOP)
+                ran = time.monotonic() - ran
+                time.sleep(rest * ran)
+        except BaseException:
             signal_all(pids, signal.SIGCONT)
-            ran = time.monotonic()
-            time.sleep(run_s)
-            signal_all(pids, signal.SIGSTOP)
-            ran = time.monotonic() - ran
-            time.sleep(rest * ran)
-    except BaseException:
-        signal_all(pids, signal.SIGCONT)
-        raise
+            raise
 
 
 def freeze_engine(workers: Workers, host: str, command: str, env: dict[str, str], prompts: Path, job: str,
